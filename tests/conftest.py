@@ -1,0 +1,25 @@
+"""Shared fixtures: quiet Flower, a fresh in-memory fleet helper, and process hygiene."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _flower_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path_factory.mktemp("flwr-home")))
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
