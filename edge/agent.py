@@ -1,0 +1,423 @@
+"""The edge agent: composes a task, a gossip algorithm, a transport and a stats sink.
+
+One round is ``local_step`` (train on the de-biased estimate) -> ``push`` (split mass, send
+one message per out-neighbour, at most one in flight per edge) -> ``wait_for_neighbours``
+(bounded staleness: wait a little for in-neighbours that fall behind, never for ever) ->
+``mix`` (fold in whatever has arrived) -> ``report``. :meth:`Agent.run` loops over rounds
+on the wall clock; an in-process driver calls the same phases in lock step. There is no
+global barrier: an agent never waits on anything but its own in-neighbours, and not for
+longer than ``wait_timeout_s``.
+
+The agent is also the transport's :class:`~edge.transport.base.InboundHandler`: every
+incoming message is checked (known sender, algorithm, task digest, shape, finite values)
+before it can touch the gossip state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from edge.algorithms import Ack, GossipAlgorithm, Payload, ProtocolError, create_algorithm
+from edge.compression import Codec, DecodeError, Encoded, get_codec
+from edge.settings import AgentSettings, gossip_dtype, resolve_device
+from edge.stats import RoundRecord, StatsSink, probe_estimate
+from edge.tasks import Task, TaskContext, TrainConfig, load_task
+from edge.topology import Assignment
+from edge.transport.base import (
+    GossipMessage,
+    MessageHeader,
+    RejectCode,
+    Rejected,
+    SendOutcome,
+    Transport,
+)
+from edge.transport.wire import MAX_HEADER_BYTES
+
+log = logging.getLogger(__name__)
+
+#: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
+PATIENCE_ROUNDS = 4
+
+
+def fleet_digest(task: Task, initial: torch.Tensor) -> str:
+    """Fingerprint of the task and, for shared-initialisation tasks, its initial parameters.
+
+    Peers with different digests refuse each other's messages: averaging independently
+    initialised networks destroys accuracy.
+    """
+    h = hashlib.sha256(f"{task.name}:{initial.numel()}".encode())
+    if task.shared_initialisation:
+        h.update(initial.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class _Counters:
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    messages_dropped: int = 0
+    messages_failed: int = 0
+    messages_received: int = 0
+    messages_rejected: int = 0
+
+
+class Agent:
+    """One edge agent.
+
+    Parameters
+    ----------
+    agent_id:
+        Unique id in the fleet.
+    task:
+        The workload (model, data, training, evaluation).
+    algorithm:
+        Gossip state and rules, built around the task's initial parameters.
+    transport:
+        Moves messages to peers and back.
+    settings:
+        Rounds, pacing and codec.
+    stats:
+        Where round records go (optional).
+    clock:
+        Monotonic seconds; wall-clock by default.
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        task: Task,
+        algorithm: GossipAlgorithm,
+        transport: Transport,
+        settings: AgentSettings,
+        stats: StatsSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        digest: str = "",
+    ) -> None:
+        self.agent_id = agent_id
+        self.task = task
+        self.algorithm = algorithm
+        self.transport = transport
+        self.settings = settings
+        self.stats = stats
+        self.clock = clock
+        self.digest = digest
+        default_codec = "float64" if algorithm.dtype == torch.float64 else "float32"
+        self.codec: Codec = get_codec(settings.codec or default_codec)
+        self.address = ""
+        self.round = 0
+        self._assignment: Assignment | None = None
+        self._lock = threading.RLock()
+        self._progress = threading.Condition(self._lock)
+        self._heard: dict[str, int] = {}
+        self._inflight: set[str] = set()
+        self._counters = _Counters()
+        self._warned: set[tuple[str, str]] = set()
+        self._stopped = threading.Event()
+        self._started_at = clock()
+        self._last_metrics: dict[str, float] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> str:
+        """Start receiving; return the address peers should dial."""
+        self.address = self.transport.start(self)
+        return self.address
+
+    def set_assignment(self, assignment: Assignment) -> None:
+        """Install (or replace) the peer directory and mixing schedule; thread-safe."""
+        with self._progress:
+            self._assignment = assignment
+            self._progress.notify_all()
+
+    @property
+    def assignment(self) -> Assignment | None:
+        return self._assignment
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current phase."""
+        self._stopped.set()
+        with self._progress:
+            self._progress.notify_all()
+
+    def close(self) -> None:
+        self.stop()
+        self.transport.close()
+
+    # -- the round ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start the clock of this run and report round 0 (the initial state)."""
+        self._started_at = self.clock()
+        self.report(0)
+
+    def run(self, rounds: int | None = None) -> None:
+        """Run rounds ``1..rounds`` on the wall clock, reporting round 0 first."""
+        total = rounds or self.settings.rounds
+        if self.round == 0:
+            self.begin()
+        while self.round < total and not self._stopped.is_set():
+            self.run_round(self.round + 1)
+
+    def run_round(self, round_index: int) -> None:
+        self.local_step(round_index)
+        self.push(round_index)
+        self.wait_for_neighbours(round_index)
+        self.mix(round_index)
+        if self._due(round_index):
+            self.report(round_index)
+
+    def _due(self, round_index: int) -> bool:
+        return round_index % self.settings.eval_every == 0 or round_index == self.settings.rounds
+
+    def local_step(self, round_index: int) -> None:
+        with self._lock:
+            start = self.algorithm.estimate().to(torch.float32)
+        result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
+        if result.parameters is not start:  # a task that trains nothing returns its input
+            delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start
+            with self._lock:
+                self.algorithm.apply_update(delta)
+        self._last_metrics.update(result.metrics)
+
+    def push(self, round_index: int) -> None:
+        with self._lock:
+            self.round = round_index
+            assignment = self._assignment
+            if assignment is None:
+                return
+            phase = assignment.phase(round_index)
+            ready = [p for p in phase.out_weights if p not in self._inflight]
+            payloads = self.algorithm.share(phase, ready)
+            self._inflight.update(payloads)
+        for peer, payload in payloads.items():
+            message = self._message(round_index, payload)
+            address = assignment.peers.get(peer, "")
+            self.transport.send(peer, address, message, partial(self._sent, peer))
+
+    def _message(self, round_index: int, payload: Payload) -> GossipMessage:
+        encoded = self.codec.encode(payload.vector)
+        header = MessageHeader(
+            sender=self.agent_id,
+            round=round_index,
+            seq=payload.seq,
+            base_seq=payload.base_seq,
+            algorithm=self.algorithm.name,
+            codec=encoded.codec,
+            numel=encoded.numel,
+            payload_bytes=len(encoded.data),
+            scalars=payload.scalars,
+            fleet_digest=self.digest,
+            codec_meta=encoded.meta,
+        )
+        return GossipMessage(header, encoded.data)
+
+    def _sent(self, peer: str, outcome: SendOutcome) -> None:
+        with self._progress:
+            self._inflight.discard(peer)
+            c = self._counters
+            c.messages_sent += 1
+            c.bytes_sent += outcome.wire_bytes
+            self._progress.notify_all()
+            if outcome.delivered and outcome.ack is not None:
+                self.algorithm.on_ack(peer, outcome.ack)
+            elif outcome.dropped:
+                c.messages_dropped += 1
+            else:
+                c.messages_failed += 1
+                err = outcome.error
+                if err is not None and err.code is RejectCode.FAILED_PRECONDITION:
+                    self.algorithm.on_refused(peer)
+                key = (peer, err.code.value if err else "?")
+                if key not in self._warned:
+                    self._warned.add(key)
+                    log.warning("%s: push to %s failed: %s", self.agent_id, peer, err)
+
+    def wait_for_neighbours(self, round_index: int) -> None:
+        """Wait (at most ``wait_timeout_s``) until this round's sends are done and
+        in-neighbours are within ``staleness`` rounds.
+
+        On fast links that keeps agents near lock step; on slow ones the wait times out and
+        sending overlaps with the next round's work. In the last round the agent waits for
+        its in-neighbours' last messages too (no staleness), so that the final estimate
+        holds everything they sent.
+        """
+        timeout = self.settings.wait_timeout_s
+        if timeout <= 0:
+            return
+        last = round_index >= self.settings.rounds
+        need = round_index - (0 if last else self.settings.staleness)
+        deadline = self.clock() + timeout
+        with self._progress:
+            while not self._stopped.is_set():
+                assignment = self._assignment
+                if assignment is None:
+                    return
+                behind = [
+                    p
+                    for p in assignment.phase(round_index).in_neighbours
+                    if self._heard.get(p, 0) < need
+                    and self._heard.get(p, 0) >= need - PATIENCE_ROUNDS
+                ]
+                remaining = deadline - self.clock()
+                if (not behind and not self._inflight) or remaining <= 0:
+                    return
+                self._progress.wait(remaining)
+
+    def mix(self, round_index: int) -> None:
+        with self._lock:
+            self.algorithm.mix()
+
+    def report(self, round_index: int, *, final: bool = False) -> RoundRecord:
+        """Evaluate the current estimate and hand a record to the stats sink."""
+        with self._lock:
+            estimate = self.algorithm.estimate()
+            scalars = self.algorithm.scalars()
+            c = _Counters(**vars(self._counters))
+        evaluation = self.task.evaluate(estimate.to(torch.float32))
+        metrics = {**self._last_metrics, **evaluation.metrics}
+        record = RoundRecord(
+            agent_id=self.agent_id,
+            round=round_index,
+            wall_s=self.clock() - self._started_at,
+            metrics=metrics,
+            scalars=scalars,
+            final=final or round_index == self.settings.rounds,
+            estimate=probe_estimate(estimate.numpy(), self.settings.seed),
+            **vars(c),
+        )
+        if self.stats is not None:
+            self.stats.record(record)
+        return record
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(vars(self._counters))
+
+    # -- receiving (InboundHandler) -----------------------------------------------------------
+    def _reject(self, code: RejectCode, reason: str) -> Rejected:
+        with self._lock:
+            self._counters.messages_rejected += 1
+        return Rejected(code, reason)
+
+    def refused(self, error: Rejected) -> None:
+        with self._lock:
+            self._counters.messages_rejected += 1
+
+    def admit(self, header: MessageHeader) -> None:
+        assignment = self._assignment
+        if assignment is None:
+            raise self._reject(RejectCode.UNAVAILABLE, f"{self.agent_id} has no neighbours yet")
+        if header.sender not in assignment.peers:
+            raise self._reject(
+                RejectCode.PERMISSION_DENIED,
+                f"unknown sender '{header.sender}': not a peer of {self.agent_id}",
+            )
+        if header.algorithm != self.algorithm.name:
+            raise self._reject(
+                RejectCode.FAILED_PRECONDITION,
+                f"algorithm '{header.algorithm}' does not match this agent's "
+                f"'{self.algorithm.name}'",
+            )
+        if self.digest and header.fleet_digest != self.digest:
+            raise self._reject(
+                RejectCode.FAILED_PRECONDITION,
+                f"sender's task or initial parameters differ (digest {header.fleet_digest!r}, "
+                f"expected {self.digest!r})",
+            )
+        if header.numel != self.algorithm.numel:
+            raise self._reject(
+                RejectCode.INVALID_ARGUMENT,
+                f"wrong shape: {header.numel} elements, this model has {self.algorithm.numel}",
+            )
+        try:
+            codec = get_codec(header.codec)
+        except ValueError as err:
+            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
+        if header.payload_bytes > codec.max_bytes(header.numel):
+            raise self._reject(
+                RejectCode.INVALID_ARGUMENT,
+                f"payload of {header.payload_bytes} bytes exceeds the {codec.spec} size for "
+                f"{header.numel} elements ({codec.max_bytes(header.numel)})",
+            )
+        if len(header.codec_meta) > MAX_HEADER_BYTES:
+            raise self._reject(RejectCode.INVALID_ARGUMENT, "codec metadata too large")
+        if header.seq < 0 or header.base_seq < 0 or header.base_seq > header.seq:
+            raise self._reject(
+                RejectCode.INVALID_ARGUMENT,
+                f"sequence numbers out of order (seq {header.seq}, base {header.base_seq})",
+            )
+
+    def deliver(self, message: GossipMessage) -> Ack:
+        header = message.header
+        self.admit(header)  # the in-memory path arrives here directly; cheap to repeat
+        codec = get_codec(header.codec)
+        try:
+            vector = codec.decode(
+                Encoded(header.codec, header.numel, message.data, header.codec_meta),
+                self.algorithm.dtype,
+            )
+        except DecodeError as err:
+            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
+        if not bool(torch.isfinite(vector).all()):
+            raise self._reject(RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values")
+        bad = [k for k, v in header.scalars.items() if not math.isfinite(v)]
+        if bad:
+            raise self._reject(
+                RejectCode.INVALID_ARGUMENT, f"scalar(s) {', '.join(bad)} not finite"
+            )
+        payload = Payload(vector, dict(header.scalars), header.seq, header.base_seq)
+        with self._progress:
+            try:
+                ack = self.algorithm.receive(header.sender, payload)
+            except ProtocolError as err:
+                self._counters.messages_rejected += 1
+                raise Rejected(RejectCode.FAILED_PRECONDITION, str(err)) from None
+            self._counters.messages_received += 1
+            if header.round > self._heard.get(header.sender, 0):
+                self._heard[header.sender] = header.round
+                self._progress.notify_all()
+            return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round)
+
+
+def build_agent(
+    agent_id: str,
+    *,
+    index: int,
+    num_agents: int,
+    settings: AgentSettings,
+    transport: Transport,
+    stats: StatsSink | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Agent:
+    """Build an agent from settings: load the task, start its algorithm from the task's
+    initial parameters. Every way of running agents (processes, in-process fleets,
+    emulators) builds them here."""
+    context = TaskContext(
+        agent_index=index,
+        num_agents=num_agents,
+        seed=settings.seed,
+        device=resolve_device(settings.device),
+        options=settings.task.options,
+    )
+    task = load_task(settings.task.name, context)
+    initial = task.initial_parameters()
+    dtype = gossip_dtype(settings, task.gossip_dtype)
+    algorithm = create_algorithm(settings.algorithm, initial, dtype=dtype)
+    return Agent(
+        agent_id,
+        task=task,
+        algorithm=algorithm,
+        transport=transport,
+        settings=settings,
+        stats=stats,
+        clock=clock,
+        digest=fleet_digest(task, initial),
+    )

@@ -1,0 +1,209 @@
+"""Push-sum (SGP) over directed graphs, exact under message loss, and its textbook form.
+
+Each agent keeps a value ``x`` and a weight ``y`` (starting at 1) and uses the de-biased
+``z = x / y``. A round gives ``W[j, i]`` of ``(x, y)`` to each out-neighbour ``j`` and keeps
+``W[i, i]``: the total of ``x`` and of ``y`` over the fleet is conserved, so ``z``
+converges to the average on any strongly connected directed graph.
+
+:class:`PushSum` makes that exact when messages are lost, duplicated or reordered. Each
+out-edge keeps the *running sum* of everything ever given to it; a message carries the sum,
+and the receiver adds the difference to the last sum it absorbed on that edge. A lost
+message's mass simply arrives with the next one; a duplicate or a stale copy changes nothing.
+
+Running sums grow without bound, and their difference loses precision as they grow. Here the
+receiver's acknowledgement (the gRPC response) tells the sender which sum the receiver now
+holds; both sides then measure later sums from that message (the *base*), so the numbers on
+the wire stay the size of a few rounds' mass for ever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+
+from edge.algorithms.base import Ack, GossipAlgorithm, Payload, ProtocolError
+from edge.topology.mixing import Phase
+
+
+def _weight_of(payload: Payload) -> float:
+    y = payload.scalars.get("y")
+    if y is None or not math.isfinite(y):
+        raise ProtocolError("push-sum message lacks a finite weight scalar 'y'")
+    return float(y)
+
+
+class _PushSumCore(GossipAlgorithm):
+    """State and mixing shared by both push-sum variants."""
+
+    def __init__(self, initial: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__(initial, dtype=dtype)
+        self._x = initial.detach().to(device="cpu", dtype=dtype).clone()
+        self._y = 1.0
+        self._pending_x = torch.zeros_like(self._x)
+        self._pending_y = 0.0
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self._x
+
+    @property
+    def y(self) -> float:
+        return self._y
+
+    def estimate(self) -> torch.Tensor:
+        return self._x / self._y
+
+    def apply_update(self, delta: torch.Tensor) -> None:
+        # SGP: x <- x + (step computed at z); with y ~ 1 this is the plain local step.
+        self._x.add_(delta.to(self.dtype))
+
+    def mix(self) -> None:
+        self._x.add_(self._pending_x)
+        self._y += self._pending_y
+        self._pending_x.zero_()
+        self._pending_y = 0.0
+
+    def scalars(self) -> dict[str, float]:
+        return {"weight": self._y}
+
+    def mass(self) -> tuple[torch.Tensor, float]:
+        """``(x, y)`` held by this agent, received-but-unmixed mass included."""
+        return self._x + self._pending_x, self._y + self._pending_y
+
+
+@dataclass
+class _OutEdge:
+    sigma_x: torch.Tensor  # everything given to this edge since `base_seq`
+    sigma_y: float = 0.0
+    seq: int = 0
+    base_seq: int = 0
+    sent_seq: int = 0  # the latest message not yet acknowledged (0: none)
+    sent_x: torch.Tensor | None = None
+    sent_y: float = 0.0
+
+
+@dataclass
+class _InEdge:
+    rho_x: torch.Tensor  # the sender's running sum as of `last_seq`, measured from `base_seq`
+    rho_y: float = 0.0
+    last_seq: int = 0
+    base_seq: int = 0
+
+
+class PushSum(_PushSumCore):
+    """Push-sum with running sums per edge: exact under loss, duplication and reordering."""
+
+    name = "push-sum"
+
+    def __init__(self, initial: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__(initial, dtype=dtype)
+        self._out: dict[str, _OutEdge] = {}
+        self._in: dict[str, _InEdge] = {}
+
+    def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
+        for peer, weight in phase.out_weights.items():
+            edge = self._out.get(peer)
+            if edge is None:
+                edge = self._out[peer] = _OutEdge(torch.zeros_like(self._x))
+            edge.sigma_x.add_(self._x, alpha=weight)
+            edge.sigma_y += weight * self._y
+        self._x.mul_(phase.self_weight)
+        self._y *= phase.self_weight
+
+        payloads = {}
+        for peer in phase.out_weights:
+            if peer not in ready:
+                continue  # its share waits in the running sum for the next message
+            edge = self._out[peer]
+            edge.seq += 1
+            vector = edge.sigma_x.clone()
+            edge.sent_seq, edge.sent_x, edge.sent_y = edge.seq, vector, edge.sigma_y
+            payloads[peer] = Payload(vector, {"y": edge.sigma_y}, edge.seq, edge.base_seq)
+        return payloads
+
+    def on_ack(self, peer: str, ack: Ack) -> None:
+        edge = self._out.get(peer)
+        if edge is None or edge.sent_x is None or ack.last_seq != edge.sent_seq:
+            return  # an older message's ack, or the receiver holds something else
+        # The receiver's sum is now exactly what we sent: measure from there on both sides.
+        edge.sigma_x.sub_(edge.sent_x)
+        edge.sigma_y -= edge.sent_y
+        edge.base_seq = edge.sent_seq
+        edge.sent_seq, edge.sent_x, edge.sent_y = 0, None, 0.0
+
+    def on_refused(self, peer: str) -> None:
+        edge = self._out.get(peer)
+        if edge is None:
+            return
+        # The receiver lost its edge state (a restart): it gets what is held since our base.
+        edge.base_seq = 0
+        edge.sent_seq, edge.sent_x, edge.sent_y = 0, None, 0.0
+
+    def receive(self, sender: str, payload: Payload) -> Ack:
+        y = _weight_of(payload)
+        edge = self._in.get(sender)
+        last_seq, base_seq = (edge.last_seq, edge.base_seq) if edge else (0, 0)
+        if payload.seq <= last_seq:
+            return Ack(last_seq, base_seq, absorbed=False)
+        rebased = payload.base_seq != base_seq
+        if rebased and not (payload.base_seq > base_seq and payload.base_seq == last_seq):
+            raise ProtocolError(
+                f"message seq {payload.seq} from '{sender}' is measured from seq "
+                f"{payload.base_seq}, but this edge is at base {base_seq} after seq {last_seq}"
+            )
+        vector = payload.vector.to(self.dtype)
+        if edge is None:
+            edge = self._in[sender] = _InEdge(torch.zeros_like(self._x))
+        if rebased:
+            self._pending_x.add_(vector)
+            self._pending_y += y
+        else:
+            self._pending_x.add_(vector).sub_(edge.rho_x)
+            self._pending_y += y - edge.rho_y
+        edge.rho_x, edge.rho_y = vector, y
+        edge.last_seq, edge.base_seq = payload.seq, payload.base_seq
+        return Ack(edge.last_seq, edge.base_seq, absorbed=True)
+
+    def out_edge_sum(self, peer: str) -> tuple[torch.Tensor, float, int]:
+        """``(sigma_x, sigma_y, base_seq)``: what was given to ``peer`` since ``base_seq``."""
+        edge = self._out.get(peer)
+        if edge is None:
+            return torch.zeros_like(self._x), 0.0, 0
+        return edge.sigma_x.clone(), edge.sigma_y, edge.base_seq
+
+    def in_edge_sum(self, sender: str) -> tuple[torch.Tensor, float, int]:
+        """``(rho_x, rho_y, base_seq)``: what was absorbed from ``sender`` since ``base_seq``."""
+        edge = self._in.get(sender)
+        if edge is None:
+            return torch.zeros_like(self._x), 0.0, 0
+        return edge.rho_x.clone(), edge.rho_y, edge.base_seq
+
+
+class PlainPushSum(_PushSumCore):
+    """Textbook push-sum: each message carries this round's share; a lost message is lost mass.
+
+    Kept for comparison: under message loss it converges to the wrong value.
+    """
+
+    name = "push-sum-plain"
+
+    def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
+        # A share the agent cannot send (edge busy) stays home instead of vanishing.
+        keep = phase.self_weight + sum(w for p, w in phase.out_weights.items() if p not in ready)
+        payloads = {
+            peer: Payload(self._x * weight, {"y": self._y * weight}, 0, 0)
+            for peer, weight in phase.out_weights.items()
+            if peer in ready
+        }
+        self._x.mul_(keep)
+        self._y *= keep
+        return payloads
+
+    def receive(self, sender: str, payload: Payload) -> Ack:
+        y = _weight_of(payload)
+        self._pending_x.add_(payload.vector.to(self.dtype))
+        self._pending_y += y
+        return Ack(payload.seq, 0, absorbed=True)

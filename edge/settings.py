@@ -1,0 +1,78 @@
+"""Validated settings of one agent, shared by every way of running it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edge.algorithms import ALGORITHMS
+from edge.compression import CODECS
+
+
+class TaskSettings(BaseModel):
+    """``[task]``: the task's name plus its own options, side by side."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = "digits"
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class AgentSettings(BaseModel):
+    """How an agent learns and gossips; identical on every agent of a fleet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: TaskSettings = Field(default_factory=TaskSettings)
+    algorithm: str = "push-sum"
+    rounds: int = Field(40, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "float32", "float64"] = Field(
+        "auto", description="gossip state precision; auto follows the task"
+    )
+    codec: str | None = Field(None, description="wire codec; default: the gossip precision")
+    eval_every: int = Field(1, ge=1)
+    staleness: int = Field(2, ge=0, description="rounds an agent may run ahead of in-neighbours")
+    wait_timeout_s: float = Field(
+        0.25, ge=0, le=600, description="longest wait for in-neighbours per round"
+    )
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, value: str) -> str:
+        if value not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm '{value}'; choose one of: {', '.join(ALGORITHMS)}")
+        return value
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, value: str | None) -> str | None:
+        if value is not None and value not in CODECS:
+            raise ValueError(f"unknown codec '{value}'; choose one of: {', '.join(CODECS)}")
+        return value
+
+
+def gossip_dtype(settings: AgentSettings, task_dtype: torch.dtype) -> torch.dtype:
+    """The gossip state's dtype: the setting, or what the task asks for."""
+    if settings.precision == "float64":
+        return torch.float64
+    if settings.precision == "float32":
+        return torch.float32
+    return task_dtype
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto`` picks CUDA when present; ``cuda`` without a GPU is an error."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use auto or cpu")
+    if choice not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device '{choice}'; choose one of: auto, cpu, cuda")
+    return torch.device(choice)

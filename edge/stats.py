@@ -1,0 +1,123 @@
+"""Per-round records an agent emits, and sinks that keep them.
+
+The agent knows nothing of Prometheus, files or launchers: it hands plain
+:class:`RoundRecord` objects to a :class:`StatsSink`. A launcher reads them back to compute
+fleet figures such as the consensus distance, which needs every agent's estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+#: Estimates longer than this are reported as a count sketch (see :func:`probe_estimate`).
+EXACT_ESTIMATE_LIMIT = 1 << 20
+SKETCH_SIZE = 1 << 16
+
+
+@dataclass
+class RoundRecord:
+    """One agent's state after one round (round 0: before the first)."""
+
+    agent_id: str
+    round: int
+    wall_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    messages_dropped: int = 0
+    messages_failed: int = 0
+    messages_received: int = 0
+    messages_rejected: int = 0
+    scalars: dict[str, float] = field(default_factory=dict)
+    final: bool = False
+    estimate: np.ndarray | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("estimate")
+        return data
+
+
+class StatsSink(Protocol):
+    def record(self, record: RoundRecord) -> None: ...
+
+
+def probe_estimate(estimate: np.ndarray, seed: int = 0) -> np.ndarray:
+    """What the agent reports of its estimate for fleet-wide distances.
+
+    Small models: the estimate itself. Large ones: a count sketch of ``SKETCH_SIZE`` buckets
+    (the same hashing on every agent), which preserves distances in expectation at a fixed,
+    small cost per round.
+    """
+    flat = np.asarray(estimate).reshape(-1)
+    if flat.size <= EXACT_ESTIMATE_LIMIT:
+        return flat
+    rng = np.random.default_rng([seed, flat.size])
+    buckets = rng.integers(0, SKETCH_SIZE, flat.size)
+    signs = rng.choice(np.array([-1.0, 1.0]), flat.size)
+    return np.bincount(buckets, weights=signs * flat, minlength=SKETCH_SIZE)
+
+
+class MemoryStatsSink:
+    """Keeps records in a list (in-process fleets and tests)."""
+
+    def __init__(self) -> None:
+        self.records: list[RoundRecord] = []
+        self._lock = threading.Lock()
+
+    def record(self, record: RoundRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+
+
+class FileStatsSink:
+    """Appends records as JSON lines to ``<dir>/<agent>.jsonl``; estimates to ``<agent>.npy``-like
+    raw file ``<agent>.estimates`` (float64, one vector per record that has one)."""
+
+    def __init__(self, directory: Path, agent_id: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.json_path = directory / f"{agent_id}.jsonl"
+        self.estimates_path = directory / f"{agent_id}.estimates"
+        self._lock = threading.Lock()
+        self._estimates = 0
+
+    def record(self, record: RoundRecord) -> None:
+        data = record.to_json()
+        with self._lock:
+            if record.estimate is not None:
+                vector = np.ascontiguousarray(record.estimate, dtype=np.float64)
+                with self.estimates_path.open("ab") as handle:
+                    handle.write(vector.tobytes())
+                data["estimate_index"] = self._estimates
+                data["estimate_size"] = int(vector.size)
+                self._estimates += 1
+            with self.json_path.open("a") as handle:
+                handle.write(json.dumps(data) + "\n")
+
+
+def read_records(directory: Path, agent_id: str) -> list[RoundRecord]:
+    """Read back what a :class:`FileStatsSink` wrote (a torn last line is skipped)."""
+    json_path = directory / f"{agent_id}.jsonl"
+    if not json_path.exists():
+        return []
+    estimates_path = directory / f"{agent_id}.estimates"
+    raw = np.fromfile(estimates_path, dtype=np.float64) if estimates_path.exists() else None
+    records = []
+    for line in json_path.read_text().splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        index, size = data.pop("estimate_index", None), data.pop("estimate_size", None)
+        record = RoundRecord(**data)
+        if raw is not None and index is not None and size is not None:
+            chunk = raw[index * size : (index + 1) * size]
+            record.estimate = chunk if chunk.size == size else None
+        records.append(record)
+    return records

@@ -1,0 +1,65 @@
+"""Built-in tasks by name, and users' own tasks as ``module:callable``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import cast
+
+import torch
+
+from edge.tasks.base import Task, TaskContext, TaskError
+from edge.tasks.consensus import ConsensusTask
+from edge.tasks.digits import DigitsTask
+
+TaskFactory = Callable[[TaskContext], Task]
+
+#: Tasks by the name users pick with ``--task``.
+BUILTIN_TASKS: dict[str, TaskFactory] = {
+    DigitsTask.name: DigitsTask,
+    ConsensusTask.name: ConsensusTask,
+}
+
+
+def resolve_task_factory(spec: str) -> TaskFactory:
+    """Find the factory for a built-in name or a ``module:callable`` spec."""
+    if spec in BUILTIN_TASKS:
+        return BUILTIN_TASKS[spec]
+    if ":" not in spec:
+        raise TaskError(
+            f"unknown task '{spec}'; choose one of: {', '.join(BUILTIN_TASKS)}, "
+            "or give your own as module:callable"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise TaskError(f"task '{spec}': cannot import module '{module_name}': {err}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise TaskError(f"task '{spec}': module '{module_name}' has no callable '{attr}'")
+    return cast(TaskFactory, factory)
+
+
+def load_task(spec: str, context: TaskContext) -> Task:
+    """Build the task ``spec`` for one agent.
+
+    The factory runs with torch's global RNG seeded by the fleet seed, so a user's model,
+    initialised the ordinary way, starts identical on every agent.
+    """
+    factory = resolve_task_factory(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(context.seed)
+        task = factory(context)
+    missing = [m for m in ("initial_parameters", "train", "evaluate") if not hasattr(task, m)]
+    if missing:
+        raise TaskError(f"task '{spec}' built an object without {', '.join(missing)}")
+    for attribute, default in (("shared_initialisation", True), ("gossip_dtype", torch.float32)):
+        if not hasattr(task, attribute):
+            setattr(task, attribute, default)
+    if not hasattr(task, "name"):
+        task.name = spec
+    initial = task.initial_parameters()
+    if not isinstance(initial, torch.Tensor) or initial.dim() != 1:
+        raise TaskError(f"task '{spec}': initial_parameters() must return a flat torch tensor")
+    return task

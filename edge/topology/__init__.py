@@ -1,0 +1,34 @@
+"""Graphs, mixing weights and spectral gap (numpy and networkx only)."""
+
+from edge.topology.assignment import Assignment, assignments_for_graph
+from edge.topology.graphs import (
+    TOPOLOGIES,
+    Graph,
+    TopologyError,
+    build_graph,
+    is_strongly_connected,
+)
+from edge.topology.mixing import (
+    Phase,
+    column_stochastic,
+    metropolis_hastings,
+    mixing_matrices,
+    node_phases,
+    second_largest_eigenvalue,
+)
+
+__all__ = [
+    "TOPOLOGIES",
+    "Assignment",
+    "Graph",
+    "Phase",
+    "TopologyError",
+    "assignments_for_graph",
+    "build_graph",
+    "column_stochastic",
+    "is_strongly_connected",
+    "metropolis_hastings",
+    "mixing_matrices",
+    "node_phases",
+    "second_largest_eigenvalue",
+]

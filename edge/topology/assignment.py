@@ -1,0 +1,60 @@
+"""An agent's view of the fleet: who its peers are and its mixing weights per phase."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edge.topology.graphs import Graph
+from edge.topology.mixing import Phase, mixing_matrices, node_phases, second_largest_eigenvalue
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What an agent needs to gossip: a peer directory and its column of W per phase.
+
+    Attributes
+    ----------
+    epoch:
+        Increases whenever the graph changes.
+    peers:
+        ``{peer_id: address}`` of every agent this one may hear from or send to.
+    schedule:
+        One :class:`Phase` per phase of a periodic graph; round ``r`` uses
+        ``schedule[r % len(schedule)]``.
+    lambda2:
+        Second-largest |eigenvalue| of the fleet's mixing matrix over one period (NaN if
+        unknown).
+    """
+
+    epoch: int
+    peers: dict[str, str]
+    schedule: tuple[Phase, ...]
+    lambda2: float = math.nan
+
+    def phase(self, round_index: int) -> Phase:
+        return self.schedule[round_index % len(self.schedule)]
+
+
+def assignments_for_graph(
+    graph: Graph,
+    addresses: dict[str, str],
+    *,
+    epoch: int = 1,
+    scheme: str = "column-stochastic",
+) -> dict[str, Assignment]:
+    """Every node's :class:`Assignment`; node ``i`` is the ``i``-th id of ``addresses``.
+
+    Each agent's directory holds its in- and out-neighbours over all phases.
+    """
+    ids = list(addresses)
+    if len(ids) != graph.n:
+        raise ValueError(f"{len(ids)} agents for a graph on {graph.n} nodes")
+    lambda2 = second_largest_eigenvalue(mixing_matrices(graph, scheme))
+    result = {}
+    for node, agent_id in enumerate(ids):
+        schedule = tuple(node_phases(graph, ids, node, scheme))
+        known = {p for phase in schedule for p in (*phase.out_weights, *phase.in_neighbours)}
+        peers = {p: addresses[p] for p in ids if p in known}
+        result[agent_id] = Assignment(epoch, peers, schedule, lambda2)
+    return result

@@ -1,0 +1,125 @@
+"""The transport contract shared by the gRPC and in-memory transports.
+
+A transport moves :class:`GossipMessage` objects (a header plus one encoded flat buffer)
+from one agent to another and reports each send's :class:`SendOutcome`. Receiving agents
+implement :class:`InboundHandler`: ``admit`` sees only the header (cheap checks, before any
+payload is buffered) and ``deliver`` gets the whole message. Either may raise
+:class:`Rejected`, which the gRPC transport turns into a status code with the reason.
+
+Link emulation plugs in on the sending side through the small :class:`LinkShaper` protocol,
+implemented in ``emulation/``: ``edge`` never imports it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from edge.algorithms.base import Ack
+
+
+class RejectCode(enum.Enum):
+    """Why a message was refused; names match gRPC status codes."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class Rejected(Exception):
+    """A refused message, with a code and a reason meant for the sender's operator."""
+
+    def __init__(self, code: RejectCode, reason: str) -> None:
+        super().__init__(f"{code.value}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class MessageHeader:
+    """Everything about a gossip message except its payload (mirrors the protobuf header)."""
+
+    sender: str
+    round: int
+    seq: int
+    base_seq: int
+    algorithm: str
+    codec: str
+    numel: int
+    payload_bytes: int
+    scalars: dict[str, float] = field(default_factory=dict)
+    fleet_digest: str = ""
+    codec_meta: bytes = b""
+
+
+@dataclass(frozen=True)
+class GossipMessage:
+    header: MessageHeader
+    data: bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    """What became of one send.
+
+    Attributes
+    ----------
+    delivered:
+        The receiver took the message and acknowledged it.
+    wire_bytes:
+        Bytes the message occupies on the wire (also counted when a link drops it).
+    dropped:
+        Link emulation dropped it on the way.
+    ack:
+        The receiver's acknowledgement when delivered.
+    error:
+        Refusal or transport failure, when neither delivered nor dropped.
+    """
+
+    delivered: bool
+    wire_bytes: int
+    dropped: bool = False
+    ack: Ack | None = None
+    error: Rejected | None = None
+
+
+class InboundHandler(Protocol):
+    def admit(self, header: MessageHeader) -> None:
+        """Check a header before its payload is buffered; raise :class:`Rejected` to refuse."""
+
+    def deliver(self, message: GossipMessage) -> Ack:
+        """Take a whole message; raise :class:`Rejected` to refuse it without any state change."""
+
+    def refused(self, error: Rejected) -> None:
+        """Note a message the transport itself refused (a malformed stream, say)."""
+
+
+@dataclass(frozen=True)
+class LinkVerdict:
+    """The emulated link's decision for one message: drop it, or deliver after a delay."""
+
+    drop: bool = False
+    delay_s: float = 0.0
+
+
+class LinkShaper(Protocol):
+    def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
+        """Decide the fate of the ``index``-th message on the directed link sender->receiver."""
+
+
+SendCallback = Callable[[SendOutcome], None]
+
+
+class Transport(Protocol):
+    def start(self, handler: InboundHandler) -> str:
+        """Start receiving for ``handler``; return the address peers should dial."""
+
+    def send(self, peer: str, address: str, message: GossipMessage, done: SendCallback) -> None:
+        """Send asynchronously; ``done`` is called exactly once (possibly inline)."""
+
+    def close(self) -> None:
+        """Stop receiving and sending; pending sends complete or fail."""
