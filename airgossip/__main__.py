@@ -1,0 +1,3 @@
+from airgossip.cli import app
+
+app(prog_name="airgossip")

@@ -1,0 +1,166 @@
+"""``airgossip agent``: one edge agent as an OS process, over real gRPC.
+
+It serves gossip (and gRPC health) on ``--listen``, registers with a coordinator or reads a
+static peer list, trains and gossips for the configured rounds, then keeps serving until it
+is told to stop (SIGTERM/SIGINT) or ``--linger-s`` passes, so that its neighbours' last
+pushes still land.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from coordinator.client import CoordinatorClient
+from coordinator.service import natural_key
+from edge.agent import Agent, build_agent
+from edge.settings import AgentSettings
+from edge.stats import FileStatsSink, StatsSink
+from edge.topology import Assignment, assignments_for_graph, build_graph
+from edge.transport.grpc_transport import GrpcTransport
+from emulation.config import ConfigError, NetworkSettings, RunConfig
+
+log = logging.getLogger("airgossip.agent")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGTERM this process when its parent dies (Linux), so no agent is
+    ever orphaned; exit at once if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        raise SystemExit("parent process is gone; not starting")
+
+
+@dataclass(frozen=True)
+class AgentProcessOptions:
+    agent_id: str
+    index: int
+    listen: str = "127.0.0.1:0"
+    advertise: str | None = None
+    coordinator: str | None = None
+    peers: dict[str, str] | None = None
+    token: str = ""
+    stats_dir: Path | None = None
+    linger_s: float = 10.0
+    ready_timeout_s: float = 120.0
+
+
+def static_assignment(config: RunConfig, agent_id: str, peers: dict[str, str]) -> Assignment:
+    """This agent's neighbours from a static peer list (no coordinator)."""
+    if agent_id not in peers:
+        raise ConfigError(f"agent id '{agent_id}' is not in the peer list ({', '.join(peers)})")
+    ids = sorted(peers, key=natural_key)
+    graph = build_graph(
+        config.topology, len(ids), seed=config.seed, edges=config.edges, p=config.edge_probability
+    )
+    return assignments_for_graph(graph, {i: peers[i] for i in ids})[agent_id]
+
+
+def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Event) -> None:
+    """Wait until every peer answers the gRPC health check (bounded by ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(assignment.peers)
+    while pending and time.monotonic() < deadline and not stop.is_set():
+        for peer, address in list(pending.items()):
+            with grpc.insecure_channel(address) as channel:
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=""), timeout=1.0
+                    )
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        pending.pop(peer)
+                except grpc.RpcError:
+                    pass
+        if pending:
+            stop.wait(0.2)
+    if pending:
+        log.warning("starting without hearing from: %s", ", ".join(pending))
+
+
+def run_agent_process(
+    config: RunConfig, options: AgentProcessOptions, stop: threading.Event | None = None
+) -> int:
+    """Run one agent to the end; return the process exit code."""
+    stop = stop or threading.Event()
+    settings: AgentSettings = config.agent_settings()
+    network: NetworkSettings = config.network
+    stats: StatsSink | None = (
+        FileStatsSink(options.stats_dir, options.agent_id) if options.stats_dir else None
+    )
+    transport = GrpcTransport(
+        options.agent_id, listen=options.listen, shaper=network.shaper(config.seed)
+    )
+    agent: Agent = build_agent(
+        options.agent_id,
+        index=options.index,
+        num_agents=config.agents,
+        settings=settings,
+        transport=transport,
+        stats=stats,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        agent.stop()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    address = agent.start()
+    advertise = options.advertise or address
+    log.info("%s serving on %s (advertised as %s)", options.agent_id, address, advertise)
+    client: CoordinatorClient | None = None
+    try:
+        if options.coordinator:
+            client = CoordinatorClient(options.coordinator, options.agent_id, token=options.token)
+            client.register(advertise, agent.digest, timeout_s=options.ready_timeout_s)
+            client.follow(agent.set_assignment)
+            if not client.wait_ready(lambda: agent.assignment is not None, options.ready_timeout_s):
+                if stop.is_set():
+                    return 0
+                log.error("no neighbour assignment within %.0f s", options.ready_timeout_s)
+                return 3
+        else:
+            assignment = static_assignment(config, options.agent_id, options.peers or {})
+            agent.set_assignment(assignment)
+            _wait_for_peers(assignment, options.ready_timeout_s, stop)
+        assert agent.assignment is not None
+        log.info(
+            "%s starts: %d rounds, out-neighbours %s",
+            options.agent_id,
+            settings.rounds,
+            ", ".join(agent.assignment.phase(1).out_weights) or "none",
+        )
+        agent.run()
+        if not stop.is_set():
+            log.info("%s finished %d rounds; serving until stopped", options.agent_id, agent.round)
+            stop.wait(options.linger_s)
+        return 0
+    finally:
+        if client is not None:
+            client.close()
+        agent.close()
+
+
+def configure_process(threads: int | None) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if threads:
+        torch.set_num_threads(threads)

@@ -1,0 +1,365 @@
+"""The ``airgossip`` command line: run a fleet, run one agent, run a coordinator."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(
+    name="airgossip",
+    help="Decentralized learning over directed, lossy links: gossip agents that need no server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _default_out() -> Path:
+    base = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, n = base, 1
+    while out.exists():
+        out, n = Path(f"{base}-{n}"), n + 1
+    return out
+
+
+def _overrides(**flags: Any) -> dict[str, Any]:
+    """Flag values given on the command line, shaped like the scenario file."""
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key == "task":
+            out.setdefault("task", {})["name"] = value
+        elif key == "loss":
+            out.setdefault("network", {})["loss"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if (abs(value) < 1e-3 and value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def _summary(results: dict[str, Any], out_dir: Path) -> Table:
+    final, config = results["final"], results["config"]
+    table = Table(title="airgossip run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, Any]] = [
+        (
+            "fleet",
+            f"{config['agents']} agents · {config['topology']} · {config['algorithm']} · "
+            f"{config['mode']}",
+        ),
+        ("task", config["task"]["name"]),
+        ("mixing |λ2|", _fmt(config["lambda2"], 3)),
+        ("rounds", f"{final['round']} of {config['rounds']}"),
+    ]
+    if final.get("mean_accuracy") is not None:
+        rows.append(
+            (
+                "test accuracy",
+                f"mean {_fmt(final['mean_accuracy'])} (min {_fmt(final['min_accuracy'])}, "
+                f"max {_fmt(final['max_accuracy'])})",
+            )
+        )
+    if final.get("relative_error") is not None:
+        rows.append(("relative error", f"{final['relative_error']:.3e}"))
+    rows += [
+        ("consensus distance", _fmt(final.get("consensus_distance"))),
+        (
+            "messages",
+            f"{final.get('messages_sent', 0)} sent, {final.get('messages_dropped', 0)} "
+            f"lost (link loss {config['network']['loss']:g})",
+        ),
+        ("bytes sent", f"{final.get('bytes_sent', 0) / 1e6:.2f} MB"),
+        ("wall time", f"{results['total_wall_s']:.1f} s"),
+        ("results", str(out_dir / "results.json")),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+@app.command()
+def run(
+    agents: Annotated[int | None, typer.Option(help="Number of agents [default: 8].")] = None,
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
+            "edges [default: exponential]."
+        ),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="digits, consensus, or module:callable [default: digits].")
+    ] = None,
+    algorithm: Annotated[
+        str | None, typer.Option(help="push-sum or push-sum-plain [default: push-sum].")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds per agent [default: 40].")] = None,
+    loss: Annotated[
+        float | None,
+        typer.Option(help="Message loss probability on every directed link [default: 0.1]."),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of every random draw [default: 0].")
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="process (one OS process per agent, real gRPC) or inproc [default: process]."
+        ),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda [default: auto].")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder [default: runs/<timestamp>].")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML scenario file; flags override it.")
+    ] = None,
+    coordinator_port: Annotated[
+        int, typer.Option(help="Port of the embedded coordinator (0: any free port).")
+    ] = 0,
+) -> None:
+    """Run a fleet of agents locally and write results.json and a plot."""
+    from emulation.config import ConfigError, load_config
+    from emulation.fleet import FleetError, FleetProgress, run_fleet
+
+    overrides = _overrides(
+        agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
+        loss=loss, seed=seed, mode=mode, device=device,
+    )  # fmt: skip
+    if not 0 <= coordinator_port <= 65535:
+        fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as err:
+        fail(str(err))
+    out_dir = out or cfg.out or _default_out()
+    if cfg.mode == "inproc":
+        import torch
+
+        torch.set_num_threads(1)
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    bar = progress.add_task("starting", total=cfg.rounds, status="")
+    last_print = [0.0]
+
+    def on_progress(p: FleetProgress) -> None:
+        if p.registered < p.agents:
+            description, status = "starting agents", f"{p.registered}/{p.agents} registered"
+        else:
+            description = "training" if cfg.task.name != "consensus" else "gossiping"
+            acc = f"acc {p.mean_accuracy:.3f} · " if p.mean_accuracy is not None else ""
+            status = f"{acc}{p.messages_dropped}/{p.messages_sent} msgs lost"
+        progress.update(bar, completed=p.slowest_round, description=description, status=status)
+        if not console.is_terminal and time.monotonic() - last_print[0] > 5:
+            last_print[0] = time.monotonic()
+            console.print(f"{description}: round {p.slowest_round}/{p.rounds_total} {status}")
+
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    console.print(
+        f"airgossip: {cfg.agents} agents · {cfg.topology} · {cfg.algorithm} · task "
+        f"{cfg.task.name} · loss {cfg.network.loss:g} · {cfg.mode} · out {out_dir}",
+        highlight=False,
+    )
+    try:
+        with progress:
+            results = run_fleet(
+                cfg, out_dir, on_progress=on_progress,
+                coordinator_listen=f"127.0.0.1:{coordinator_port}",
+            )  # fmt: skip
+    except ConfigError as err:
+        fail(str(err))
+    except FleetError as err:
+        fail(str(err), code=1)
+    except OSError as err:
+        if coordinator_port and "listen" in str(err):
+            fail(f"{err}; pick another --coordinator-port or 0 for any free port")
+        fail(str(err), code=1)
+    except KeyboardInterrupt:
+        errors.print(f"interrupted: agents stopped; partial results in {out_dir}")
+        raise typer.Exit(130) from None
+    console.print(_summary(results, out_dir))
+
+
+@app.command()
+def agent(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Scenario file (TOML, or the config.json of a run)."),
+    ] = None,
+    agent_id: Annotated[
+        str | None, typer.Option("--id", help="Agent id [default: agent-<index>].")
+    ] = None,
+    index: Annotated[int, typer.Option(help="Index of this agent (picks its data shard).")] = 0,
+    listen: Annotated[str, typer.Option(help="host:port to serve gossip on.")] = "127.0.0.1:0",
+    advertise: Annotated[
+        str | None, typer.Option(help="host:port peers should dial [default: the listen address].")
+    ] = None,
+    coordinator: Annotated[str | None, typer.Option(help="Coordinator host:port.")] = None,
+    peers: Annotated[
+        Path | None,
+        typer.Option(help='TOML file with a [peers] table of id = "host:port" (no coordinator).'),
+    ] = None,
+    token: Annotated[str, typer.Option(help="Join token of the coordinator.")] = "",
+    stats_dir: Annotated[Path | None, typer.Option(help="Write round records here.")] = None,
+    linger_s: Annotated[
+        float, typer.Option(help="Keep serving this long after the last round.")
+    ] = 10.0,
+    ready_timeout_s: Annotated[float, typer.Option(help="Longest wait for neighbours.")] = 120.0,
+    parent_pid: Annotated[int | None, typer.Option(help="Exit when this process dies.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+) -> None:
+    """Run one edge agent over real gRPC (what runs on each device)."""
+    from airgossip.agent_process import (
+        AgentProcessOptions,
+        configure_process,
+        die_with_parent,
+        run_agent_process,
+    )
+    from emulation.config import ConfigError, load_config, read_scenario
+
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
+    if (coordinator is None) == (peers is None):
+        fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    try:
+        if config is not None and config.suffix == ".json":
+            try:
+                data = json.loads(config.read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                fail(f"cannot read config {config}: {err}")
+            cfg = load_config(None, data)
+        else:
+            cfg = load_config(config)
+        peer_table: dict[str, str] | None = None
+        if peers is not None:
+            table = read_scenario(peers).get("peers")
+            if not isinstance(table, dict) or not table:
+                fail(f'{peers} needs a [peers] table of id = "host:port" entries')
+            peer_table = {str(k): str(v) for k, v in table.items()}
+    except ConfigError as err:
+        fail(str(err))
+    if not 0 <= index < cfg.agents:
+        fail(f"--index {index} is outside the fleet of {cfg.agents} agents (0..{cfg.agents - 1})")
+    configure_process(threads)
+    options = AgentProcessOptions(
+        agent_id=agent_id or f"agent-{index}", index=index, listen=listen, advertise=advertise,
+        coordinator=coordinator, peers=peer_table, token=token, stats_dir=stats_dir,
+        linger_s=linger_s, ready_timeout_s=ready_timeout_s,
+    )  # fmt: skip
+    from coordinator.client import CoordinatorError
+    from edge.tasks import TaskError
+    from edge.transport.grpc_transport import PortInUseError
+
+    try:
+        code = run_agent_process(cfg, options)
+    except (PortInUseError, CoordinatorError, TaskError, ConfigError, ValueError) as err:
+        fail(str(err))
+    raise typer.Exit(code)
+
+
+@app.command()
+def coordinator(
+    listen: Annotated[str, typer.Option(help="host:port to serve on.")] = "0.0.0.0:7070",
+    agents: Annotated[
+        int | None, typer.Option(help="Agents to wait for [default: from config].")
+    ] = None,
+    topology: Annotated[str | None, typer.Option(help="Topology to assign.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Scenario file.")] = None,
+    token: Annotated[str, typer.Option(help="Join token agents must present.")] = "",
+) -> None:
+    """Run the coordinator: agents register and receive their neighbours."""
+    from coordinator.service import CoordinatorServer
+    from emulation.config import ConfigError, load_config
+    from emulation.fleet import fleet_graph, topology_spec
+
+    try:
+        cfg = load_config(config, _overrides(agents=agents, topology=topology))
+        fleet_graph(cfg)
+    except ConfigError as err:
+        fail(str(err))
+    try:
+        server = CoordinatorServer(
+            expected=cfg.agents, topology=topology_spec(cfg), listen=listen, token=token
+        )
+    except OSError as err:
+        fail(str(err))
+    address = server.start()
+    console.print(f"coordinator on {address}: waiting for {cfg.agents} agents ({cfg.topology})")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+@app.command("topology")
+def topology_info(
+    name: Annotated[str, typer.Argument(help="Topology name.")],
+    agents: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for random graphs.")] = 0,
+) -> None:
+    """Describe a topology: degree, period, connectivity and mixing |λ2|."""
+    from edge.topology import TopologyError, build_graph, mixing_matrices, second_largest_eigenvalue
+
+    try:
+        graph = build_graph(name, agents, seed=seed)
+    except TopologyError as err:
+        fail(str(err))
+    lam = second_largest_eigenvalue(mixing_matrices(graph))
+    degrees = sorted({int(a.sum(axis=1).max()) for a in graph.phases})
+    console.print(
+        f"{name} on {agents} nodes: {'undirected' if graph.is_undirected else 'directed'}, "
+        f"period {graph.period}, max out-degree {max(degrees)}, "
+        f"{graph.edge_count() // graph.period} edges per round, |λ2| = {lam:.4f}"
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

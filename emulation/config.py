@@ -1,0 +1,137 @@
+"""Scenario configuration: one TOML file for a fleet run, flags on top, validated up front.
+
+Example scenario (every key optional)::
+
+    agents = 16
+    topology = "exponential"
+    algorithm = "push-sum"
+    rounds = 40
+    seed = 1
+    mode = "process"
+
+    [task]
+    name = "digits"
+    partition = "dirichlet"
+    alpha = 0.5
+
+    [network]
+    loss = 0.1
+    latency_ms = 5
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edge.settings import AgentSettings
+from edge.topology import TOPOLOGIES
+from emulation.links import BernoulliLinkShaper, LinkSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A scenario or flag value that is not valid; the message says what and what is allowed."""
+
+
+class NetworkSettings(BaseModel):
+    """``[network]``: impairments applied to every directed link on the sending side."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    loss: float = Field(0.1, ge=0, lt=1, description="message loss probability per link")
+    latency_ms: float = Field(0.0, ge=0, le=600_000)
+    jitter_ms: float = Field(0.0, ge=0, le=600_000)
+    bandwidth_mbps: float = Field(0.0, ge=0, description="0 means unlimited")
+
+    def shaper(self, seed: int) -> BernoulliLinkShaper:
+        spec = LinkSpec(
+            loss=self.loss,
+            latency_s=self.latency_ms / 1000,
+            jitter_s=self.jitter_ms / 1000,
+            bandwidth_bps=self.bandwidth_mbps * 1e6,
+        )
+        return BernoulliLinkShaper(spec, seed=seed)
+
+
+class RunConfig(AgentSettings):
+    """A whole fleet run: the agents' settings plus fleet size, graph, network and mode."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agents: int = Field(8, ge=1, le=4096)
+    topology: str = "exponential"
+    edges: list[tuple[int, int]] | None = Field(None, description="for topology = 'edges'")
+    edge_probability: float | None = Field(None, gt=0, le=1, description="for erdos-renyi")
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    mode: Literal["process", "inproc"] = "process"
+    out: Path | None = None
+
+    @field_validator("topology")
+    @classmethod
+    def _known_topology(cls, value: str) -> str:
+        if value not in TOPOLOGIES:
+            raise ValueError(f"unknown topology '{value}'; choose one of: {', '.join(TOPOLOGIES)}")
+        return value
+
+    def agent_settings(self) -> AgentSettings:
+        return AgentSettings.model_validate(
+            self.model_dump(include=set(AgentSettings.model_fields))
+        )
+
+
+def _format(err: ValidationError) -> str:
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        message = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            problems.append(f"unknown setting '{where}'")
+        elif e["type"] in ("literal_error",):
+            problems.append(f"{where}: {message}, got {e.get('input')!r}")
+        else:
+            problems.append(f"{where}: {message}")
+    return "; ".join(problems)
+
+
+def read_scenario(path: Path) -> dict[str, Any]:
+    """Parse a scenario TOML file into a plain dict; :class:`ConfigError` if unreadable."""
+    try:
+        with path.open("rb") as handle:
+            data: dict[str, Any] = tomllib.load(handle)
+            return data
+    except FileNotFoundError:
+        raise ConfigError(f"scenario file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"scenario file {path} is not valid TOML: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read scenario file {path}: {err.strerror}") from None
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Overlay ``overrides`` on ``base``, merging nested tables."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Scenario file (optional) + flag overrides -> validated :class:`RunConfig`."""
+    data = read_scenario(path) if path is not None else {}
+    data = merge(data, overrides or {})
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        source = f"scenario {path}" if path is not None else "settings"
+        raise ConfigError(f"bad {source}: {_format(err)}") from None

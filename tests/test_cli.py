@@ -1,0 +1,107 @@
+"""The command line: clear one-line errors, and a run that writes its results."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from airgossip.cli import app
+from tests.helpers import airgossip
+
+
+def cli(*args: str) -> Any:
+    """The CLI in this process (fast); subprocess runs below cover the real entry point."""
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    result.returncode = result.exit_code
+    return result
+
+
+def assert_one_line_error(result: Any, *fragments: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (
+            ["--topology", "star"],
+            ["unknown topology 'star'", "exponential", "one-peer-exponential"],
+        ),
+        (["--task", "mnist"], ["unknown task 'mnist'", "digits", "consensus", "module:callable"]),
+        (["--algorithm", "fedavg"], ["unknown algorithm 'fedavg'", "push-sum-plain"]),
+        (["--loss", "2"], ["network.loss"]),
+        (["--mode", "cloud"], ["mode", "'process'", "'inproc'"]),
+        (["--agents", "0"], ["agents"]),
+        (["--device", "tpu"], ["device"]),
+        (["--coordinator-port", "70000"], ["coordinator-port"]),
+    ],
+)
+def test_bad_flags_get_one_line_errors(
+    args: list[str], fragments: list[str], tmp_path: Path
+) -> None:
+    result = cli("run", "--out", str(tmp_path / "out"), *args)
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_bad_scenario_files(tmp_path: Path) -> None:
+    missing = airgossip("run", "--config", str(tmp_path / "nope.toml"), timeout=60)  # real process
+    assert_one_line_error(missing, "nope.toml does not exist")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("agents = 4\ntopology = [unclosed\n")
+    assert_one_line_error(cli("run", "--config", str(broken)), "not valid TOML", "line 2")
+    typo = tmp_path / "typo.toml"
+    typo.write_text("agents = 4\n[network]\nlos = 0.2\n")
+    assert_one_line_error(cli("run", "--config", str(typo)), "unknown setting 'network.los'")
+    wrong_type = tmp_path / "type.toml"
+    wrong_type.write_text('rounds = "ten"\n')
+    assert_one_line_error(cli("run", "--config", str(wrong_type)), "rounds")
+
+
+def test_busy_coordinator_port(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = airgossip("run", "--agents", "2", "--coordinator-port", str(port),
+                           "--out", str(tmp_path), timeout=60)  # fmt: skip
+    assert_one_line_error(result, f"127.0.0.1:{port}", "--coordinator-port")
+
+
+def test_agent_needs_a_coordinator_or_peers() -> None:
+    assert_one_line_error(cli("agent"), "--coordinator", "--peers")
+
+
+def test_scenario_file_and_flags_override_it(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        'agents = 3\nrounds = 50\nmode = "inproc"\ntopology = "ring"\n'
+        '[task]\nname = "consensus"\ndim = 4\n[network]\nloss = 0.2\n'
+    )
+    out = tmp_path / "o"
+    result = cli("run", "--config", str(scenario), "--rounds", "6", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "o" / "results.json").read_text())
+    config = results["config"]
+    assert (config["agents"], config["rounds"], config["topology"]) == (3, 6, "ring")
+    assert config["network"]["loss"] == 0.2 and config["task"]["dim"] == 4
+    assert results["final"]["round"] == 6
+    assert "relative error" in result.stdout
+    assert (tmp_path / "o" / "results.png").exists()
+
+
+def test_topology_command() -> None:
+    result = cli("topology", "exponential", "--agents", "16")
+    assert result.returncode == 0
+    assert "|λ2| = 0.6000" in result.stdout and "directed" in result.stdout
+    assert_one_line_error(cli("topology", "hypercube"), "unknown topology")
