@@ -90,6 +90,8 @@ def _summary(results: dict[str, Any], out_dir: Path) -> Table:
                 f"max {_fmt(final['max_accuracy'])})",
             )
         )
+    elif final.get("mean_loss") is not None:
+        rows.append(("test loss", f"mean {_fmt(final['mean_loss'])}"))
     if final.get("relative_error") is not None:
         rows.append(("relative error", f"{final['relative_error']:.3e}"))
     rows += [

@@ -132,22 +132,26 @@ def plot_results(path: Path, results: dict[str, Any], title: str) -> None:
         left.plot(xs, mean, label="mean")
         left.set_ylabel("test accuracy")
         left.set_ylim(0, 1)
-    elif any(r.get("relative_error") is not None for r in rows):
-        xs = [r["round"] for r in rows if r.get("relative_error") is not None]
-        left.semilogy(
-            xs,
-            [max(r["relative_error"], 1e-17) for r in rows if r.get("relative_error") is not None],
-            label="max relative error",
-        )
-        left.set_ylabel("error to the true average")
+    else:
+        # No accuracy: the error to the exact answer (consensus), else the mean test loss.
+        key, label = next(
+            ((k, t) for k, t in (("relative_error", "max relative error to the true average"),
+                                 ("mean_loss", "mean test loss"))
+             if any(r.get(k) is not None for r in rows)),
+            (None, ""),
+        )  # fmt: skip
+        if key is not None:
+            points = [(r["round"], r[key]) for r in rows if r.get(key)]
+            left.semilogy([p[0] for p in points], [p[1] for p in points], label=label)
+            left.set_ylabel(label)
     left.set_xlabel("round")
-    left.legend(loc="best")
+    if left.get_legend_handles_labels()[0]:
+        left.legend(loc="best")
     left.grid(alpha=0.3)
-    dist = [
-        (r["round"], r["consensus_distance"]) for r in rows if r["consensus_distance"] is not None
-    ]
+    # A log axis cannot show exact zeros (identical starting models): leave them out.
+    dist = [(r["round"], r["consensus_distance"]) for r in rows if r["consensus_distance"]]
     if dist:
-        right.semilogy([d[0] for d in dist], [max(d[1], 1e-17) for d in dist])
+        right.semilogy([d[0] for d in dist], [d[1] for d in dist])
     right.set_xlabel("round")
     right.set_ylabel("consensus distance")
     right.grid(alpha=0.3)
