@@ -158,12 +158,11 @@ class Agent:
         self._started_at = self.clock()
         self.report(0)
 
-    def run(self, rounds: int | None = None) -> None:
-        """Run rounds ``1..rounds`` on the wall clock, reporting round 0 first."""
-        total = rounds or self.settings.rounds
+    def run(self) -> None:
+        """Run the remaining rounds on the wall clock, reporting round 0 first."""
         if self.round == 0:
             self.begin()
-        while self.round < total and not self._stopped.is_set():
+        while self.round < self.settings.rounds and not self._stopped.is_set():
             self.run_round(self.round + 1)
 
     def run_round(self, round_index: int) -> None:
