@@ -329,7 +329,7 @@ class ProcessFleet:
                         f"{agent.agent_id} exited with code {code} before finishing: "
                         f"{agent.log_tail() or 'no output'} (log: {agent.log_path})"
                     )
-            registered = len(server.servicer.state.members)
+            registered = server.fleet.registered()
             latest = {a.agent_id: a.latest for a in self.processes if a.latest}
             if self.on_progress is not None:
                 self.on_progress(_progress(self.config, latest, registered))
