@@ -104,6 +104,7 @@ class FleetView:
     strongly_connected: bool = False
     lambda2: float = math.nan
     counters: dict[str, int] = field(default_factory=dict)
+    restored: bool = False
 
     @property
     def alive(self) -> list[MemberView]:
@@ -114,6 +115,7 @@ class FleetView:
             "topology": self.topology,
             "expected": self.expected,
             "released": self.released,
+            "restored": self.restored,
             "epoch": self.epoch,
             "strongly_connected": self.strongly_connected,
             "lambda2": None if math.isnan(self.lambda2) else self.lambda2,
@@ -259,6 +261,7 @@ class Fleet:
                 strongly_connected=graph.strongly_connected if graph else False,
                 lambda2=lambda2,
                 counters=dict(self.counters),
+                restored=self.restored,
             )
 
     # -- changes ------------------------------------------------------------------------------
