@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -32,7 +32,7 @@ from edge.settings import AgentSettings, gossip_dtype, resolve_device
 from edge.stats import RoundRecord, StatsSink, probe_estimate
 from edge.tasks import Task, TaskContext, TrainConfig, load_task
 from edge.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
-from edge.topology import Assignment
+from edge.topology import Assignment, Phase
 from edge.transport.base import (
     GossipMessage,
     MessageHeader,
@@ -47,6 +47,25 @@ log = logging.getLogger(__name__)
 
 #: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
 PATIENCE_ROUNDS = 4
+#: An out-neighbour that cannot be reached keeps its share at home (a dead peer would swallow
+#: a share every round: within a few seconds, all of the fleet's push-sum weight); every this
+#: many rounds it gets a zero-weight probe carrying what its edge holds, until one lands.
+PROBE_ROUNDS = 4
+
+
+def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
+    """``phase`` with the share of each of ``peers`` kept at home.
+
+    The weights still sum to one, so push-sum conserves mass. With ``probe`` the peers stay in
+    the phase with weight 0: the algorithm then sends them what their edge already holds.
+    """
+    held = {p: w for p, w in phase.out_weights.items() if p in peers}
+    if not held:
+        return phase
+    out = {
+        p: 0.0 if p in held else w for p, w in phase.out_weights.items() if probe or p not in held
+    }
+    return Phase(phase.self_weight + sum(held.values()), out, phase.in_neighbours)
 
 
 def fleet_digest(task: Task, initial: torch.Tensor) -> str:
@@ -131,6 +150,7 @@ class Agent:
         self._started_at = clock()
         self._last_metrics: dict[str, float] = {}
         self._disagreement: float | None = None
+        self._unreachable: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -141,6 +161,11 @@ class Agent:
     def set_assignment(self, assignment: Assignment) -> None:
         """Install (or replace) the peer directory and mixing schedule; thread-safe."""
         with self._progress:
+            old = self._assignment.peers if self._assignment is not None else {}
+            # A peer at a new address (it restarted) is worth a full share again.
+            self._unreachable = {
+                p for p in self._unreachable if assignment.peers.get(p) == old.get(p)
+            }
             self._assignment = assignment
             self._progress.notify_all()
 
@@ -202,6 +227,9 @@ class Agent:
             if assignment is None:
                 return
             phase = assignment.phase(round_index)
+            if self._unreachable:
+                probe = round_index % PROBE_ROUNDS == 0
+                phase = hold_back(phase, self._unreachable, probe=probe)
             ready = [p for p in phase.out_weights if p not in self._inflight]
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
@@ -237,11 +265,14 @@ class Agent:
             self._progress.notify_all()
             if outcome.delivered and outcome.ack is not None:
                 self.algorithm.on_ack(peer, outcome.ack)
+                self._unreachable.discard(peer)
             elif outcome.dropped:
                 c.messages_dropped += 1
             else:
                 c.messages_failed += 1
                 err = outcome.error
+                if err is not None and err.code is RejectCode.UNAVAILABLE:
+                    self._unreachable.add(peer)
                 if err is not None and err.code is RejectCode.FAILED_PRECONDITION:
                     self.algorithm.on_refused(peer)
                 key = (peer, err.code.value if err else "?")
