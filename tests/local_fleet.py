@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -166,13 +166,17 @@ class LocalFleet:
         latest = self.latest(index)
         return latest.round if latest else -1
 
-    def accuracy(self, indices: list[int]) -> float:
-        """Mean over ``indices`` of each agent's latest test accuracy."""
+    def accuracy(self, indices: list[int], last: int = 5) -> float:
+        """Mean over ``indices`` of the median of each agent's last ``last`` test accuracies.
+
+        A push-sum estimate is briefly noisy while an agent's weight is small; the median of a
+        few reports measures where the agent is, not one unlucky round.
+        """
         values = []
         for i in indices:
-            latest = self.latest(i)
-            assert latest is not None and "accuracy" in latest.metrics, i
-            values.append(latest.metrics["accuracy"])
+            recent = [r.metrics["accuracy"] for r in self.records(i) if "accuracy" in r.metrics]
+            assert recent, f"agent-{i} has reported no accuracy yet"
+            values.append(statistics.median(recent[-last:]))
         return sum(values) / len(values)
 
     def log_tail(self, name: str, lines: int = 15) -> str:
