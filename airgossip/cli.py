@@ -151,6 +151,13 @@ def run(
     coordinator_port: Annotated[
         int, typer.Option(help="Port of the embedded coordinator (0: any free port).")
     ] = 0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve the embedded coordinator's /metrics, /sd (Prometheus service "
+            "discovery) and /fleet on this port [default: off]."
+        ),
+    ] = None,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
@@ -162,11 +169,15 @@ def run(
     )  # fmt: skip
     if not 0 <= coordinator_port <= 65535:
         fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
+    if metrics_port is not None and not 0 < metrics_port <= 65535:
+        fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
     try:
         cfg = load_config(config, overrides)
     except ConfigError as err:
         fail(str(err))
     out_dir = out or cfg.out or _default_out()
+    if metrics_port is not None and cfg.mode != "process":
+        fail("--metrics-port needs --mode process (agents with their own metrics endpoints)")
     if cfg.mode == "inproc":
         import torch
 
@@ -207,6 +218,9 @@ def run(
             results = run_fleet(
                 cfg, out_dir, on_progress=on_progress,
                 coordinator_listen=f"127.0.0.1:{coordinator_port}",
+                coordinator_metrics_listen=(
+                    f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
+                ),
             )  # fmt: skip
     except ConfigError as err:
         fail(str(err))

@@ -215,17 +215,23 @@ class CoordinatorServer:
     ) -> None:
         policy = make_policy(topology)
         ensure_bindable(listen)
-        if metrics_listen is not None:
-            ensure_bindable(metrics_listen)
         self.store = FleetStore(db)
-        self.fleet = Fleet(
-            expected=expected,
-            spec=topology,
-            policy=policy,
-            store=self.store,
-            liveness=liveness,
-            max_agents=max(max_agents, expected),
-        )
+        try:
+            self.fleet = Fleet(
+                expected=expected,
+                spec=topology,
+                policy=policy,
+                store=self.store,
+                liveness=liveness,
+                max_agents=max(max_agents, expected),
+            )
+            self.metrics: MetricsServer | None = (
+                metrics_server(self.fleet.view, metrics_listen) if metrics_listen else None
+            )
+        except BaseException:
+            self.store.close()
+            raise
+        self.metrics_address = self.metrics.address if self.metrics is not None else ""
         self.servicer = CoordinatorServicer(self.fleet, token=token)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
@@ -240,14 +246,15 @@ class CoordinatorServer:
         try:
             port = self._server.add_insecure_port(listen)
         except RuntimeError as err:
-            raise OSError(f"cannot listen on {listen}: {err}") from err
+            port, reason = 0, str(err)
+        else:
+            reason = "the port is in use"
         if port == 0:
-            raise OSError(f"cannot listen on {listen}: the port is in use")
+            if self.metrics is not None:
+                self.metrics.stop()
+            self.store.close()
+            raise OSError(f"cannot listen on {listen}: {reason}")
         self.address = f"{host or '127.0.0.1'}:{port}"
-        self.metrics: MetricsServer | None = (
-            metrics_server(self.fleet.view, metrics_listen) if metrics_listen is not None else None
-        )
-        self.metrics_address = self.metrics.address if self.metrics is not None else ""
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="coord-liveness", daemon=True)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -14,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import ROOT, free_port
 from tests.local_fleet import LocalFleet
 from tests.test_metrics import promtool_check
 
@@ -167,3 +170,33 @@ def test_prometheus_discovers_the_fleet_and_answers_promql(
         assert len(latency) == 1 and 0 < float(latency[0]["value"][1]) < 30
     finally:
         prometheus.close()
+
+
+def test_a_launched_fleet_exposes_service_discovery(tmp_path: Path) -> None:
+    port = free_port()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "airgossip", "run", "--task", "consensus", "--agents", "3",
+         "--rounds", "1000000", "--metrics-port", str(port), "--out", str(tmp_path / "run")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        groups: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and len(groups) < 3:
+            assert launcher.poll() is None, launcher.communicate()[1]
+            with contextlib.suppress(OSError):  # not serving yet
+                groups = json.loads(scrape(f"http://127.0.0.1:{port}/sd"))
+            time.sleep(0.5)
+        assert sorted(g["labels"]["agent"] for g in groups) == ["agent-0", "agent-1", "agent-2"]
+        ports = {int(g["targets"][0].rsplit(":", 1)[1]) for g in groups}
+        assert len(ports) == 3 and port not in ports  # every agent picked its own free port
+        for group in groups:
+            promtool_check(scrape(f"http://{group['targets'][0]}/metrics"))
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130
