@@ -133,6 +133,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             # connections never pile up server threads.
             member.watch_generation += 1
             generation = member.watch_generation
+            fleet.changed.notify_all()
         sent = -1
         while context.is_active() and not self._closed:
             with fleet.changed:
