@@ -199,3 +199,21 @@ def test_liveness_settings_are_checked() -> None:
         LivenessSettings(heartbeat_interval_s=2, heartbeat_timeout_s=3)
     with pytest.raises(ValueError, match="interval"):
         LivenessSettings(heartbeat_interval_s=0)
+
+
+def test_an_emulator_replaces_the_edge_list_at_run_time() -> None:
+    clock = FakeClock()
+    ring = tuple((i, (i + 1) % 4) for i in range(4))
+    fleet = make_fleet(TopologySpec("edges", edges=ring), clock, expected=4)
+    register_all(fleet, 4)
+    assert out_edges(fleet) == {(f"agent-{i}", f"agent-{(i + 1) % 4}") for i in range(4)}
+    star = [("agent-0", f"agent-{i}") for i in (1, 2, 3)] + [
+        (f"agent-{i}", "agent-0") for i in (1, 2, 3)
+    ]
+    assert fleet.set_edges(star) == 2
+    assert out_edges(fleet) == set(star)
+    assert fleet.assignments["agent-2"].peers == {"agent-0": "10.0.0.0:7000"}
+    other = make_fleet(TopologySpec("ring"), FakeClock(), expected=4)
+    register_all(other, 4)
+    with pytest.raises(Refusal, match="need topology 'edges'"):
+        other.set_edges(star)
