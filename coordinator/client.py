@@ -94,6 +94,7 @@ class CoordinatorClient:
         self._lost = False
         self.epoch_held = 0
         self.registrations = 0
+        self._refusals: set[grpc.StatusCode] = set()
 
     # -- registration ------------------------------------------------------------------------
     def register(
@@ -152,9 +153,13 @@ class CoordinatorClient:
         try:
             self._register_once()
         except grpc.RpcError as err:
-            level = logging.INFO if err.code() in RETRYABLE else logging.ERROR
-            log.log(level, "%s: registering again (%s) failed: %s", self.agent_id, why, err.code())
+            if err.code() not in self._refusals:  # once per kind: it is retried every interval
+                self._refusals.add(err.code())
+                level = logging.INFO if err.code() in RETRYABLE else logging.ERROR
+                log.log(level, "%s: registering again (%s) failed: %s: %s",
+                        self.agent_id, why, err.code().name, err.details())  # fmt: skip
             return False
+        self._refusals.clear()
         log.info("%s: registered again with %s (%s)", self.agent_id, self.address, why)
         return True
 

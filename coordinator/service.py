@@ -35,8 +35,8 @@ log = logging.getLogger("airgossip.coordinator")
 
 #: Agent ids end up in SQL rows, Prometheus labels and log lines: keep them plain.
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
-#: Streams and server threads are spare for unary calls beyond one watch stream per agent,
-#: so heartbeats never queue behind streams.
+#: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
+#: never queue behind streams.
 SPARE_THREADS = 32
 #: Server keepalive: notice a watcher whose device vanished without closing its connection.
 KEEPALIVE = [
