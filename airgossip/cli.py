@@ -155,7 +155,7 @@ def run(
         int | None,
         typer.Option(
             help="Serve the embedded coordinator's /metrics, /sd (Prometheus service "
-            "discovery) and /fleet on this port [default: off]."
+            "discovery) and /fleet on this port (default: off)."
         ),
     ] = None,
 ) -> None:
@@ -262,12 +262,12 @@ def agent(
         str | None,
         typer.Option(
             help="host:port for the Prometheus /metrics endpoint, or 'off' "
-            "[default: the --listen host, any free port]."
+            "(default: the --listen host, any free port)."
         ),
     ] = None,
     metrics_advertise: Annotated[
         str | None,
-        typer.Option(help="host:port scrapers should use [default: the advertised host]."),
+        typer.Option(help="host:port scrapers should use (default: the advertised host)."),
     ] = None,
     stats_dir: Annotated[Path | None, typer.Option(help="Write round records here.")] = None,
     linger_s: Annotated[
@@ -341,7 +341,7 @@ def coordinator(
     ] = 9470,
     db: Annotated[
         Path | None,
-        typer.Option(help="SQLite file that keeps the fleet across restarts [default: memory]."),
+        typer.Option(help="SQLite file that keeps the fleet across restarts (default: memory)."),
     ] = None,
     token: Annotated[
         str, typer.Option(help="Join token agents must present.", envvar="AIRGOSSIP_TOKEN")
@@ -351,12 +351,12 @@ def coordinator(
         typer.Option(
             help="complete, ring, directed-ring, exponential, erdos-renyi, edges (static, from "
             "the scenario), one-peer-exponential, or k-out (random, rewired as agents come and "
-            "go) [default: from config]."
+            "go) (default: from config)."
         ),
     ] = None,
     out_degree: Annotated[int, typer.Option(help="Out-neighbours per agent for k-out.")] = 2,
     agents: Annotated[
-        int | None, typer.Option(help="Agents to wait for [default: from config].")
+        int | None, typer.Option(help="Agents to wait for (default: from config).")
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Scenario file.")] = None,
     heartbeat_interval_s: Annotated[
