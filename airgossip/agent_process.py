@@ -23,11 +23,13 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.client import CoordinatorClient
+from coordinator.client import CoordinatorClient, CoordinatorError
 from coordinator.service import natural_key
 from edge.agent import Agent, build_agent
+from edge.metrics import AgentMetrics, MetricsServer
 from edge.settings import AgentSettings
-from edge.stats import FileStatsSink, StatsSink
+from edge.stats import FileStatsSink
+from edge.telemetry import LatestStats, Telemetry
 from edge.topology import Assignment, assignments_for_graph, build_graph
 from edge.transport.grpc_transport import GrpcTransport
 from emulation.config import ConfigError, NetworkSettings, RunConfig
@@ -58,6 +60,10 @@ class AgentProcessOptions:
     stats_dir: Path | None = None
     linger_s: float = 10.0
     ready_timeout_s: float = 120.0
+    #: host:port of the Prometheus endpoint (None: no metrics); port 0 picks a free port.
+    metrics_listen: str | None = None
+    #: host:port scrapers should use [default: the advertised host, the bound port].
+    metrics_advertise: str | None = None
 
 
 def static_assignment(config: RunConfig, agent_id: str, peers: dict[str, str]) -> Assignment:
@@ -99,8 +105,12 @@ def run_agent_process(
     stop = stop or threading.Event()
     settings: AgentSettings = config.agent_settings()
     network: NetworkSettings = config.network
-    stats: StatsSink | None = (
-        FileStatsSink(options.stats_dir, options.agent_id) if options.stats_dir else None
+    latest = LatestStats()
+    metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
+    stats = Telemetry(
+        FileStatsSink(options.stats_dir, options.agent_id) if options.stats_dir else None,
+        metrics,
+        latest,
     )
     transport = GrpcTransport(
         options.agent_id, listen=options.listen, shaper=network.shaper(config.seed)
@@ -112,25 +122,53 @@ def run_agent_process(
         settings=settings,
         transport=transport,
         stats=stats,
+        observer=stats,
     )
+
+    client: CoordinatorClient | None = None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
         agent.stop()
+        if client is not None:
+            client.cancel()  # a registration still retrying gives up
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
+    exporter: MetricsServer | None = None
+    if metrics is not None and options.metrics_listen is not None:
+        exporter = MetricsServer(metrics.registry, options.metrics_listen)
     address = agent.start()
     advertise = options.advertise or address
     log.info("%s serving on %s (advertised as %s)", options.agent_id, address, advertise)
-    client: CoordinatorClient | None = None
+    metrics_address = ""
+    if exporter is not None:
+        exporter.start()
+        host = (
+            advertise.rpartition(":")[0]
+            if options.advertise
+            else exporter.address.rpartition(":")[0]
+        )
+        metrics_address = options.metrics_advertise or f"{host}:{exporter.port}"
+        log.info("%s metrics on http://%s/metrics", options.agent_id, metrics_address)
     try:
         if options.coordinator:
             client = CoordinatorClient(options.coordinator, options.agent_id, token=options.token)
-            client.register(advertise, agent.digest, timeout_s=options.ready_timeout_s)
+            try:
+                client.register(
+                    advertise,
+                    agent.digest,
+                    metrics_address=metrics_address,
+                    timeout_s=options.ready_timeout_s,
+                )
+            except CoordinatorError:
+                if stop.is_set():
+                    return 0
+                raise
             client.follow(agent.set_assignment)
+            client.start_heartbeats(latest.snapshot)
             if not client.wait_ready(lambda: agent.assignment is not None, options.ready_timeout_s):
                 if stop.is_set():
                     return 0
@@ -154,8 +192,12 @@ def run_agent_process(
         return 0
     finally:
         if client is not None:
+            if stop.is_set():
+                client.leave()  # told to stop: leave so the coordinator repairs the graph now
             client.close()
         agent.close()
+        if exporter is not None:
+            exporter.stop()
 
 
 def configure_process(threads: int | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 import time
 from datetime import datetime
@@ -150,6 +151,13 @@ def run(
     coordinator_port: Annotated[
         int, typer.Option(help="Port of the embedded coordinator (0: any free port).")
     ] = 0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve the embedded coordinator's /metrics, /sd (Prometheus service "
+            "discovery) and /fleet on this port (default: off)."
+        ),
+    ] = None,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
@@ -161,11 +169,15 @@ def run(
     )  # fmt: skip
     if not 0 <= coordinator_port <= 65535:
         fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
+    if metrics_port is not None and not 0 < metrics_port <= 65535:
+        fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
     try:
         cfg = load_config(config, overrides)
     except ConfigError as err:
         fail(str(err))
     out_dir = out or cfg.out or _default_out()
+    if metrics_port is not None and cfg.mode != "process":
+        fail("--metrics-port needs --mode process (agents with their own metrics endpoints)")
     if cfg.mode == "inproc":
         import torch
 
@@ -206,6 +218,9 @@ def run(
             results = run_fleet(
                 cfg, out_dir, on_progress=on_progress,
                 coordinator_listen=f"127.0.0.1:{coordinator_port}",
+                coordinator_metrics_listen=(
+                    f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
+                ),
             )  # fmt: skip
     except ConfigError as err:
         fail(str(err))
@@ -240,7 +255,20 @@ def agent(
         Path | None,
         typer.Option(help='TOML file with a [peers] table of id = "host:port" (no coordinator).'),
     ] = None,
-    token: Annotated[str, typer.Option(help="Join token of the coordinator.")] = "",
+    token: Annotated[
+        str, typer.Option(help="Join token of the coordinator.", envvar="AIRGOSSIP_TOKEN")
+    ] = "",
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port for the Prometheus /metrics endpoint, or 'off' "
+            "(default: the --listen host, any free port)."
+        ),
+    ] = None,
+    metrics_advertise: Annotated[
+        str | None,
+        typer.Option(help="host:port scrapers should use (default: the advertised host)."),
+    ] = None,
     stats_dir: Annotated[Path | None, typer.Option(help="Write round records here.")] = None,
     linger_s: Annotated[
         float, typer.Option(help="Keep serving this long after the last round.")
@@ -286,46 +314,116 @@ def agent(
         agent_id=agent_id or f"agent-{index}", index=index, listen=listen, advertise=advertise,
         coordinator=coordinator, peers=peer_table, token=token, stats_dir=stats_dir,
         linger_s=linger_s, ready_timeout_s=ready_timeout_s,
+        metrics_listen=None if metrics_listen == "off" else (
+            metrics_listen or f"{listen.rpartition(':')[0]}:0"
+        ),
+        metrics_advertise=metrics_advertise,
     )  # fmt: skip
     from coordinator.client import CoordinatorError
     from edge.tasks import TaskError
-    from edge.transport.grpc_transport import PortInUseError
 
     try:
         code = run_agent_process(cfg, options)
-    except (PortInUseError, CoordinatorError, TaskError, ConfigError, ValueError) as err:
+    except (OSError, CoordinatorError, TaskError, ConfigError, ValueError) as err:
         fail(str(err))
     raise typer.Exit(code)
 
 
 @app.command()
 def coordinator(
-    listen: Annotated[str, typer.Option(help="host:port to serve on.")] = "0.0.0.0:7070",
-    agents: Annotated[
-        int | None, typer.Option(help="Agents to wait for [default: from config].")
+    listen: Annotated[str, typer.Option(help="host:port to serve gRPC on.")] = "0.0.0.0:7070",
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            help="HTTP port on the --listen host for /metrics, /sd (Prometheus service "
+            "discovery) and /fleet; 0: any free port."
+        ),
+    ] = 9470,
+    db: Annotated[
+        Path | None,
+        typer.Option(help="SQLite file that keeps the fleet across restarts (default: memory)."),
     ] = None,
-    topology: Annotated[str | None, typer.Option(help="Topology to assign.")] = None,
+    token: Annotated[
+        str, typer.Option(help="Join token agents must present.", envvar="AIRGOSSIP_TOKEN")
+    ] = "",
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            help="complete, ring, directed-ring, exponential, erdos-renyi, edges (static, from "
+            "the scenario), one-peer-exponential, or k-out (random, rewired as agents come and "
+            "go) (default: from config)."
+        ),
+    ] = None,
+    out_degree: Annotated[int, typer.Option(help="Out-neighbours per agent for k-out.")] = 2,
+    agents: Annotated[
+        int | None, typer.Option(help="Agents to wait for (default: from config).")
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Scenario file.")] = None,
-    token: Annotated[str, typer.Option(help="Join token agents must present.")] = "",
+    heartbeat_interval_s: Annotated[
+        float, typer.Option(help="How often agents send heartbeats.")
+    ] = 2.0,
+    heartbeat_timeout_s: Annotated[
+        float, typer.Option(help="Silence after which an agent is declared dead.")
+    ] = 10.0,
 ) -> None:
-    """Run the coordinator: agents register and receive their neighbours."""
+    """Run the coordinator: membership, neighbour assignment, metrics and service discovery."""
+    import logging
+
+    from coordinator.membership import LivenessSettings
+    from coordinator.policy import POLICIES, TopologySpec
     from coordinator.service import CoordinatorServer
+    from coordinator.store import StoreError
+    from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
     from emulation.fleet import fleet_graph, topology_spec
 
+    if topology is not None and topology not in POLICIES:
+        fail(f"unknown topology '{topology}'; choose one of: {', '.join(POLICIES)}")
+    if not 0 <= metrics_port <= 65535:
+        fail(f"--metrics-port must be within 0..65535, got {metrics_port}")
+    if out_degree < 1:
+        fail(f"--out-degree must be at least 1, got {out_degree}")
     try:
-        cfg = load_config(config, _overrides(agents=agents, topology=topology))
-        fleet_graph(cfg)
+        liveness = LivenessSettings(heartbeat_interval_s, heartbeat_timeout_s)
+    except ValueError as err:
+        fail(str(err))
+    scenario_topology = None if topology == "k-out" else topology
+    try:
+        cfg = load_config(config, _overrides(agents=agents, topology=scenario_topology))
+        if topology == "k-out":
+            spec = TopologySpec("k-out", seed=cfg.seed, out_degree=out_degree)
+        else:
+            fleet_graph(cfg)
+            spec = topology_spec(cfg)
     except ConfigError as err:
         fail(str(err))
+    host = listen.rpartition(":")[0]
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         server = CoordinatorServer(
-            expected=cfg.agents, topology=topology_spec(cfg), listen=listen, token=token
+            expected=cfg.agents,
+            topology=spec,
+            listen=listen,
+            token=token,
+            db=db,
+            liveness=liveness,
+            metrics_listen=f"{host}:{metrics_port}",
         )
-    except OSError as err:
+    except (OSError, StoreError, TopologyError) as err:
         fail(str(err))
     address = server.start()
-    console.print(f"coordinator on {address}: waiting for {cfg.agents} agents ({cfg.topology})")
+    restored = "restored from " + str(db) if server.fleet.restored else "new fleet"
+    console.print(
+        f"coordinator on {address} ({restored}): {cfg.agents} agents, {spec.name}; "
+        f"heartbeats every {liveness.heartbeat_interval_s:g} s, timeout "
+        f"{liveness.heartbeat_timeout_s:g} s; metrics, service discovery and fleet at "
+        f"http://{server.metrics_address}/metrics, /sd, /fleet",
+        highlight=False,
+        soft_wrap=True,
+    )
+    sys.stdout.flush()  # the address matters to whoever reads a redirected log
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:

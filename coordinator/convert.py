@@ -1,7 +1,10 @@
-"""Conversion between the edge's :class:`Assignment` and its protobuf form."""
+"""Conversion between the edge's plain records and their protobuf forms."""
 
 from __future__ import annotations
 
+import math
+
+from edge.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import Assignment, Phase
 from protos import coordinator_pb2
 
@@ -45,4 +48,53 @@ def assignment_from_proto(proto: coordinator_pb2.Assignment) -> Assignment:
         peers={peer.id: peer.address for peer in proto.peers},
         schedule=schedule,
         lambda2=proto.lambda2,
+    )
+
+
+def snapshot_to_proto(snapshot: AgentSnapshot) -> coordinator_pb2.AgentStats:
+    stats = coordinator_pb2.AgentStats(
+        round=snapshot.round,
+        bytes_sent=snapshot.bytes_sent,
+        messages_sent=snapshot.messages_sent,
+        messages_dropped=snapshot.messages_dropped,
+        messages_failed=snapshot.messages_failed,
+        messages_received=snapshot.messages_received,
+        messages_rejected=snapshot.messages_rejected,
+        links=[
+            coordinator_pb2.LinkStats(peer_id=peer, **vars(totals))
+            for peer, totals in sorted(snapshot.links.items())
+        ],
+    )
+    for name in ("accuracy", "loss", "push_sum_weight", "disagreement"):
+        value = getattr(snapshot, name)
+        if value is not None:
+            setattr(stats, name, value)
+    return stats
+
+
+def snapshot_from_proto(stats: coordinator_pb2.AgentStats) -> AgentSnapshot:
+    """Raise ``ValueError`` for figures that are not finite or links named twice."""
+    optional: dict[str, float | None] = {}
+    for name in ("accuracy", "loss", "push_sum_weight", "disagreement"):
+        value = getattr(stats, name) if stats.HasField(name) else None
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"heartbeat figure '{name}' is not finite")
+        optional[name] = value
+    links: dict[str, LinkTotals] = {}
+    for link in stats.links:
+        if link.peer_id in links:
+            raise ValueError(f"link to '{link.peer_id}' reported twice")
+        links[link.peer_id] = LinkTotals(
+            link.bytes_sent, link.messages_sent, link.messages_dropped, link.messages_failed
+        )
+    return AgentSnapshot(
+        round=stats.round,
+        bytes_sent=stats.bytes_sent,
+        messages_sent=stats.messages_sent,
+        messages_dropped=stats.messages_dropped,
+        messages_failed=stats.messages_failed,
+        messages_received=stats.messages_received,
+        messages_rejected=stats.messages_rejected,
+        links=links,
+        **optional,
     )

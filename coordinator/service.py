@@ -1,153 +1,169 @@
-"""The coordinator: agents register and are told their neighbours.
+"""The coordinator's gRPC face: a thin servicer over :class:`~coordinator.membership.Fleet`.
 
-It waits until the expected number of agents has registered, builds the topology over them
-(node ``i`` is the ``i``-th id in natural order: ``agent-2`` before ``agent-10``) and streams
-each agent its :class:`~edge.topology.Assignment`. It is never in the data path.
+:class:`CoordinatorServer` puts it together: the ``Coordinator`` service and gRPC health on
+one port, a liveness thread that declares silent agents dead the moment their timeout
+passes, and (optionally) an HTTP port with Prometheus metrics, service discovery and a JSON
+view of the fleet. It is never in the data path.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from coordinator.convert import assignment_to_proto
-from edge.topology import Assignment, assignments_for_graph, build_graph
+from coordinator.convert import assignment_to_proto, snapshot_from_proto
+from coordinator.membership import Fleet, FleetView, LivenessSettings, Refusal
+from coordinator.observability import metrics_server
+from coordinator.policy import TopologySpec, make_policy, natural_key
+from coordinator.store import FleetStore
+from edge.metrics import MetricsServer
 from edge.transport.grpc_transport import ensure_bindable
 from protos import coordinator_pb2, coordinator_pb2_grpc
 
+__all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec", "natural_key"]
+
 SERVICE_NAME = "airgossip.v1.Coordinator"
+log = logging.getLogger("airgossip.coordinator")
+
+#: Agent ids end up in SQL rows, Prometheus labels and log lines: keep them plain.
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+#: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
+#: never queue behind streams.
+SPARE_THREADS = 32
+#: Server keepalive: notice a watcher whose device vanished without closing its connection.
+KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
-def natural_key(agent_id: str) -> list[object]:
-    """Sort key that orders ``agent-2`` before ``agent-10``."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", agent_id)]
-
-
-@dataclass(frozen=True)
-class TopologySpec:
-    """The graph the coordinator builds once the fleet is complete."""
-
-    name: str = "exponential"
-    seed: int = 0
-    edges: tuple[tuple[int, int], ...] = ()
-    p: float | None = None
-
-
-@dataclass
-class _Member:
-    address: str
-    digest: str
-
-
-@dataclass
-class FleetState:
-    """Registrations and the current assignments (guarded by the servicer's condition)."""
-
-    expected: int
-    topology: TopologySpec
-    members: dict[str, _Member] = field(default_factory=dict)
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-    epoch: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.assignments)
-
-    def rebuild(self) -> None:
-        ids = sorted(self.members, key=natural_key)
-        graph = build_graph(
-            self.topology.name,
-            len(ids),
-            seed=self.topology.seed,
-            edges=list(self.topology.edges) or None,
-            p=self.topology.p,
-        )
-        self.epoch += 1
-        self.assignments = assignments_for_graph(
-            graph, {i: self.members[i].address for i in ids}, epoch=self.epoch
-        )
+def _abort(context: grpc.ServicerContext, refusal: Refusal) -> NoReturn:
+    context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
+    raise AssertionError("context.abort always raises")
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    """gRPC face of :class:`FleetState`."""
+    """gRPC face of :class:`Fleet`: checks tokens and arguments, then delegates."""
 
-    def __init__(self, expected: int, topology: TopologySpec, *, token: str = "") -> None:
-        if expected < 1:
-            raise ValueError(f"the coordinator needs to expect at least 1 agent, got {expected}")
-        self.state = FleetState(expected, topology)
+    def __init__(self, fleet: Fleet, *, token: str = "") -> None:
+        self.fleet = fleet
         self.token = token
-        self._changed = threading.Condition()
         self._closed = False
 
     def _check_token(self, token: str, context: grpc.ServicerContext) -> None:
         if self.token and token != self.token:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing join token")
 
+    def _check_id(self, agent_id: str, context: grpc.ServicerContext) -> None:
+        if not AGENT_ID.fullmatch(agent_id):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"agent id {agent_id[:64]!r} is not valid: 1-128 letters, digits or ._:@- "
+                "starting with a letter or digit",
+            )
+
     def Register(
         self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RegisterReply:
         self._check_token(request.token, context)
-        if not request.agent_id or not request.address:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "agent_id and address are required")
-        with self._changed:
-            state = self.state
-            digests = {m.digest for aid, m in state.members.items() if aid != request.agent_id}
-            if digests and request.fleet_digest not in digests:
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"agent '{request.agent_id}' runs a different task or initial parameters "
-                    f"than the fleet (digest {request.fleet_digest!r})",
-                )
-            known = request.agent_id in state.members
-            if not known and len(state.members) >= state.expected:
-                context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the fleet is full ({state.expected} agents)",
-                )
-            previous = state.members.get(request.agent_id)
-            state.members[request.agent_id] = _Member(request.address, request.fleet_digest)
-            moved = previous is not None and previous.address != request.address
-            if len(state.members) == state.expected and (not state.ready or moved):
-                state.rebuild()
-            self._changed.notify_all()
-            return coordinator_pb2.RegisterReply(epoch=state.epoch, expected_agents=state.expected)
+        self._check_id(request.agent_id, context)
+        if not 0 < len(request.address) <= 255 or len(request.metrics_address) > 255:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "address (and metrics_address, when given) must be host:port, at most 255 chars",
+            )
+        try:
+            epoch = self.fleet.register(
+                request.agent_id, request.address, request.fleet_digest, request.metrics_address
+            )
+        except Refusal as refusal:
+            _abort(context, refusal)
+        liveness = self.fleet.liveness
+        return coordinator_pb2.RegisterReply(
+            epoch=epoch,
+            expected_agents=self.fleet.expected,
+            heartbeat_interval_s=liveness.heartbeat_interval_s,
+            heartbeat_timeout_s=liveness.heartbeat_timeout_s,
+        )
+
+    def Heartbeat(
+        self, request: coordinator_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.HeartbeatReply:
+        self._check_token(request.token, context)
+        self._check_id(request.agent_id, context)
+        if len(request.stats.links) > self.fleet.max_agents:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.stats.links)} links reported; at most {self.fleet.max_agents}",
+            )
+        try:
+            stats = snapshot_from_proto(request.stats) if request.HasField("stats") else None
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        try:
+            epoch = self.fleet.heartbeat(request.agent_id, stats, request.assignment_epoch)
+        except Refusal as refusal:
+            _abort(context, refusal)
+        return coordinator_pb2.HeartbeatReply(epoch=epoch)
 
     def WatchNeighbours(
         self, request: coordinator_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[coordinator_pb2.Assignment]:
         self._check_token(request.token, context)
+        fleet = self.fleet
         context.add_callback(self._wake)
+        with fleet.changed:
+            member = fleet.members.get(request.agent_id)
+            if member is None:
+                _abort(
+                    context, Refusal("NOT_FOUND", f"agent '{request.agent_id}' is not registered")
+                )
+            # A newer stream for the same agent (it reconnected) ends this one, so half-open
+            # connections never pile up server threads.
+            member.watch_generation += 1
+            generation = member.watch_generation
+            fleet.changed.notify_all()
         sent = -1
         while context.is_active() and not self._closed:
-            with self._changed:
-                if request.agent_id not in self.state.members:
+            with fleet.changed:
+                member = fleet.members[request.agent_id]
+                if member.watch_generation != generation:
+                    return
+                if not member.alive:
                     context.abort(
-                        grpc.StatusCode.NOT_FOUND, f"agent '{request.agent_id}' is not registered"
+                        grpc.StatusCode.NOT_FOUND,
+                        f"agent '{request.agent_id}' was declared {member.record.state}; "
+                        "register again",
                     )
-                assignment = self.state.assignments.get(request.agent_id)
-                epoch = self.state.epoch
-                if epoch == sent:
-                    self._changed.wait(timeout=1.0)
+                assignment = fleet.assignments.get(request.agent_id)
+                epoch = fleet.epoch
+                if epoch == sent or assignment is None:
+                    fleet.changed.wait(timeout=1.0)
                     continue
             sent = epoch
-            if assignment is not None:
-                yield assignment_to_proto(assignment)
+            yield assignment_to_proto(assignment)
 
     def Leave(
         self, request: coordinator_pb2.LeaveRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.LeaveReply:
         self._check_token(request.token, context)
+        self.fleet.leave(request.agent_id)
         return coordinator_pb2.LeaveReply()
 
     def _wake(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
+        with self.fleet.changed:
+            self.fleet.changed.notify_all()
 
     def close(self) -> None:
         self._closed = True
@@ -155,7 +171,36 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
 
 class CoordinatorServer:
-    """A running coordinator: the servicer on a gRPC server with the health service."""
+    """A running coordinator.
+
+    Parameters
+    ----------
+    expected:
+        Agents to wait for before the first graph is built.
+    topology:
+        The topology (see :data:`coordinator.policy.POLICIES`).
+    listen:
+        ``host:port`` of the gRPC service; port 0 picks a free port.
+    token:
+        Join token agents must present (empty: none).
+    db:
+        SQLite file to persist the fleet in (None: memory only).
+    liveness:
+        Heartbeat interval and timeout handed to agents.
+    metrics_listen:
+        ``host:port`` for ``/metrics``, ``/sd`` and ``/fleet`` (None: no HTTP port).
+    max_agents:
+        Most agents the coordinator accepts (each holds a stream and a server thread).
+
+    Raises
+    ------
+    OSError
+        A port that cannot be bound (one-line reason).
+    coordinator.store.StoreError
+        A database that cannot be used or that holds another fleet.
+    edge.topology.TopologyError
+        An unknown or impossible topology.
+    """
 
     def __init__(
         self,
@@ -164,32 +209,91 @@ class CoordinatorServer:
         topology: TopologySpec,
         listen: str = "127.0.0.1:0",
         token: str = "",
+        db: str | Path | None = None,
+        liveness: LivenessSettings | None = None,
+        metrics_listen: str | None = None,
+        max_agents: int = 1024,
     ) -> None:
-        self.servicer = CoordinatorServicer(expected, topology, token=token)
+        policy = make_policy(topology)
+        ensure_bindable(listen)
+        self.store = FleetStore(db)
+        try:
+            self.fleet = Fleet(
+                expected=expected,
+                spec=topology,
+                policy=policy,
+                store=self.store,
+                liveness=liveness,
+                max_agents=max(max_agents, expected),
+            )
+            self.metrics: MetricsServer | None = (
+                metrics_server(self.fleet.view, metrics_listen) if metrics_listen else None
+            )
+        except BaseException:
+            self.store.close()
+            raise
+        self.metrics_address = self.metrics.address if self.metrics is not None else ""
+        self.servicer = CoordinatorServicer(self.fleet, token=token)
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=expected + 16, thread_name_prefix="coord"),
-            options=[("grpc.so_reuseport", 0)],
+            futures.ThreadPoolExecutor(
+                max_workers=self.fleet.max_agents + SPARE_THREADS, thread_name_prefix="coord"
+            ),
+            options=[("grpc.so_reuseport", 0), *KEEPALIVE],
         )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         host, _, _ = listen.rpartition(":")
-        ensure_bindable(listen)
         try:
             port = self._server.add_insecure_port(listen)
         except RuntimeError as err:
-            raise OSError(f"cannot listen on {listen}: {err}") from err
+            port, reason = 0, str(err)
+        else:
+            reason = "the port is in use"
         if port == 0:
-            raise OSError(f"cannot listen on {listen}: the port is in use")
+            if self.metrics is not None:
+                self.metrics.stop()
+            self.store.close()
+            raise OSError(f"cannot listen on {listen}: {reason}")
         self.address = f"{host or '127.0.0.1'}:{port}"
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="coord-liveness", daemon=True)
 
     def start(self) -> str:
+        """Serve; return the gRPC address."""
         self._server.start()
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.metrics is not None:
+            self.metrics.start()
+        self.fleet.grant_grace()
+        self._reaper.start()
         return self.address
 
+    def _reap(self) -> None:
+        """Declare agents dead as soon as their heartbeat timeout passes."""
+        while not self._stop.is_set():
+            due = self.fleet.next_expiry()
+            wait = 1.0 if due is None else min(1.0, max(0.0, due - self.fleet.clock()))
+            if self._stop.wait(wait + 0.01):
+                return
+            try:
+                self.fleet.expire()
+            except Exception:  # the liveness thread must outlive any one bad repair
+                log.exception("liveness sweep failed")
+
+    def set_edges(self, pairs: Iterable[tuple[str, str]]) -> int:
+        """Assign an explicit edge list (``edges`` topology); return the new epoch."""
+        return self.fleet.set_edges(pairs)
+
+    def view(self) -> FleetView:
+        return self.fleet.view()
+
     def stop(self, grace_s: float = 1.0) -> None:
+        self._stop.set()
         self._health.enter_graceful_shutdown()
         self.servicer.close()
         self._server.stop(grace_s).wait()
+        if self.metrics is not None:
+            self.metrics.stop()
+        self.store.close()

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -31,7 +31,8 @@ from edge.compression import Codec, DecodeError, Encoded, get_codec
 from edge.settings import AgentSettings, gossip_dtype, resolve_device
 from edge.stats import RoundRecord, StatsSink, probe_estimate
 from edge.tasks import Task, TaskContext, TrainConfig, load_task
-from edge.topology import Assignment
+from edge.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
+from edge.topology import Assignment, Phase
 from edge.transport.base import (
     GossipMessage,
     MessageHeader,
@@ -46,6 +47,25 @@ log = logging.getLogger(__name__)
 
 #: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
 PATIENCE_ROUNDS = 4
+#: An out-neighbour that cannot be reached keeps its share at home (a dead peer would swallow
+#: a share every round: within a few seconds, all of the fleet's push-sum weight); every this
+#: many rounds it gets a zero-weight probe carrying what its edge holds, until one lands.
+PROBE_ROUNDS = 4
+
+
+def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
+    """``phase`` with the share of each of ``peers`` kept at home.
+
+    The weights still sum to one, so push-sum conserves mass. With ``probe`` the peers stay in
+    the phase with weight 0: the algorithm then sends them what their edge already holds.
+    """
+    held = {p: w for p, w in phase.out_weights.items() if p in peers}
+    if not held:
+        return phase
+    out = {
+        p: 0.0 if p in held else w for p, w in phase.out_weights.items() if probe or p not in held
+    }
+    return Phase(phase.self_weight + sum(held.values()), out, phase.in_neighbours)
 
 
 def fleet_digest(task: Task, initial: torch.Tensor) -> str:
@@ -89,6 +109,8 @@ class Agent:
         Where round records go (optional).
     clock:
         Monotonic seconds; wall-clock by default.
+    observer:
+        Gets plain events (sends, local steps, receptions) as they happen (optional).
     """
 
     def __init__(
@@ -102,6 +124,7 @@ class Agent:
         stats: StatsSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         digest: str = "",
+        observer: AgentObserver | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.task = task
@@ -111,6 +134,7 @@ class Agent:
         self.stats = stats
         self.clock = clock
         self.digest = digest
+        self.observer = observer
         default_codec = "float64" if algorithm.dtype == torch.float64 else "float32"
         self.codec: Codec = get_codec(settings.codec or default_codec)
         self.address = ""
@@ -125,6 +149,8 @@ class Agent:
         self._stopped = threading.Event()
         self._started_at = clock()
         self._last_metrics: dict[str, float] = {}
+        self._disagreement: float | None = None
+        self._unreachable: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -135,6 +161,11 @@ class Agent:
     def set_assignment(self, assignment: Assignment) -> None:
         """Install (or replace) the peer directory and mixing schedule; thread-safe."""
         with self._progress:
+            old = self._assignment.peers if self._assignment is not None else {}
+            # A peer at a new address (it restarted) is worth a full share again.
+            self._unreachable = {
+                p for p in self._unreachable if assignment.peers.get(p) == old.get(p)
+            }
             self._assignment = assignment
             self._progress.notify_all()
 
@@ -177,6 +208,7 @@ class Agent:
         return round_index % self.settings.eval_every == 0 or round_index == self.settings.rounds
 
     def local_step(self, round_index: int) -> None:
+        began = self.clock()
         with self._lock:
             start = self.algorithm.estimate().to(torch.float32)
         result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
@@ -185,6 +217,8 @@ class Agent:
             with self._lock:
                 self.algorithm.apply_update(delta)
         self._last_metrics.update(result.metrics)
+        if self.observer is not None:
+            self.observer.on_step(StepEvent(round_index, self.clock() - began))
 
     def push(self, round_index: int) -> None:
         with self._lock:
@@ -193,13 +227,17 @@ class Agent:
             if assignment is None:
                 return
             phase = assignment.phase(round_index)
+            if self._unreachable:
+                probe = round_index % PROBE_ROUNDS == 0
+                phase = hold_back(phase, self._unreachable, probe=probe)
             ready = [p for p in phase.out_weights if p not in self._inflight]
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
         for peer, payload in payloads.items():
             message = self._message(round_index, payload)
             address = assignment.peers.get(peer, "")
-            self.transport.send(peer, address, message, partial(self._sent, peer))
+            sent = partial(self._sent, peer, round_index, self.clock())
+            self.transport.send(peer, address, message, sent)
 
     def _message(self, round_index: int, payload: Payload) -> GossipMessage:
         encoded = self.codec.encode(payload.vector)
@@ -218,7 +256,7 @@ class Agent:
         )
         return GossipMessage(header, encoded.data)
 
-    def _sent(self, peer: str, outcome: SendOutcome) -> None:
+    def _sent(self, peer: str, round_index: int, began: float, outcome: SendOutcome) -> None:
         with self._progress:
             self._inflight.discard(peer)
             c = self._counters
@@ -227,17 +265,27 @@ class Agent:
             self._progress.notify_all()
             if outcome.delivered and outcome.ack is not None:
                 self.algorithm.on_ack(peer, outcome.ack)
+                self._unreachable.discard(peer)
             elif outcome.dropped:
                 c.messages_dropped += 1
             else:
                 c.messages_failed += 1
                 err = outcome.error
+                if err is not None and err.code is RejectCode.UNAVAILABLE:
+                    self._unreachable.add(peer)
                 if err is not None and err.code is RejectCode.FAILED_PRECONDITION:
                     self.algorithm.on_refused(peer)
                 key = (peer, err.code.value if err else "?")
                 if key not in self._warned:
                     self._warned.add(key)
                     log.warning("%s: push to %s failed: %s", self.agent_id, peer, err)
+            if self.observer is not None:
+                kind = "delivered" if outcome.delivered else "failed"
+                kind = "dropped" if outcome.dropped else kind
+                code = outcome.error.code.value if outcome.error is not None else ""
+                seconds = self.clock() - began
+                event = SendEvent(peer, round_index, outcome.wire_bytes, seconds, kind, code)
+                self.observer.on_send(event)
 
     def wait_for_neighbours(self, round_index: int) -> None:
         """Wait (at most ``wait_timeout_s``) until this round's sends are done and
@@ -272,13 +320,22 @@ class Agent:
 
     def mix(self, round_index: int) -> None:
         with self._lock:
+            # How far the mix moves the estimate measures the disagreement with in-neighbours;
+            # computed only for rounds that are reported.
+            before = self.algorithm.estimate() if self._due(round_index) else None
             self.algorithm.mix()
+            if before is not None:
+                change = torch.linalg.vector_norm(self.algorithm.estimate() - before)
+                scale = torch.linalg.vector_norm(before)
+                self._disagreement = float(change / scale) if scale > 0 else float(change)
 
     def report(self, round_index: int, *, final: bool = False) -> RoundRecord:
         """Evaluate the current estimate and hand a record to the stats sink."""
         with self._lock:
             estimate = self.algorithm.estimate()
             scalars = self.algorithm.scalars()
+            if self._disagreement is not None:
+                scalars["disagreement"] = self._disagreement
             c = _Counters(**vars(self._counters))
         evaluation = self.task.evaluate(estimate.to(torch.float32))
         metrics = {**self._last_metrics, **evaluation.metrics}
@@ -304,11 +361,15 @@ class Agent:
     def _reject(self, code: RejectCode, reason: str) -> Rejected:
         with self._lock:
             self._counters.messages_rejected += 1
+        if self.observer is not None:
+            self.observer.on_receive(ReceiveEvent(False, code=code.value))
         return Rejected(code, reason)
 
     def refused(self, error: Rejected) -> None:
         with self._lock:
             self._counters.messages_rejected += 1
+        if self.observer is not None:
+            self.observer.on_receive(ReceiveEvent(False, code=error.code.value))
 
     def admit(self, header: MessageHeader) -> None:
         assignment = self._assignment
@@ -378,8 +439,14 @@ class Agent:
                 ack = self.algorithm.receive(header.sender, payload)
             except ProtocolError as err:
                 self._counters.messages_rejected += 1
+                if self.observer is not None:
+                    self.observer.on_receive(ReceiveEvent(False, code="FAILED_PRECONDITION"))
                 raise Rejected(RejectCode.FAILED_PRECONDITION, str(err)) from None
             self._counters.messages_received += 1
+            if self.observer is not None:
+                self.observer.on_receive(
+                    ReceiveEvent(True, header.sender, payload_bytes=header.payload_bytes)
+                )
             if header.round > self._heard.get(header.sender, 0):
                 self._heard[header.sender] = header.round
                 self._progress.notify_all()
@@ -395,6 +462,7 @@ def build_agent(
     transport: Transport,
     stats: StatsSink | None = None,
     clock: Callable[[], float] = time.monotonic,
+    observer: AgentObserver | None = None,
 ) -> Agent:
     """Build an agent from settings: load the task, start its algorithm from the task's
     initial parameters. Every way of running agents (processes, in-process fleets,
@@ -419,4 +487,5 @@ def build_agent(
         stats=stats,
         clock=clock,
         digest=fleet_digest(task, initial),
+        observer=observer,
     )

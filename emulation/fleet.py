@@ -258,12 +258,14 @@ class ProcessFleet:
         config_path: Path,
         on_progress: ProgressCallback | None = None,
         coordinator_listen: str = "127.0.0.1:0",
+        coordinator_metrics_listen: str | None = None,
     ) -> None:
         self.config = config
         self.out_dir = out_dir
         self.config_path = config_path
         self.on_progress = on_progress
         self.coordinator_listen = coordinator_listen
+        self.coordinator_metrics_listen = coordinator_metrics_listen
         self.stats_dir = out_dir / "agents"
         self.logs_dir = out_dir / "logs"
         self.processes: list[_AgentProcess] = []
@@ -300,7 +302,10 @@ class ProcessFleet:
         self.stats_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         server = CoordinatorServer(
-            expected=config.agents, topology=topology_spec(config), listen=self.coordinator_listen
+            expected=config.agents,
+            topology=topology_spec(config),
+            listen=self.coordinator_listen,
+            metrics_listen=self.coordinator_metrics_listen,
         )
         address = server.start()
         try:
@@ -329,7 +334,7 @@ class ProcessFleet:
                         f"{agent.agent_id} exited with code {code} before finishing: "
                         f"{agent.log_tail() or 'no output'} (log: {agent.log_path})"
                     )
-            registered = len(server.servicer.state.members)
+            registered = server.fleet.registered()
             latest = {a.agent_id: a.latest for a in self.processes if a.latest}
             if self.on_progress is not None:
                 self.on_progress(_progress(self.config, latest, registered))
@@ -372,6 +377,7 @@ def run_fleet(
     *,
     on_progress: ProgressCallback | None = None,
     coordinator_listen: str = "127.0.0.1:0",
+    coordinator_metrics_listen: str | None = None,
 ) -> dict[str, Any]:
     """Run a fleet to the end; write ``results.json`` and ``results.png`` into ``out_dir``.
 
@@ -394,6 +400,7 @@ def run_fleet(
             config_path=config_path,
             on_progress=on_progress,
             coordinator_listen=coordinator_listen,
+            coordinator_metrics_listen=coordinator_metrics_listen,
         )
     interrupted = False
     try:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/coordinator.proto\x12\x0c\x61irgossip.v1\"Y\n\x0fRegisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12\x14\n\x0c\x66leet_digest\x18\x04 \x01(\t\"7\n\rRegisterReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0f\x65xpected_agents\x18\x02 \x01(\r\"/\n\x0cWatchRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"#\n\x04Peer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"*\n\x07OutEdge\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"]\n\x05Phase\x12\x13\n\x0bself_weight\x18\x01 \x01(\x01\x12(\n\tout_edges\x18\x02 \x03(\x0b\x32\x15.airgossip.v1.OutEdge\x12\x15\n\rin_neighbours\x18\x03 \x03(\t\"\x85\x01\n\nAssignment\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05ready\x18\x02 \x01(\x08\x12!\n\x05peers\x18\x03 \x03(\x0b\x32\x12.airgossip.v1.Peer\x12%\n\x08schedule\x18\x04 \x03(\x0b\x32\x13.airgossip.v1.Phase\x12\x0f\n\x07lambda2\x18\x05 \x01(\x01\"/\n\x0cLeaveRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\x0c\n\nLeaveReply2\xdf\x01\n\x0b\x43oordinator\x12\x46\n\x08Register\x12\x1d.airgossip.v1.RegisterRequest\x1a\x1b.airgossip.v1.RegisterReply\x12I\n\x0fWatchNeighbours\x12\x1a.airgossip.v1.WatchRequest\x1a\x18.airgossip.v1.Assignment0\x01\x12=\n\x05Leave\x12\x1a.airgossip.v1.LeaveRequest\x1a\x18.airgossip.v1.LeaveReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/coordinator.proto\x12\x0c\x61irgossip.v1\"r\n\x0fRegisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12\x14\n\x0c\x66leet_digest\x18\x04 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x05 \x01(\t\"r\n\rRegisterReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0f\x65xpected_agents\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"z\n\tLinkStats\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x12\n\nbytes_sent\x18\x02 \x01(\x04\x12\x15\n\rmessages_sent\x18\x03 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x04 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x05 \x01(\x04\"\xf5\x02\n\nAgentStats\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\nbytes_sent\x18\x04 \x01(\x04\x12\x15\n\rmessages_sent\x18\x05 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x06 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x07 \x01(\x04\x12\x19\n\x11messages_received\x18\x08 \x01(\x04\x12\x19\n\x11messages_rejected\x18\t \x01(\x04\x12\x1c\n\x0fpush_sum_weight\x18\n \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0c\x64isagreement\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12&\n\x05links\x18\x0c \x03(\x0b\x32\x17.airgossip.v1.LinkStatsB\x0b\n\t_accuracyB\x07\n\x05_lossB\x12\n\x10_push_sum_weightB\x0f\n\r_disagreement\"v\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.airgossip.v1.AgentStats\x12\x18\n\x10\x61ssignment_epoch\x18\x04 \x01(\x04\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"/\n\x0cWatchRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"#\n\x04Peer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"*\n\x07OutEdge\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"]\n\x05Phase\x12\x13\n\x0bself_weight\x18\x01 \x01(\x01\x12(\n\tout_edges\x18\x02 \x03(\x0b\x32\x15.airgossip.v1.OutEdge\x12\x15\n\rin_neighbours\x18\x03 \x03(\t\"\x85\x01\n\nAssignment\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05ready\x18\x02 \x01(\x08\x12!\n\x05peers\x18\x03 \x03(\x0b\x32\x12.airgossip.v1.Peer\x12%\n\x08schedule\x18\x04 \x03(\x0b\x32\x13.airgossip.v1.Phase\x12\x0f\n\x07lambda2\x18\x05 \x01(\x01\"/\n\x0cLeaveRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\x0c\n\nLeaveReply2\xaa\x02\n\x0b\x43oordinator\x12\x46\n\x08Register\x12\x1d.airgossip.v1.RegisterRequest\x1a\x1b.airgossip.v1.RegisterReply\x12I\n\tHeartbeat\x12\x1e.airgossip.v1.HeartbeatRequest\x1a\x1c.airgossip.v1.HeartbeatReply\x12I\n\x0fWatchNeighbours\x12\x1a.airgossip.v1.WatchRequest\x1a\x18.airgossip.v1.Assignment0\x01\x12=\n\x05Leave\x12\x1a.airgossip.v1.LeaveRequest\x1a\x18.airgossip.v1.LeaveReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,23 +32,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.coordinator_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERREQUEST']._serialized_start=42
-  _globals['_REGISTERREQUEST']._serialized_end=131
-  _globals['_REGISTERREPLY']._serialized_start=133
-  _globals['_REGISTERREPLY']._serialized_end=188
-  _globals['_WATCHREQUEST']._serialized_start=190
-  _globals['_WATCHREQUEST']._serialized_end=237
-  _globals['_PEER']._serialized_start=239
-  _globals['_PEER']._serialized_end=274
-  _globals['_OUTEDGE']._serialized_start=276
-  _globals['_OUTEDGE']._serialized_end=318
-  _globals['_PHASE']._serialized_start=320
-  _globals['_PHASE']._serialized_end=413
-  _globals['_ASSIGNMENT']._serialized_start=416
-  _globals['_ASSIGNMENT']._serialized_end=549
-  _globals['_LEAVEREQUEST']._serialized_start=551
-  _globals['_LEAVEREQUEST']._serialized_end=598
-  _globals['_LEAVEREPLY']._serialized_start=600
-  _globals['_LEAVEREPLY']._serialized_end=612
-  _globals['_COORDINATOR']._serialized_start=615
-  _globals['_COORDINATOR']._serialized_end=838
+  _globals['_REGISTERREQUEST']._serialized_end=156
+  _globals['_REGISTERREPLY']._serialized_start=158
+  _globals['_REGISTERREPLY']._serialized_end=272
+  _globals['_LINKSTATS']._serialized_start=274
+  _globals['_LINKSTATS']._serialized_end=396
+  _globals['_AGENTSTATS']._serialized_start=399
+  _globals['_AGENTSTATS']._serialized_end=772
+  _globals['_HEARTBEATREQUEST']._serialized_start=774
+  _globals['_HEARTBEATREQUEST']._serialized_end=892
+  _globals['_HEARTBEATREPLY']._serialized_start=894
+  _globals['_HEARTBEATREPLY']._serialized_end=925
+  _globals['_WATCHREQUEST']._serialized_start=927
+  _globals['_WATCHREQUEST']._serialized_end=974
+  _globals['_PEER']._serialized_start=976
+  _globals['_PEER']._serialized_end=1011
+  _globals['_OUTEDGE']._serialized_start=1013
+  _globals['_OUTEDGE']._serialized_end=1055
+  _globals['_PHASE']._serialized_start=1057
+  _globals['_PHASE']._serialized_end=1150
+  _globals['_ASSIGNMENT']._serialized_start=1153
+  _globals['_ASSIGNMENT']._serialized_end=1286
+  _globals['_LEAVEREQUEST']._serialized_start=1288
+  _globals['_LEAVEREQUEST']._serialized_end=1335
+  _globals['_LEAVEREPLY']._serialized_start=1337
+  _globals['_LEAVEREPLY']._serialized_end=1349
+  _globals['_COORDINATOR']._serialized_start=1352
+  _globals['_COORDINATOR']._serialized_end=1650
 # @@protoc_insertion_point(module_scope)

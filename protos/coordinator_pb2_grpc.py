@@ -39,6 +39,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_coordinator__pb2.RegisterRequest.SerializeToString,
                 response_deserializer=protos_dot_coordinator__pb2.RegisterReply.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/airgossip.v1.Coordinator/Heartbeat',
+                request_serializer=protos_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=protos_dot_coordinator__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
         self.WatchNeighbours = channel.unary_stream(
                 '/airgossip.v1.Coordinator/WatchNeighbours',
                 request_serializer=protos_dot_coordinator__pb2.WatchRequest.SerializeToString,
@@ -56,6 +61,13 @@ class CoordinatorServicer:
 
     def Register(self, request, context):
         """Join the fleet (or rejoin under the same id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Liveness, with the agent's latest figures piggy-backed. NOT_FOUND: register again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,6 +94,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Register,
                     request_deserializer=protos_dot_coordinator__pb2.RegisterRequest.FromString,
                     response_serializer=protos_dot_coordinator__pb2.RegisterReply.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=protos_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=protos_dot_coordinator__pb2.HeartbeatReply.SerializeToString,
             ),
             'WatchNeighbours': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchNeighbours,
@@ -121,6 +138,33 @@ class Coordinator:
             '/airgossip.v1.Coordinator/Register',
             protos_dot_coordinator__pb2.RegisterRequest.SerializeToString,
             protos_dot_coordinator__pb2.RegisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/airgossip.v1.Coordinator/Heartbeat',
+            protos_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            protos_dot_coordinator__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -105,3 +105,55 @@ def test_topology_command() -> None:
     assert result.returncode == 0
     assert "|λ2| = 0.6000" in result.stdout and "directed" in result.stdout
     assert_one_line_error(cli("topology", "hypercube"), "unknown topology")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--topology", "star"], ["unknown topology 'star'", "k-out", "one-peer-exponential"]),
+        (["--metrics-port", "70000"], ["--metrics-port", "0..65535"]),
+        (["--out-degree", "0"], ["--out-degree"]),
+        (["--heartbeat-interval-s", "2", "--heartbeat-timeout-s", "3"], ["at least twice"]),
+        (["--agents", "0"], ["agents"]),
+        (["--listen", "127.0.0.1:http"], ["cannot listen on 127.0.0.1:http"]),
+    ],
+)
+def test_bad_coordinator_flags_get_one_line_errors(args: list[str], fragments: list[str]) -> None:
+    assert_one_line_error(cli("coordinator", "--listen", "127.0.0.1:0", *args), *fragments)
+
+
+def test_coordinator_refuses_busy_ports_and_unusable_databases(tmp_path: Path) -> None:
+    base = ["coordinator", "--listen", "127.0.0.1:0", "--metrics-port", "0"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        busy = cli("coordinator", "--listen", f"127.0.0.1:{port}")
+        assert_one_line_error(busy, f"cannot listen on 127.0.0.1:{port}", "in use")
+        busy_metrics = cli("coordinator", "--listen", "127.0.0.1:0", "--metrics-port", str(port))
+        assert_one_line_error(busy_metrics, f"127.0.0.1:{port}", "in use")
+    missing = tmp_path / "no" / "such" / "fleet.db"
+    assert_one_line_error(cli(*base, "--db", str(missing)), str(missing), "does not exist")
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database " * 100)
+    assert_one_line_error(cli(*base, "--db", str(junk)), "junk.db", "not a database")
+    from coordinator.policy import TopologySpec
+    from coordinator.store import FleetStore
+
+    store = FleetStore(tmp_path / "ring.db")
+    store.claim(TopologySpec("ring").describe(), 8)
+    store.close()
+    other = cli(*base, "--db", str(tmp_path / "ring.db"), "--topology", "k-out")
+    assert_one_line_error(other, "holds a fleet of 8 agents", "ring", "another --db")
+
+
+def test_agent_refuses_a_busy_metrics_port(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = airgossip(
+            "agent", "--coordinator", "127.0.0.1:1", "--metrics-listen", f"127.0.0.1:{port}",
+            "--ready-timeout-s", "5", timeout=120,
+        )  # fmt: skip
+    assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{port}", "in use")

@@ -66,6 +66,9 @@ def ensure_bindable(listen: str) -> None:
         raise PortInUseError(f"cannot listen on {listen}: {err.strerror}") from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
+        # As gRPC does: a restarted server may take its port back while connections of the
+        # previous one linger in TIME_WAIT; a port someone listens on still fails.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as err:

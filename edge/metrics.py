@@ -1,0 +1,289 @@
+"""An agent's Prometheus metrics, and the small HTTP server that exposes them.
+
+Every Prometheus object of an agent process is created in :class:`AgentMetrics`, fed by the
+plain records and events of :mod:`edge.stats` and :mod:`edge.telemetry`; nothing else in
+``edge`` touches ``prometheus_client``. To export more figures (per-link radio state from
+an emulator, say), declare the new gauges in ``AgentMetrics.__init__`` and add one method
+that takes a plain record of them.
+
+Names follow Prometheus conventions: base units in the name (``_seconds``, ``_bytes``,
+``_ratio``), ``_total`` on counters, no ``*_created`` series. Series carry no agent label:
+the scraper adds one (the coordinator's service discovery labels every target with
+``agent``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from edge.stats import RoundRecord
+from edge.telemetry import ReceiveEvent, SendEvent, StepEvent
+
+# `*_created` series double every counter and histogram for a timestamp nobody queries.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+#: Push latencies on loopback are ~1 ms; over a slow emulated link they reach seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: Local steps range from ~1 ms (consensus) to seconds (a real model on a CPU board).
+STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: Message sizes from a few hundred bytes (probes) to hundreds of MB (large models).
+SIZE_BUCKETS = tuple(float(4**k * 256) for k in range(12))
+
+
+class AgentMetrics:
+    """Prometheus view of one agent: a :class:`~edge.stats.StatsSink` and an
+    :class:`~edge.telemetry.AgentObserver`.
+
+    Parameters
+    ----------
+    agent_id:
+        Exported as the ``agent_id`` label of ``airgossip_agent_info``.
+    registry:
+        Where the metrics live; a fresh :class:`CollectorRegistry` by default, so several
+        agents (or tests) in one process never share series.
+    """
+
+    def __init__(self, agent_id: str, *, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.info = Gauge(
+            "airgossip_agent_info", "Always 1; labels describe the agent.", ["agent_id"],
+            registry=r,
+        )  # fmt: skip
+        self.round = Gauge("airgossip_agent_round", "Latest round the agent reported.", registry=r)
+        self.accuracy = Gauge(
+            "airgossip_agent_accuracy_ratio", "Test accuracy of the agent's estimate.", registry=r
+        )
+        self.loss = Gauge("airgossip_agent_loss", "Test loss of the agent's estimate.", registry=r)
+        self.weight = Gauge(
+            "airgossip_agent_push_sum_weight", "Push-sum weight y held by the agent.", registry=r
+        )
+        self.disagreement = Gauge(
+            "airgossip_agent_disagreement_ratio",
+            "Relative change of the estimate through the last mix (0 at consensus).",
+            registry=r,
+        )
+        self.sent_bytes = Counter(
+            "airgossip_agent_sent_bytes",
+            "Bytes pushed to each out-neighbour (on the wire; lost messages included).",
+            ["peer"],
+            registry=r,
+        )
+        self.sent = Counter(
+            "airgossip_agent_messages_sent", "Messages pushed to each out-neighbour.", ["peer"],
+            registry=r,
+        )  # fmt: skip
+        self.dropped = Counter(
+            "airgossip_agent_messages_dropped",
+            "Messages to each out-neighbour lost on the (emulated) link.",
+            ["peer"],
+            registry=r,
+        )
+        self.failed = Counter(
+            "airgossip_agent_messages_failed",
+            "Messages to each out-neighbour refused by it or failed in transport, by gRPC code.",
+            ["peer", "code"],
+            registry=r,
+        )
+        self.received = Counter(
+            "airgossip_agent_messages_received",
+            "Messages accepted from each in-neighbour.",
+            ["peer"],
+            registry=r,
+        )
+        self.received_bytes = Counter(
+            "airgossip_agent_received_bytes",
+            "Payload bytes accepted from each in-neighbour.",
+            ["peer"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "airgossip_agent_messages_rejected",
+            "Incoming messages refused, by gRPC code.",
+            ["code"],
+            registry=r,
+        )
+        self.push_latency = Histogram(
+            "airgossip_agent_push_latency_seconds",
+            "Time from handing a message to the transport to the peer's acknowledgement.",
+            ["peer"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.push_size = Histogram(
+            "airgossip_agent_push_size_bytes",
+            "Wire size of each pushed message.",
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.local_step = Histogram(
+            "airgossip_agent_local_step_seconds",
+            "Duration of each local optimisation step.",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.info.labels(agent_id).set(1)
+
+    # -- StatsSink --------------------------------------------------------------------------
+    def record(self, record: RoundRecord) -> None:
+        self.round.set(record.round)
+        if "accuracy" in record.metrics:
+            self.accuracy.set(record.metrics["accuracy"])
+        if "loss" in record.metrics:
+            self.loss.set(record.metrics["loss"])
+        if "weight" in record.scalars:
+            self.weight.set(record.scalars["weight"])
+        if "disagreement" in record.scalars:
+            self.disagreement.set(record.scalars["disagreement"])
+
+    # -- AgentObserver ----------------------------------------------------------------------
+    def on_send(self, event: SendEvent) -> None:
+        self.sent_bytes.labels(event.peer).inc(event.wire_bytes)
+        self.sent.labels(event.peer).inc()
+        self.push_size.observe(event.wire_bytes)
+        if event.outcome == "delivered":
+            self.push_latency.labels(event.peer).observe(event.seconds)
+        elif event.outcome == "dropped":
+            self.dropped.labels(event.peer).inc()
+        else:
+            self.failed.labels(event.peer, event.code or "UNKNOWN").inc()
+
+    def on_step(self, event: StepEvent) -> None:
+        self.local_step.observe(event.seconds)
+
+    def on_receive(self, event: ReceiveEvent) -> None:
+        if event.accepted:
+            self.received.labels(event.sender).inc()
+            self.received_bytes.labels(event.sender).inc(event.payload_bytes)
+        else:
+            self.rejected.labels(event.code or "UNKNOWN").inc()
+
+
+#: A route answers with (status, content type, body); it gets the request's Accept header.
+Route = Callable[[str], tuple[int, str, bytes]]
+
+
+def exposition_route(registry: CollectorRegistry) -> Route:
+    """A route serving ``registry`` in the format the scraper asks for."""
+
+    def serve(accept: str) -> tuple[int, str, bytes]:
+        encoder, content_type = choose_encoder(accept)
+        return 200, content_type, encoder(registry)
+
+    return serve
+
+
+def json_route(produce: Callable[[], Any]) -> Route:
+    """A route serving whatever ``produce`` returns as JSON."""
+
+    def serve(accept: str) -> tuple[int, str, bytes]:
+        return 200, "application/json", json.dumps(produce()).encode()
+
+    return serve
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A restarted process must get its port back while old connections sit in TIME_WAIT.
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host's FQDN: a DNS lookup that can stall for
+        # seconds on a device without a resolver, for a name nobody reads.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+
+class MetricsServer:
+    """A small threaded HTTP server: ``/metrics`` plus any extra JSON routes.
+
+    Parameters
+    ----------
+    registry:
+        Served at ``/metrics``.
+    listen:
+        ``host:port``; port 0 picks a free port (see :attr:`address`).
+    routes:
+        More ``{path: route}`` (the coordinator adds service discovery).
+
+    Raises
+    ------
+    OSError
+        With a one-line reason when ``listen`` cannot be bound.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        listen: str = "127.0.0.1:0",
+        *,
+        routes: dict[str, Route] | None = None,
+    ) -> None:
+        host, _, port_text = listen.rpartition(":")
+        host = host.strip("[]")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise OSError(f"cannot serve metrics on {listen}: expected host:port") from None
+        if not 0 <= port <= 65535:
+            raise OSError(f"cannot serve metrics on {listen}: port must be within 0..65535")
+        self.routes: dict[str, Route] = {"/metrics": exposition_route(registry), **(routes or {})}
+        server_class = type(
+            "_MetricsServer",
+            (_Server,),
+            {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET},
+        )
+        try:
+            self._httpd = server_class((host or "0.0.0.0", port), self._handler_class())
+        except OSError as err:
+            reason = "the port is in use" if err.errno == errno.EADDRINUSE else err.strerror
+            raise OSError(f"cannot serve metrics on {listen}: {reason}") from None
+        bound = self._httpd.server_address[1]
+        shown = host if host and host not in ("0.0.0.0", "::") else "127.0.0.1"
+        self.address = f"[{shown}]:{bound}" if ":" in shown else f"{shown}:{bound}"
+        self.port = int(bound)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="metrics-http", daemon=True
+        )
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        routes = self.routes
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                route = routes.get(self.path.split("?", 1)[0])
+                if route is None:
+                    status, content_type, body = 404, "text/plain", b"not found\n"
+                else:
+                    status, content_type, body = route(self.headers.get("Accept", ""))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # a scrape every few seconds is not worth a log line
+
+        return Handler
+
+    def start(self) -> str:
+        """Serve in a background thread; return ``host:port`` as a scraper on this host sees it."""
+        self._thread.start()
+        return self.address
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+        self._httpd.server_close()
