@@ -37,6 +37,8 @@ class TopologySpec:
     seed: int = 0
     edges: tuple[tuple[int, int], ...] = ()
     p: float | None = None
+    #: Mixing weights the fleet's algorithm needs (``metropolis-hastings`` for dpsgd, choco).
+    scheme: str = "column-stochastic"
 
 
 @dataclass
@@ -70,7 +72,10 @@ class FleetState:
         )
         self.epoch += 1
         self.assignments = assignments_for_graph(
-            graph, {i: self.members[i].address for i in ids}, epoch=self.epoch
+            graph,
+            {i: self.members[i].address for i in ids},
+            epoch=self.epoch,
+            scheme=self.topology.scheme,
         )
 
 

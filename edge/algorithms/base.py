@@ -43,6 +43,16 @@ class InvalidPayload(ValueError):
     """A message that no state could accept (inconsistent block count, bad scalars)."""
 
 
+def refuse_amplifying_codec(name: str, codec: Codec) -> None:
+    """``ValueError`` for a codec whose error feedback diverges (see ``Codec.feedback_safe``)."""
+    if not codec.feedback_safe:
+        raise ValueError(
+            f"{name} feeds the codec's error back into later messages, and {codec.spec} adds "
+            "noise larger than the vector it encodes, so that error would grow without bound; "
+            "use qsgd:2 or more bits, or push-sum-plain or dpsgd (no error feedback)"
+        )
+
+
 class NoOptions(BaseModel):
     """Options of an algorithm that has none."""
 

@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-from edge.algorithms.base import Ack, GossipAlgorithm, InvalidPayload, Payload, ProtocolError
+from edge.algorithms.base import (
+    Ack,
+    GossipAlgorithm,
+    InvalidPayload,
+    Payload,
+    ProtocolError,
+    refuse_amplifying_codec,
+)
 from edge.compression import Codec
 from edge.topology.mixing import Phase
 
@@ -129,6 +136,10 @@ class PushSum(_PushSumCore):
     """Push-sum with running sums per edge: exact under loss, duplication and reordering."""
 
     name = "push-sum"
+
+    @classmethod
+    def check_codec(cls, codec: Codec) -> None:
+        refuse_amplifying_codec(cls.name, codec)
 
     def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:
         super().__init__(initial, **kwargs)

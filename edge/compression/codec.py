@@ -65,6 +65,9 @@ class Codec(ABC):
     unbiased: bool = True
     #: Keeps only some coordinates (top-k, random-k): meant for error-feedback algorithms.
     sparsifier: bool = False
+    #: Its error is typically smaller than the vector it encodes, so error feedback (send
+    #: later what was not sent) shrinks it instead of amplifying it.
+    feedback_safe: bool = True
 
     @abstractmethod
     def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:

@@ -36,6 +36,9 @@ class QSGDCodec(Codec):
         self.bits = bits
         self.intervals = (1 << bits) - 1
         self.spec = f"qsgd:{bits}"
+        # Two levels (+-s) put noise of the order of s on every element, far more than the
+        # vector's own norm: error feedback then grows the error it should shrink.
+        self.feedback_safe = bits >= 2
 
     @classmethod
     def from_argument(cls, argument: str | None) -> QSGDCodec:
@@ -64,6 +67,8 @@ class QSGDCodec(Codec):
         # Round each scale up to a float32 that is >= the largest magnitude, so that every
         # element lies inside [-s, s] once the scale has been narrowed for the wire.
         largest = np.abs(rows).max(axis=1)
+        if largest.max(initial=0.0) > np.finfo(np.float32).max:
+            raise ValueError(f"codec {self.spec}: values beyond float32 range (a diverged state)")
         scales = largest.astype(np.float32)
         scales = np.where(scales < largest, np.nextafter(scales, np.float32(np.inf)), scales)
         wide = np.maximum(scales.astype(np.float64), np.finfo(np.float64).tiny)
@@ -94,15 +99,30 @@ class QSGDCodec(Codec):
 
 def _pack(codes: np.ndarray, bits: int) -> bytes:
     """``bits`` low bits of each code, little-endian, concatenated and padded to a byte."""
+    codes = codes.astype(np.uint8)
     if bits == 8:
-        return codes.astype(np.uint8).tobytes()
-    planes = np.unpackbits(codes.astype(np.uint8)[:, None], axis=1, bitorder="little")[:, :bits]
+        return codes.tobytes()
+    if 8 % bits == 0:  # 1, 2, 4 bits: whole codes per byte, by shifts
+        per_byte = 8 // bits
+        padded = np.zeros(-(-codes.size // per_byte) * per_byte, dtype=np.uint8)
+        padded[: codes.size] = codes
+        groups = padded.reshape(-1, per_byte)
+        shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+        packed: np.ndarray = np.bitwise_or.reduce(groups << shifts, axis=1)
+        return packed.astype(np.uint8).tobytes()
+    planes = np.unpackbits(codes[:, None], axis=1, bitorder="little")[:, :bits]
     return np.packbits(planes.reshape(-1), bitorder="little").tobytes()
 
 
 def _unpack(data: np.ndarray, bits: int, count: int) -> np.ndarray:
     if bits == 8:
         return data[:count].astype(np.uint8)
+    if 8 % bits == 0:
+        per_byte = 8 // bits
+        shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+        mask = np.uint8((1 << bits) - 1)
+        spread: np.ndarray = ((data[:, None] >> shifts) & mask).reshape(-1)[:count]
+        return spread
     planes = np.unpackbits(data, bitorder="little", count=count * bits).reshape(count, bits)
     weights = (1 << np.arange(bits)).astype(np.uint8)
     codes: np.ndarray = (planes * weights).sum(axis=1).astype(np.uint8)
