@@ -11,11 +11,13 @@ phase with no neighbours, so the agent neither sends nor waits for anyone in tho
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge.algorithms.base import Payload
 from edge.algorithms.push_sum import PushSum
 from edge.topology.mixing import Phase
 
@@ -42,3 +44,8 @@ class LocalSGD(PushSum):
 
     def schedule(self, round_index: int, phase: Phase) -> Phase:
         return phase if round_index % self.period == 0 else SILENT
+
+    def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
+        if phase is SILENT:
+            return {}  # not even a retransmission: what is owed goes with the next average
+        return super().share(phase, ready)
