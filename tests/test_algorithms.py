@@ -64,6 +64,24 @@ def test_c1_two_bits_need_the_consensus_step() -> None:
     assert undamped.error(target) > 1e-2  # what gamma is for
 
 
+# -- push-sum with a lossy codec: exact total, noisy estimates -------------------------------
+def test_push_sum_with_a_lossy_codec_conserves_the_total_but_keeps_noise() -> None:
+    from edge.topology import build_graph, node_phases
+    from tests.test_push_sum import Fleet, run
+
+    gen = torch.Generator().manual_seed(0)
+    ids = [f"a{i}" for i in range(12)]
+    starts = [torch.randn(20, generator=gen, dtype=torch.float64) + 1 for _ in ids]
+    codec = get_codec("qsgd:4")
+    algos = [PushSum(s, codec=codec, seed=i) for i, s in enumerate(starts)]
+    graph = build_graph("exponential", 12)
+    fleet = Fleet(algos, [node_phases(graph, ids, i) for i in range(12)], ids)
+    total = sum(starts)
+    # run() asserts after every round that agents plus edges hold exactly the initial total
+    run(fleet, 150, loss=0.3, duplicate=0.2, max_delay=2, ack_loss=0.2, check_mass=total)  # type: ignore[arg-type]
+    assert fleet.error(total / 12) > 1e-2  # the codec's error on a round's mass stays
+
+
 # -- shared copies: exact under a hostile network -------------------------------------------
 @pytest.mark.parametrize(
     ("name", "compression", "topology"),
