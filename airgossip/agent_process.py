@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.client import CoordinatorClient, CoordinatorError
 from coordinator.service import natural_key
 from edge.agent import Agent, build_agent
+from edge.algorithms import algorithm_class
 from edge.metrics import AgentMetrics, MetricsServer
 from edge.settings import AgentSettings
 from edge.stats import FileStatsSink
@@ -74,7 +75,8 @@ def static_assignment(config: RunConfig, agent_id: str, peers: dict[str, str]) -
     graph = build_graph(
         config.topology, len(ids), seed=config.seed, edges=config.edges, p=config.edge_probability
     )
-    return assignments_for_graph(graph, {i: peers[i] for i in ids})[agent_id]
+    scheme = algorithm_class(config.algorithm).mixing
+    return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=scheme)[agent_id]
 
 
 def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Event) -> None:

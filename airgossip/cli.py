@@ -77,7 +77,8 @@ def _summary(results: dict[str, Any], out_dir: Path) -> Table:
         (
             "fleet",
             f"{config['agents']} agents · {config['topology']} · {config['algorithm']} · "
-            f"{config['mode']}",
+            + ("" if config["compression"] == "none" else f"{config['compression']} · ")
+            + f"{config['mode']}",
         ),
         ("task", config["task"]["name"]),
         ("mixing |λ2|", _fmt(config["lambda2"], 3)),
@@ -125,7 +126,18 @@ def run(
         str | None, typer.Option(help="digits, consensus, or module:callable [default: digits].")
     ] = None,
     algorithm: Annotated[
-        str | None, typer.Option(help="push-sum or push-sum-plain [default: push-sum].")
+        str | None,
+        typer.Option(
+            help="push-sum, push-sum-plain, dpsgd, quantized-push-sum, choco, "
+            "gradient-tracking, local-sgd [default: push-sum]."
+        ),
+    ] = None,
+    compression: Annotated[
+        str | None,
+        typer.Option(
+            help="Codec of every message: none, fp16, bf16, qsgd:BITS (1-8), topk:FRACTION, "
+            "randomk:FRACTION [default: none]."
+        ),
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per agent [default: 40].")] = None,
     loss: Annotated[
@@ -165,7 +177,7 @@ def run(
 
     overrides = _overrides(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
-        loss=loss, seed=seed, mode=mode, device=device,
+        loss=loss, seed=seed, mode=mode, device=device, compression=compression,
     )  # fmt: skip
     if not 0 <= coordinator_port <= 65535:
         fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
@@ -373,9 +385,10 @@ def coordinator(
     from coordinator.policy import POLICIES, TopologySpec
     from coordinator.service import CoordinatorServer
     from coordinator.store import StoreError
+    from edge.algorithms import algorithm_class
     from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
-    from emulation.fleet import fleet_graph, topology_spec
+    from emulation.fleet import check_graph_fits, fleet_graph, topology_spec
 
     if topology is not None and topology not in POLICIES:
         fail(f"unknown topology '{topology}'; choose one of: {', '.join(POLICIES)}")
@@ -391,9 +404,11 @@ def coordinator(
     try:
         cfg = load_config(config, _overrides(agents=agents, topology=scenario_topology))
         if topology == "k-out":
+            if not algorithm_class(cfg.algorithm).supports_directed:
+                fail(f"algorithm '{cfg.algorithm}' needs an undirected graph; k-out is directed")
             spec = TopologySpec("k-out", seed=cfg.seed, out_degree=out_degree)
         else:
-            fleet_graph(cfg)
+            check_graph_fits(cfg, fleet_graph(cfg))
             spec = topology_spec(cfg)
     except ConfigError as err:
         fail(str(err))

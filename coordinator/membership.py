@@ -405,7 +405,9 @@ class Fleet:
         epoch = self.epoch + 1
         graph = self.policy.graph(alive, self.graph, epoch)
         addresses = {i: self.members[i].record.address for i in graph.ids}
-        assignments = assignments_for_graph(graph.graph, addresses, epoch=epoch)
+        assignments = assignments_for_graph(
+            graph.graph, addresses, epoch=epoch, scheme=self.spec.scheme
+        )
         records = {m.record.agent_id: m.record for m in self.members.values() if m.alive}
         records.update({r.agent_id: r for r in extra})
         self.store.commit(

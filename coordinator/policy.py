@@ -60,6 +60,8 @@ class TopologySpec:
         Edge probability for ``erdos-renyi``.
     out_degree:
         ``k`` of ``k-out``.
+    scheme:
+        Mixing weights the fleet's algorithm needs (``metropolis-hastings`` for dpsgd, choco).
     """
 
     name: str = "exponential"
@@ -67,6 +69,7 @@ class TopologySpec:
     edges: tuple[tuple[int, int], ...] = ()
     p: float | None = None
     out_degree: int = 2
+    scheme: str = "column-stochastic"
 
     def describe(self) -> dict[str, Any]:
         """What identifies the topology (stored with a fleet, compared on restart)."""
@@ -77,6 +80,8 @@ class TopologySpec:
             data["p"] = self.p
         if self.name == "k-out":
             data["out_degree"] = self.out_degree
+        if self.scheme != "column-stochastic":
+            data["scheme"] = self.scheme
         return data
 
 

@@ -26,9 +26,16 @@ from functools import partial
 
 import torch
 
-from edge.algorithms import Ack, GossipAlgorithm, Payload, ProtocolError, create_algorithm
-from edge.compression import Codec, DecodeError, Encoded, get_codec
-from edge.settings import AgentSettings, gossip_dtype, resolve_device
+from edge.algorithms import (
+    Ack,
+    GossipAlgorithm,
+    InvalidPayload,
+    Payload,
+    ProtocolError,
+    create_algorithm,
+)
+from edge.compression import Codec, DecodeError, Encoded, decode_blocks, derive_seed, get_codec
+from edge.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
 from edge.stats import RoundRecord, StatsSink, probe_estimate
 from edge.tasks import Task, TaskContext, TrainConfig, load_task
 from edge.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
@@ -135,8 +142,7 @@ class Agent:
         self.clock = clock
         self.digest = digest
         self.observer = observer
-        default_codec = "float64" if algorithm.dtype == torch.float64 else "float32"
-        self.codec: Codec = get_codec(settings.codec or default_codec)
+        self.codec: Codec = algorithm.codec
         self.address = ""
         self.round = 0
         self._assignment: Assignment | None = None
@@ -226,11 +232,18 @@ class Agent:
             assignment = self._assignment
             if assignment is None:
                 return
-            phase = assignment.phase(round_index)
+            phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
+            probe = round_index % PROBE_ROUNDS == 0
             if self._unreachable:
-                probe = round_index % PROBE_ROUNDS == 0
                 phase = hold_back(phase, self._unreachable, probe=probe)
-            ready = [p for p in phase.out_weights if p not in self._inflight]
+            # Every peer without a message in flight: algorithms may also flush what they
+            # still owe a peer that is off this phase (a changed or periodic graph). An
+            # unreachable peer is only tried on probe rounds.
+            ready = [
+                p
+                for p in assignment.peers
+                if p not in self._inflight and (probe or p not in self._unreachable)
+            ]
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
         for peer, payload in payloads.items():
@@ -240,7 +253,9 @@ class Agent:
             self.transport.send(peer, address, message, sent)
 
     def _message(self, round_index: int, payload: Payload) -> GossipMessage:
-        encoded = self.codec.encode(payload.vector)
+        encoded = payload.encoded
+        if encoded is None:
+            encoded = self.codec.encode(payload.vector)
         header = MessageHeader(
             sender=self.agent_id,
             round=round_index,
@@ -307,9 +322,10 @@ class Agent:
                 assignment = self._assignment
                 if assignment is None:
                     return
+                phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
                 behind = [
                     p
-                    for p in assignment.phase(round_index).in_neighbours
+                    for p in phase.in_neighbours
                     if self._heard.get(p, 0) < need
                     and self._heard.get(p, 0) >= need - PATIENCE_ROUNDS
                 ]
@@ -392,20 +408,28 @@ class Agent:
                 f"sender's task or initial parameters differ (digest {header.fleet_digest!r}, "
                 f"expected {self.digest!r})",
             )
-        if header.numel != self.algorithm.numel:
+        block, most = self.algorithm.block_numel, self.algorithm.max_blocks
+        blocks, rest = divmod(header.numel, block) if block else (int(header.numel == 0), 0)
+        if rest or not 1 <= blocks <= most:
+            expected = (
+                f"this model has {block}"
+                if most == 1
+                else f"expected 1 to {most} blocks of {block}"
+            )
             raise self._reject(
                 RejectCode.INVALID_ARGUMENT,
-                f"wrong shape: {header.numel} elements, this model has {self.algorithm.numel}",
+                f"wrong shape: {header.numel} elements, {expected}",
             )
         try:
             codec = get_codec(header.codec)
         except ValueError as err:
             raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
-        if header.payload_bytes > codec.max_bytes(header.numel):
+        bound = blocks * codec.max_bytes(block)
+        if header.payload_bytes > bound:
             raise self._reject(
                 RejectCode.INVALID_ARGUMENT,
                 f"payload of {header.payload_bytes} bytes exceeds the {codec.spec} size for "
-                f"{header.numel} elements ({codec.max_bytes(header.numel)})",
+                f"{header.numel} elements ({bound})",
             )
         if len(header.codec_meta) > MAX_HEADER_BYTES:
             raise self._reject(RejectCode.INVALID_ARGUMENT, "codec metadata too large")
@@ -420,8 +444,10 @@ class Agent:
         self.admit(header)  # the in-memory path arrives here directly; cheap to repeat
         codec = get_codec(header.codec)
         try:
-            vector = codec.decode(
+            vector = decode_blocks(
+                codec,
                 Encoded(header.codec, header.numel, message.data, header.codec_meta),
+                self.algorithm.block_numel,
                 self.algorithm.dtype,
             )
         except DecodeError as err:
@@ -442,6 +468,11 @@ class Agent:
                 if self.observer is not None:
                     self.observer.on_receive(ReceiveEvent(False, code="FAILED_PRECONDITION"))
                 raise Rejected(RejectCode.FAILED_PRECONDITION, str(err)) from None
+            except InvalidPayload as err:
+                self._counters.messages_rejected += 1
+                if self.observer is not None:
+                    self.observer.on_receive(ReceiveEvent(False, code="INVALID_ARGUMENT"))
+                raise Rejected(RejectCode.INVALID_ARGUMENT, str(err)) from None
             self._counters.messages_received += 1
             if self.observer is not None:
                 self.observer.on_receive(
@@ -477,7 +508,15 @@ def build_agent(
     task = load_task(settings.task.name, context)
     initial = task.initial_parameters()
     dtype = gossip_dtype(settings, task.gossip_dtype)
-    algorithm = create_algorithm(settings.algorithm, initial, dtype=dtype)
+    algorithm = create_algorithm(
+        settings.algorithm,
+        initial,
+        dtype=dtype,
+        codec=resolve_codec(settings, dtype),
+        seed=derive_seed(settings.seed, agent_id),
+        options=settings.algorithm_options,
+        shared_start=task.shared_initialisation,
+    )
     return Agent(
         agent_id,
         task=task,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge.algorithms import ALGORITHMS
-from edge.compression import CODECS
+from edge.algorithms import ALGORITHMS, check_algorithm_settings
+from edge.compression import CODEC_FORMS, CODECS, Codec, get_codec, raw_codec_for
 
 
 class TaskSettings(BaseModel):
@@ -36,7 +36,12 @@ class AgentSettings(BaseModel):
     precision: Literal["auto", "float32", "float64"] = Field(
         "auto", description="gossip state precision; auto follows the task"
     )
-    codec: str | None = Field(None, description="wire codec; default: the gossip precision")
+    compression: str = Field(
+        "none", description="codec of every message; none: lossless in the gossip precision"
+    )
+    algorithm_options: dict[str, Any] = Field(
+        default_factory=dict, description="the algorithm's own options (gamma, period, ...)"
+    )
     eval_every: int = Field(1, ge=1)
     staleness: int = Field(2, ge=0, description="rounds an agent may run ahead of in-neighbours")
     wait_timeout_s: float = Field(
@@ -50,12 +55,23 @@ class AgentSettings(BaseModel):
             raise ValueError(f"unknown algorithm '{value}'; choose one of: {', '.join(ALGORITHMS)}")
         return value
 
-    @field_validator("codec")
+    @field_validator("compression")
     @classmethod
-    def _known_codec(cls, value: str | None) -> str | None:
-        if value is not None and value not in CODECS:
-            raise ValueError(f"unknown codec '{value}'; choose one of: {', '.join(CODECS)}")
+    def _known_compression(cls, value: str) -> str:
+        if value == "none":
+            return value
+        if value.partition(":")[0] not in CODECS:
+            raise ValueError(
+                f"unknown compression '{value}'; choose one of: none, {', '.join(CODEC_FORMS)}"
+            )
+        get_codec(value)  # a bad argument raises a ValueError that says what is allowed
         return value
+
+    @model_validator(mode="after")
+    def _algorithm_accepts(self) -> AgentSettings:
+        codec = get_codec(self.compression) if self.compression != "none" else get_codec("float32")
+        check_algorithm_settings(self.algorithm, codec, self.algorithm_options)
+        return self
 
 
 def gossip_dtype(settings: AgentSettings, task_dtype: torch.dtype) -> torch.dtype:
@@ -65,6 +81,13 @@ def gossip_dtype(settings: AgentSettings, task_dtype: torch.dtype) -> torch.dtyp
     if settings.precision == "float32":
         return torch.float32
     return task_dtype
+
+
+def resolve_codec(settings: AgentSettings, dtype: torch.dtype) -> Codec:
+    """The codec of every message: the ``compression`` setting, or lossless in ``dtype``."""
+    if settings.compression == "none":
+        return raw_codec_for(dtype)
+    return get_codec(settings.compression)
 
 
 def resolve_device(choice: str) -> torch.device:

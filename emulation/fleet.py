@@ -24,6 +24,7 @@ import torch
 
 from coordinator.service import CoordinatorServer, TopologySpec
 from edge.agent import build_agent
+from edge.algorithms import algorithm_class
 from edge.settings import resolve_device
 from edge.stats import MemoryStatsSink, RoundRecord, read_records
 from edge.tasks import TaskContext, TaskError, load_task
@@ -76,6 +77,7 @@ def topology_spec(config: RunConfig) -> TopologySpec:
         seed=config.seed,
         edges=tuple(tuple(e) for e in config.edges or ()),  # type: ignore[misc]
         p=config.edge_probability,
+        scheme=algorithm_class(config.algorithm).mixing,
     )
 
 
@@ -92,14 +94,7 @@ def fleet_graph(config: RunConfig) -> Graph:
 def preflight(config: RunConfig) -> Graph:
     """Check everything that can be checked before any agent starts; return the graph."""
     graph = fleet_graph(config)
-    from edge.algorithms import ALGORITHMS
-
-    algorithm = ALGORITHMS[config.algorithm]
-    if not algorithm.supports_directed and not graph.is_undirected:
-        raise ConfigError(
-            f"algorithm '{config.algorithm}' needs an undirected graph; topology "
-            f"'{config.topology}' is directed (use ring, complete, or a symmetric edge list)"
-        )
+    check_graph_fits(config, graph)
     try:
         device = resolve_device(config.device)
         settings = config.agent_settings()
@@ -110,6 +105,17 @@ def preflight(config: RunConfig) -> Graph:
     except (TaskError, ValueError) as err:
         raise ConfigError(str(err)) from None
     return graph
+
+
+def check_graph_fits(config: RunConfig, graph: Graph) -> None:
+    """:class:`ConfigError` when the algorithm cannot run on the graph (dpsgd on a directed
+    one, say)."""
+    algorithm = algorithm_class(config.algorithm)
+    if not algorithm.supports_directed and not graph.is_undirected:
+        raise ConfigError(
+            f"algorithm '{config.algorithm}' needs an undirected graph; topology "
+            f"'{config.topology}' is directed (use ring, complete, or a symmetric edge list)"
+        )
 
 
 def reference_answer(config: RunConfig) -> np.ndarray | None:
@@ -164,7 +170,9 @@ class InProcessFleet:
             for i, agent_id in enumerate(ids)
         ]
         addresses = {a.agent_id: a.start() for a in agents}
-        assignments = assignments_for_graph(fleet_graph(config), addresses)
+        assignments = assignments_for_graph(
+            fleet_graph(config), addresses, scheme=algorithm_class(config.algorithm).mixing
+        )
         for agent in agents:
             agent.set_assignment(assignments[agent.agent_id])
             agent.begin()
@@ -365,7 +373,8 @@ class ProcessFleet:
 
 def resolved_config(config: RunConfig, graph: Graph) -> dict[str, Any]:
     data = config.model_dump(mode="json")
-    data["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph))
+    scheme = algorithm_class(config.algorithm).mixing
+    data["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph, scheme))
     data["topology_period"] = graph.period
     data["edges_per_round"] = graph.edge_count() / graph.period
     return data

@@ -5,21 +5,76 @@ build one payload per out-neighbour) -> transport -> ``receive`` on the other si
 ``mix`` (fold what has arrived into the state). ``on_ack`` tells the sender what the
 receiver has absorbed. The agent serialises calls with one lock; algorithms are not
 thread-safe themselves.
+
+An algorithm encodes its own payloads with the fleet's codec (:meth:`GossipAlgorithm.encode`)
+because several of them must know exactly what the receiver will decode: a lossy codec's
+error then stays with the sender and is sent later instead of being lost. A message vector
+is one or more *blocks* of :attr:`GossipAlgorithm.block_numel` elements, each encoded on its
+own (gradient tracking sends two, replaying algorithms send the blocks not yet acknowledged).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from edge.compression import (
+    Codec,
+    Encoded,
+    RawCodec,
+    decode_blocks,
+    derive_seed,
+    encode_blocks,
+    raw_codec_for,
+)
 from edge.topology.mixing import Phase
 
 
 class ProtocolError(ValueError):
     """A message that is well formed but does not fit the receiver's per-edge state."""
+
+
+class InvalidPayload(ValueError):
+    """A message that no state could accept (inconsistent block count, bad scalars)."""
+
+
+def refuse_amplifying_codec(name: str, codec: Codec) -> None:
+    """``ValueError`` for a codec whose error feedback diverges (see ``Codec.feedback_safe``)."""
+    if not codec.feedback_safe:
+        raise ValueError(
+            f"{name} feeds the codec's error back into later messages, and {codec.spec} adds "
+            "noise larger than the vector it encodes, so that error would grow without bound; "
+            "use qsgd:2 or more bits, or push-sum-plain or dpsgd (no error feedback)"
+        )
+
+
+class NoOptions(BaseModel):
+    """Options of an algorithm that has none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_algorithm_options(
+    name: str, model: type[BaseModel], options: Mapping[str, Any] | None
+) -> BaseModel:
+    """Validate ``[algorithm_options]`` against ``model``; ``ValueError`` naming what is wrong."""
+    try:
+        return model.model_validate(dict(options or {}))
+    except ValidationError as err:
+        allowed = ", ".join(model.model_fields) or "none"
+        problems = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "options"
+            if e["type"] == "extra_forbidden":
+                problems.append(f"unknown option '{where}' (allowed: {allowed})")
+            else:
+                problems.append(f"option '{where}': {e['msg']} (got {e.get('input')!r})")
+        raise ValueError(f"algorithm '{name}': " + "; ".join(problems)) from None
 
 
 @dataclass(frozen=True)
@@ -29,19 +84,24 @@ class Payload:
     Attributes
     ----------
     vector:
-        Flat tensor to encode and send (a fresh tensor the caller may keep).
+        Flat tensor: on the sending side what the receiver will decode, on the receiving
+        side what was decoded (a fresh tensor the caller may keep).
     scalars:
         Small named values (the push-sum weight, ...).
     seq:
         Per-edge sequence number, strictly increasing from 1.
     base_seq:
         For running sums: the seq the cumulative values are measured from.
+    encoded:
+        The wire form of ``vector`` when the algorithm encoded it itself (the agent then
+        sends these bytes as they are); None on the receiving side.
     """
 
     vector: torch.Tensor
     scalars: dict[str, float] = field(default_factory=dict)
     seq: int = 0
     base_seq: int = 0
+    encoded: Encoded | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -55,19 +115,85 @@ class Ack:
 
 
 class GossipAlgorithm(ABC):
-    """Base class of gossip algorithms; see the module docstring for the call order."""
+    """Base class of gossip algorithms; see the module docstring for the call order.
+
+    Parameters
+    ----------
+    initial:
+        The agent's initial parameters (flat).
+    dtype:
+        Precision of the gossip state.
+    codec:
+        Codec of every payload (default: the lossless codec of ``dtype``).
+    seed:
+        Root of the algorithm's random draws (stochastic rounding, random-k indices); give
+        every agent its own (see :func:`~edge.compression.derive_seed`).
+    options:
+        The algorithm's ``[algorithm_options]``, validated against :attr:`options_model`.
+    shared_start:
+        Every agent starts from the same ``initial`` (learning tasks), so algorithms that
+        keep copies of their neighbours' values may start those copies there.
+    """
 
     name: str = ""
     #: Whether the algorithm runs on directed graphs (column-stochastic weights suffice).
     supports_directed: bool = True
+    #: Weighting scheme of the mixing matrix the algorithm needs (see ``edge.topology``).
+    mixing: ClassVar[str] = "column-stochastic"
+    #: Most blocks one message may carry (the receiver refuses more before buffering).
+    max_blocks: ClassVar[int] = 1
+    #: Validates ``[algorithm_options]``.
+    options_model: ClassVar[type[BaseModel]] = NoOptions
 
-    def __init__(self, initial: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        initial: torch.Tensor,
+        *,
+        dtype: torch.dtype = torch.float32,
+        codec: Codec | None = None,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
+        shared_start: bool = False,
+    ) -> None:
         if initial.dim() != 1:
             raise ValueError(
                 f"gossip state must be a flat vector, got shape {tuple(initial.shape)}"
             )
         self.dtype = dtype
         self.numel = initial.numel()
+        self.codec = codec if codec is not None else raw_codec_for(dtype)
+        self.check_codec(self.codec)
+        self.seed = seed
+        self.options = parse_algorithm_options(self.name, self.options_model, options)
+        self.shared_start = shared_start
+        self._encodings = 0
+
+    @classmethod
+    def check_codec(cls, codec: Codec) -> None:
+        """Raise ``ValueError`` if the algorithm cannot work with ``codec`` (default: any)."""
+        return None
+
+    @property
+    def block_numel(self) -> int:
+        """Elements per block of a message vector."""
+        return self.numel
+
+    def encode(self, vector: torch.Tensor, peer: str) -> tuple[Encoded, torch.Tensor]:
+        """Encode a message vector for ``peer``: ``(wire form, what the receiver decodes)``.
+
+        Each call draws from its own seed, derived from the algorithm's seed, the peer and a
+        call counter: deterministic for a seed, independent between messages.
+        """
+        self._encodings += 1
+        seed = derive_seed(self.seed, peer, self._encodings)
+        encoded = encode_blocks(self.codec, vector, self.block_numel, seed=seed)
+        if isinstance(self.codec, RawCodec) and self.codec.dtype == vector.dtype == self.dtype:
+            return encoded, vector.clone()  # exact: skip the decode
+        return encoded, decode_blocks(self.codec, encoded, self.block_numel, self.dtype)
+
+    def schedule(self, round_index: int, phase: Phase) -> Phase:
+        """The phase the agent uses in ``round_index`` (algorithms that skip rounds override)."""
+        return phase
 
     @abstractmethod
     def estimate(self) -> torch.Tensor:
@@ -93,6 +219,8 @@ class GossipAlgorithm(ABC):
         ------
         ProtocolError
             When the payload does not fit the per-edge state (state is left unchanged).
+        InvalidPayload
+            When no state could accept it (state is left unchanged).
         """
 
     @abstractmethod

@@ -14,17 +14,32 @@ Running sums grow without bound, and their difference loses precision as they gr
 receiver's acknowledgement (the gRPC response) tells the sender which sum the receiver now
 holds; both sides then measure later sums from that message (the *base*), so the numbers on
 the wire stay the size of a few rounds' mass for ever.
+
+With a lossy codec the sender measures from what the receiver *decoded*, not from what it
+meant to send: the codec's error stays in the running sum and goes out with the next
+message (error feedback), so the fleet's total is still conserved exactly. The estimates
+then carry noise of the size of the codec's error on a round's worth of mass; algorithms
+that compress vanishing differences instead (``quantized-push-sum``) converge exactly.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from edge.algorithms.base import Ack, GossipAlgorithm, Payload, ProtocolError
+from edge.algorithms.base import (
+    Ack,
+    GossipAlgorithm,
+    InvalidPayload,
+    Payload,
+    ProtocolError,
+    refuse_amplifying_codec,
+)
+from edge.compression import Codec
 from edge.topology.mixing import Phase
 
 
@@ -38,8 +53,24 @@ def _weight_of(payload: Payload) -> float:
 class _PushSumCore(GossipAlgorithm):
     """State and mixing shared by both push-sum variants."""
 
-    def __init__(self, initial: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> None:
-        super().__init__(initial, dtype=dtype)
+    def __init__(
+        self,
+        initial: torch.Tensor,
+        *,
+        dtype: torch.dtype = torch.float64,
+        codec: Codec | None = None,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
+        shared_start: bool = False,
+    ) -> None:
+        super().__init__(
+            initial,
+            dtype=dtype,
+            codec=codec,
+            seed=seed,
+            options=options,
+            shared_start=shared_start,
+        )
         self._x = initial.detach().to(device="cpu", dtype=dtype).clone()
         self._y = 1.0
         self._pending_x = torch.zeros_like(self._x)
@@ -73,6 +104,14 @@ class _PushSumCore(GossipAlgorithm):
         """``(x, y)`` held by this agent, received-but-unmixed mass included."""
         return self._x + self._pending_x, self._y + self._pending_y
 
+    def _received_vector(self, sender: str, payload: Payload) -> torch.Tensor:
+        if payload.vector.numel() != self._x.numel():
+            raise InvalidPayload(
+                f"{self.name} message from '{sender}' holds {payload.vector.numel()} elements, "
+                f"expected {self._x.numel()}"
+            )
+        return payload.vector.to(self.dtype)
+
 
 @dataclass
 class _OutEdge:
@@ -98,8 +137,12 @@ class PushSum(_PushSumCore):
 
     name = "push-sum"
 
-    def __init__(self, initial: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> None:
-        super().__init__(initial, dtype=dtype)
+    @classmethod
+    def check_codec(cls, codec: Codec) -> None:
+        refuse_amplifying_codec(cls.name, codec)
+
+    def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(initial, **kwargs)
         self._out: dict[str, _OutEdge] = {}
         self._in: dict[str, _InEdge] = {}
 
@@ -114,21 +157,26 @@ class PushSum(_PushSumCore):
         self._y *= phase.self_weight
 
         payloads = {}
-        for peer in phase.out_weights:
+        for peer, edge in self._out.items():
             if peer not in ready:
                 continue  # its share waits in the running sum for the next message
-            edge = self._out[peer]
+            if peer not in phase.out_weights and edge.sigma_y == 0.0:
+                continue  # off this phase and nothing undelivered: no message
+            # An edge off this phase (the graph changed, or a periodic graph) that still holds
+            # undelivered weight flushes it as soon as it can, instead of stranding it.
             edge.seq += 1
-            vector = edge.sigma_x.clone()
-            edge.sent_seq, edge.sent_x, edge.sent_y = edge.seq, vector, edge.sigma_y
-            payloads[peer] = Payload(vector, {"y": edge.sigma_y}, edge.seq, edge.base_seq)
+            encoded, decoded = self.encode(edge.sigma_x, peer)
+            edge.sent_seq, edge.sent_x, edge.sent_y = edge.seq, decoded, edge.sigma_y
+            payloads[peer] = Payload(
+                decoded, {"y": edge.sigma_y}, edge.seq, edge.base_seq, encoded=encoded
+            )
         return payloads
 
     def on_ack(self, peer: str, ack: Ack) -> None:
         edge = self._out.get(peer)
         if edge is None or edge.sent_x is None or ack.last_seq != edge.sent_seq:
             return  # an older message's ack, or the receiver holds something else
-        # The receiver's sum is now exactly what we sent: measure from there on both sides.
+        # The receiver's sum is now exactly what it decoded: measure from there on both sides.
         edge.sigma_x.sub_(edge.sent_x)
         edge.sigma_y -= edge.sent_y
         edge.base_seq = edge.sent_seq
@@ -154,7 +202,7 @@ class PushSum(_PushSumCore):
                 f"message seq {payload.seq} from '{sender}' is measured from seq "
                 f"{payload.base_seq}, but this edge is at base {base_seq} after seq {last_seq}"
             )
-        vector = payload.vector.to(self.dtype)
+        vector = self._received_vector(sender, payload)
         if edge is None:
             edge = self._in[sender] = _InEdge(torch.zeros_like(self._x))
         if rebased:
@@ -193,17 +241,17 @@ class PlainPushSum(_PushSumCore):
     def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
         # A share the agent cannot send (edge busy) stays home instead of vanishing.
         keep = phase.self_weight + sum(w for p, w in phase.out_weights.items() if p not in ready)
-        payloads = {
-            peer: Payload(self._x * weight, {"y": self._y * weight}, 0, 0)
-            for peer, weight in phase.out_weights.items()
-            if peer in ready
-        }
+        payloads = {}
+        for peer, weight in phase.out_weights.items():
+            if peer in ready:
+                encoded, decoded = self.encode(self._x * weight, peer)
+                payloads[peer] = Payload(decoded, {"y": self._y * weight}, 0, 0, encoded=encoded)
         self._x.mul_(keep)
         self._y *= keep
         return payloads
 
     def receive(self, sender: str, payload: Payload) -> Ack:
         y = _weight_of(payload)
-        self._pending_x.add_(payload.vector.to(self.dtype))
+        self._pending_x.add_(self._received_vector(sender, payload))
         self._pending_y += y
         return Ack(payload.seq, 0, absorbed=True)

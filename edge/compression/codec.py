@@ -1,15 +1,28 @@
 """Codecs turn one flat vector into bytes for the wire and back.
 
-A codec is looked up by its spec string (``"float32"``, ``"fp16"``, ...) in :data:`CODECS`;
-the spec travels in every message header so the receiver decodes with the sender's codec.
-Decoding checks sizes before touching memory and never trusts the header alone.
+A codec is named by a spec string: a registered name, optionally with one argument after a
+colon (``"float32"``, ``"fp16"``, ``"qsgd:4"``, ``"topk:0.01"``). :data:`CODECS` maps each
+name to a factory and :func:`get_codec` parses specs; the spec travels in every message
+header so the receiver decodes with the sender's codec.
+
+Every codec encodes a vector of ``n`` elements into exactly :meth:`Codec.max_bytes` data
+bytes plus :meth:`Codec.meta_bytes` side-information bytes, so a receiver can bound a
+message before buffering it and refuse any other size. Decoding checks sizes and contents
+before touching memory and never trusts the header alone.
+
+A message may carry several *blocks* (vectors of the same length, each encoded on its own,
+their bytes concatenated): :func:`join_blocks`, :func:`encode_blocks`, :func:`decode_blocks`.
+Stochastic codecs draw from an explicit ``seed`` (see :func:`derive_seed`), never from global
+random state, so the same fleet seed gives the same bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -20,18 +33,18 @@ class DecodeError(ValueError):
 
 @dataclass(frozen=True)
 class Encoded:
-    """One encoded flat vector.
+    """One encoded flat vector (or several blocks of equal length, concatenated).
 
     Attributes
     ----------
     codec:
         Spec of the codec that produced it.
     numel:
-        Number of elements of the decoded vector.
+        Number of elements of the decoded vector (all blocks together).
     data:
         The encoded buffer (what crosses the wire in chunks).
     meta:
-        Small side information (scales, seeds); empty for raw codecs.
+        Small side information (the seed of random-k, ...); empty for most codecs.
     """
 
     codec: str
@@ -48,10 +61,17 @@ class Codec(ABC):
     """Encodes flat vectors; stateless, so one instance can serve every edge."""
 
     spec: str
+    #: E[decode(encode(v))] == v: quantization noise averages out (raw codecs, qsgd).
+    unbiased: bool = True
+    #: Keeps only some coordinates (top-k, random-k): meant for error-feedback algorithms.
+    sparsifier: bool = False
+    #: Its error is typically smaller than the vector it encodes, so error feedback (send
+    #: later what was not sent) shrinks it instead of amplifying it.
+    feedback_safe: bool = True
 
     @abstractmethod
-    def encode(self, vector: torch.Tensor) -> Encoded:
-        """Encode a flat CPU vector."""
+    def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
+        """Encode a flat CPU vector; stochastic codecs draw only from ``seed``."""
 
     @abstractmethod
     def decode(self, encoded: Encoded, dtype: torch.dtype) -> torch.Tensor:
@@ -59,11 +79,29 @@ class Codec(ABC):
 
     @abstractmethod
     def max_bytes(self, numel: int) -> int:
-        """Upper bound of ``len(data)`` for a vector of ``numel`` elements (admission check)."""
+        """Size of ``data`` for a vector of ``numel`` elements (exact; the admission bound)."""
+
+    def meta_bytes(self, numel: int) -> int:
+        """Size of ``meta`` for a vector of ``numel`` elements (exact)."""
+        return 0
 
     @property
     def lossless(self) -> bool:
         return False
+
+    def _check_sizes(self, encoded: Encoded) -> None:
+        expected = self.max_bytes(encoded.numel)
+        if len(encoded.data) != expected:
+            raise DecodeError(
+                f"codec {self.spec}: {len(encoded.data)} payload bytes for {encoded.numel} "
+                f"elements, expected {expected}"
+            )
+        meta = self.meta_bytes(encoded.numel)
+        if len(encoded.meta) != meta:
+            raise DecodeError(
+                f"codec {self.spec}: {len(encoded.meta)} bytes of codec metadata for "
+                f"{encoded.numel} elements, expected {meta}"
+            )
 
 
 _RAW_DTYPES: dict[str, torch.dtype] = {
@@ -75,7 +113,10 @@ _RAW_DTYPES: dict[str, torch.dtype] = {
 
 
 class RawCodec(Codec):
-    """The vector's elements as little-endian ``dtype`` bytes (a cast when narrower)."""
+    """The vector's elements as little-endian ``dtype`` bytes (a cast when narrower).
+
+    fp16 and bf16 round to nearest: deterministic, slightly biased, half the bytes.
+    """
 
     def __init__(self, spec: str) -> None:
         if spec not in _RAW_DTYPES:
@@ -88,18 +129,13 @@ class RawCodec(Codec):
     def lossless(self) -> bool:
         return self.dtype in (torch.float64, torch.float32)
 
-    def encode(self, vector: torch.Tensor) -> Encoded:
+    def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
         flat = vector.detach().reshape(-1).to(device="cpu", dtype=self.dtype).contiguous()
         data = flat.view(torch.uint8).numpy().tobytes()
         return Encoded(self.spec, flat.numel(), data)
 
     def decode(self, encoded: Encoded, dtype: torch.dtype) -> torch.Tensor:
-        expected = encoded.numel * self.itemsize
-        if len(encoded.data) != expected:
-            raise DecodeError(
-                f"codec {self.spec}: {len(encoded.data)} payload bytes for {encoded.numel} "
-                f"elements, expected {expected}"
-            )
+        self._check_sizes(encoded)
         if encoded.numel == 0:
             return torch.zeros(0, dtype=dtype)
         buffer = encoded.data if isinstance(encoded.data, bytearray) else bytearray(encoded.data)
@@ -109,15 +145,145 @@ class RawCodec(Codec):
         return numel * self.itemsize
 
 
-def _raw(spec: str) -> Callable[[], Codec]:
-    return lambda: RawCodec(spec)
+def raw_codec_for(dtype: torch.dtype) -> Codec:
+    """The lossless codec of a gossip state's dtype (what ``compression = "none"`` means)."""
+    return get_codec("float64" if dtype == torch.float64 else "float32")
 
 
-CODECS: dict[str, Callable[[], Codec]] = {spec: _raw(spec) for spec in _RAW_DTYPES}
+#: Builds a codec from the argument after the colon (None when the spec has none).
+CodecFactory = Callable[[str | None], Codec]
 
 
+def _no_argument(name: str, build: Callable[[], Codec]) -> CodecFactory:
+    def factory(argument: str | None) -> Codec:
+        if argument is not None:
+            raise ValueError(f"codec '{name}' takes no argument, got '{name}:{argument}'")
+        return build()
+
+    return factory
+
+
+def _qsgd(argument: str | None) -> Codec:
+    from edge.compression.quantize import QSGDCodec
+
+    return QSGDCodec.from_argument(argument)
+
+
+def _topk(argument: str | None) -> Codec:
+    from edge.compression.sparsify import TopKCodec
+
+    return TopKCodec.from_argument(argument)
+
+
+def _randomk(argument: str | None) -> Codec:
+    from edge.compression.sparsify import RandomKCodec
+
+    return RandomKCodec.from_argument(argument)
+
+
+#: Codecs by name; parametrised ones take ``name:ARGUMENT``.
+CODECS: dict[str, CodecFactory] = {
+    **{
+        spec: _no_argument(spec, lambda spec=spec: RawCodec(spec))  # type: ignore[misc]
+        for spec in _RAW_DTYPES
+    },
+    "qsgd": _qsgd,
+    "topk": _topk,
+    "randomk": _randomk,
+}
+
+#: How users write each codec (for help texts and error messages).
+CODEC_FORMS = (
+    "float64",
+    "float32",
+    "fp16",
+    "bf16",
+    "qsgd:BITS",
+    "topk:FRACTION",
+    "randomk:FRACTION",
+)
+
+
+@lru_cache(maxsize=64)
 def get_codec(spec: str) -> Codec:
-    """Look up a codec by spec; raise ``ValueError`` naming the allowed ones."""
-    if spec not in CODECS:
-        raise ValueError(f"unknown codec '{spec}'; choose one of: {', '.join(sorted(CODECS))}")
-    return CODECS[spec]()
+    """Parse a codec spec (``name`` or ``name:ARGUMENT``); ``ValueError`` naming what is allowed.
+
+    Instances are cached (codecs are stateless), so a receiver may call this per message.
+    """
+    name, sep, argument = spec.partition(":")
+    if name not in CODECS:
+        raise ValueError(f"unknown codec '{spec}'; choose one of: {', '.join(CODEC_FORMS)}")
+    return CODECS[name](argument if sep else None)
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from any mix of integers and strings, stable across runs and machines."""
+    text = "\x00".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+def join_blocks(blocks: Sequence[Encoded]) -> Encoded:
+    """Concatenate encoded blocks of one codec into one message buffer."""
+    if not blocks:
+        raise ValueError("join_blocks needs at least one block")
+    specs = {b.codec for b in blocks}
+    if len(specs) != 1:
+        raise ValueError(f"blocks of different codecs cannot share a message: {sorted(specs)}")
+    if len(blocks) == 1:
+        return blocks[0]
+    return Encoded(
+        blocks[0].codec,
+        sum(b.numel for b in blocks),
+        b"".join(bytes(b.data) for b in blocks),
+        b"".join(b.meta for b in blocks),
+    )
+
+
+def encode_blocks(codec: Codec, vector: torch.Tensor, block_numel: int, *, seed: int) -> Encoded:
+    """Encode ``vector`` as consecutive blocks of ``block_numel`` elements, each on its own."""
+    if block_numel <= 0 or vector.numel() % block_numel:
+        raise ValueError(f"{vector.numel()} elements do not split into blocks of {block_numel}")
+    count = vector.numel() // block_numel
+    if count == 1:
+        return codec.encode(vector, seed=seed)
+    return join_blocks(
+        [
+            codec.encode(vector[i * block_numel : (i + 1) * block_numel], seed=derive_seed(seed, i))
+            for i in range(count)
+        ]
+    )
+
+
+def decode_blocks(
+    codec: Codec, encoded: Encoded, block_numel: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Decode a buffer of whole blocks of ``block_numel`` elements; :class:`DecodeError` if the
+    sizes do not say exactly that."""
+    if block_numel <= 0 or encoded.numel % block_numel or encoded.numel == 0:
+        if encoded.numel == 0 and block_numel == 0:
+            return codec.decode(encoded, dtype)
+        raise DecodeError(f"{encoded.numel} elements do not split into blocks of {block_numel}")
+    count = encoded.numel // block_numel
+    if count == 1:
+        return codec.decode(encoded, dtype)
+    size, meta = codec.max_bytes(block_numel), codec.meta_bytes(block_numel)
+    if len(encoded.data) != count * size or len(encoded.meta) != count * meta:
+        raise DecodeError(
+            f"codec {codec.spec}: {len(encoded.data)} payload bytes and {len(encoded.meta)} "
+            f"metadata bytes for {count} blocks of {block_numel} elements, expected "
+            f"{count * size} and {count * meta}"
+        )
+    data = memoryview(encoded.data).cast("B")
+    parts = [
+        codec.decode(
+            Encoded(
+                encoded.codec,
+                block_numel,
+                bytearray(data[i * size : (i + 1) * size]),
+                encoded.meta[i * meta : (i + 1) * meta],
+            ),
+            dtype,
+        )
+        for i in range(count)
+    ]
+    return torch.cat(parts)

@@ -1,6 +1,6 @@
 """Graphs, mixing weights and spectral gap (numpy and networkx only)."""
 
-from edge.topology.assignment import Assignment, assignments_for_graph
+from edge.topology.assignment import Assignment, assignments_for_graph, transition
 from edge.topology.graphs import (
     TOPOLOGIES,
     Graph,
@@ -31,4 +31,5 @@ __all__ = [
     "mixing_matrices",
     "node_phases",
     "second_largest_eigenvalue",
+    "transition",
 ]

@@ -58,3 +58,14 @@ def assignments_for_graph(
         peers = {p: addresses[p] for p in ids if p in known}
         result[agent_id] = Assignment(epoch, peers, schedule, lambda2)
     return result
+
+
+def transition(old: Assignment, new: Assignment) -> Assignment:
+    """``new``, with ``old``'s peers still known, for switching graphs during a run.
+
+    An agent only accepts messages from peers in its directory. Keeping the old peers for the
+    transition lets edges that leave the graph deliver what they still owe (push-sum's
+    undelivered weight, unacknowledged blocks of shared-copy algorithms), so a switch on
+    lossy links stays exact. Drop them with a later assignment once nothing is owed.
+    """
+    return Assignment(new.epoch, {**old.peers, **new.peers}, new.schedule, new.lambda2)

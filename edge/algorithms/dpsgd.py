@@ -1,0 +1,87 @@
+"""D-PSGD (Lian et al. 2017): decentralized parallel SGD on undirected graphs.
+
+Every agent sends its whole model to its neighbours and replaces its own by the weighted
+average ``x_i <- sum_j W[i, j] x_j`` with doubly stochastic Metropolis–Hastings weights
+``W[i, j] = 1 / (1 + max(d_i, d_j))``, so the fleet's average is preserved without any
+push-sum weight. The weights need symmetric links: the algorithm refuses directed graphs.
+
+Under message loss the average is *not* preserved: an agent whose neighbour's model did not
+arrive this round uses the last one it received from that neighbour (or its own, before the
+first), so the fleet still reaches consensus, but near the average rather than on it. That is
+the textbook algorithm's behaviour; ``push-sum`` is the exact alternative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import torch
+
+from edge.algorithms.base import Ack, GossipAlgorithm, InvalidPayload, Payload
+from edge.compression import Codec
+from edge.topology.mixing import Phase
+
+
+class DPSGD(GossipAlgorithm):
+    """Model averaging with doubly stochastic weights; stale neighbours' models stand in for
+    lost messages."""
+
+    name = "dpsgd"
+    supports_directed = False
+    mixing = "metropolis-hastings"
+
+    @classmethod
+    def check_codec(cls, codec: Codec) -> None:
+        if codec.sparsifier:
+            raise ValueError(
+                f"dpsgd sends whole models, so {codec.spec} would replace neighbours' models by "
+                "mostly zeros; use choco (error feedback) with sparsifiers"
+            )
+
+    def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(initial, **kwargs)
+        self._x = initial.detach().to(device="cpu", dtype=self.dtype).clone()
+        self._latest: dict[str, tuple[int, torch.Tensor]] = {}
+        self._seq: dict[str, int] = {}
+        self._phase: Phase | None = None
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self._x
+
+    def estimate(self) -> torch.Tensor:
+        return self._x.clone()
+
+    def apply_update(self, delta: torch.Tensor) -> None:
+        self._x.add_(delta.to(self.dtype))
+
+    def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
+        self._phase = phase
+        payloads = {}
+        for peer in phase.out_weights:
+            if peer in ready:
+                seq = self._seq[peer] = self._seq.get(peer, 0) + 1
+                encoded, decoded = self.encode(self._x, peer)
+                payloads[peer] = Payload(decoded, {}, seq, 0, encoded=encoded)
+        return payloads
+
+    def receive(self, sender: str, payload: Payload) -> Ack:
+        if payload.vector.numel() != self.numel:
+            raise InvalidPayload(f"dpsgd message from '{sender}' is not one model")
+        last = self._latest.get(sender)
+        if last is not None and payload.seq <= last[0]:
+            return Ack(last[0], 0, absorbed=False)  # older than what we hold
+        self._latest[sender] = (payload.seq, payload.vector.to(self.dtype))
+        return Ack(payload.seq, 0, absorbed=True)
+
+    def mix(self) -> None:
+        phase = self._phase
+        if phase is None:
+            return
+        # Symmetric weights: W[i, j] = W[j, i], our own out-weight to j.
+        mixed = self._x * phase.self_weight
+        for peer, weight in phase.out_weights.items():
+            latest = self._latest.get(peer)
+            mixed.add_(latest[1] if latest is not None else self._x, alpha=weight)
+        self._x = mixed

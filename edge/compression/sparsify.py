@@ -1,0 +1,154 @@
+"""Sparsifiers: send a fraction of the coordinates, the rest are zero on the other side.
+
+``topk:FRACTION`` keeps the ``k = ceil(FRACTION * n)`` largest magnitudes and sends their
+indices; ``randomk:FRACTION`` keeps ``k`` coordinates drawn from a seed and sends only the
+seed and the values (the receiver draws the same indices). Both are *biased* (a contraction:
+``||C(v) - v||**2 <= (1 - k/n) ||v||**2``), meant for algorithms with error feedback
+(``choco``, ``quantized-push-sum``), which keep what was not sent and send it later.
+
+Values travel as float32. Wire layouts: top-k, ``k`` int32 indices (strictly increasing)
+then ``k`` values; random-k, ``k`` values, with the 8-byte seed as codec metadata.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from edge.compression.codec import Codec, DecodeError, Encoded
+
+
+def _fraction(name: str, argument: str | None) -> float:
+    try:
+        value = float(argument) if argument is not None else math.nan
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        shown = name if argument is None else f"{name}:{argument}"
+        raise ValueError(
+            f"codec {name} needs a fraction of coordinates to keep: {name}:FRACTION with "
+            f"0 < FRACTION <= 1, got {shown}"
+        )
+    return value
+
+
+def kept(numel: int, fraction: float) -> int:
+    """Coordinates a sparsifier keeps of ``numel`` (at least one of a non-empty vector)."""
+    return min(numel, max(1, math.ceil(fraction * numel))) if numel else 0
+
+
+class _Sparsifier(Codec):
+    unbiased = False
+    sparsifier = True
+    name = ""
+
+    def __init__(self, fraction: float) -> None:
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"{self.name} fraction must be within (0, 1], got {fraction}")
+        self.fraction = fraction
+        self.spec = f"{self.name}:{fraction!r}"
+
+    @classmethod
+    def from_argument(cls, argument: str | None) -> _Sparsifier:
+        return cls(_fraction(cls.name, argument))
+
+    def _scatter(
+        self, numel: int, indices: torch.Tensor, values: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        if not bool(torch.isfinite(values).all()):
+            raise DecodeError(f"codec {self.spec}: values hold NaN or infinity")
+        out = torch.zeros(numel, dtype=dtype)
+        out[indices] = values.to(dtype)
+        return out
+
+
+class TopKCodec(_Sparsifier):
+    """The ``k`` largest magnitudes, with their indices."""
+
+    name = "topk"
+
+    def max_bytes(self, numel: int) -> int:
+        return 8 * kept(numel, self.fraction)
+
+    def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
+        flat = vector.detach().reshape(-1).to("cpu")
+        n = flat.numel()
+        k = kept(n, self.fraction)
+        if n == 0:
+            return Encoded(self.spec, 0, b"")
+        # Ties (many equal magnitudes) resolve to the lowest indices: deterministic bytes.
+        order = torch.argsort(flat.abs(), descending=True, stable=True)[:k]
+        indices = torch.sort(order).values
+        values = flat[indices].to(torch.float32)
+        data = indices.to(torch.int32).numpy().astype("<i4").tobytes()
+        return Encoded(self.spec, n, data + values.numpy().astype("<f4").tobytes())
+
+    def decode(self, encoded: Encoded, dtype: torch.dtype) -> torch.Tensor:
+        self._check_sizes(encoded)
+        n = encoded.numel
+        k = kept(n, self.fraction)
+        if n == 0:
+            return torch.zeros(0, dtype=dtype)
+        raw = np.frombuffer(encoded.data, dtype=np.uint8)
+        indices = raw[: 4 * k].view("<i4").astype(np.int64)
+        if indices[0] < 0 or indices[-1] >= n or (k > 1 and bool((np.diff(indices) <= 0).any())):
+            raise DecodeError(
+                f"codec {self.spec}: indices must be strictly increasing within 0..{n - 1}"
+            )
+        values = torch.from_numpy(raw[4 * k :].view("<f4").astype(np.float32))
+        return self._scatter(n, torch.from_numpy(indices), values, dtype)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a bijection on uint64 (so distinct inputs, distinct outputs)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    out: np.ndarray = x ^ (x >> np.uint64(31))
+    return out
+
+
+def random_indices(seed: int, numel: int, k: int) -> np.ndarray:
+    """``k`` distinct sorted indices of ``0..numel-1`` drawn from ``seed``.
+
+    Plain integer arithmetic (no library generator), so a receiver on any machine and any
+    numpy or torch version draws exactly the sender's indices.
+    """
+    with np.errstate(over="ignore"):
+        keys = _splitmix64(np.uint64(seed) + _GOLDEN * np.arange(1, numel + 1, dtype=np.uint64))
+    if k >= numel:
+        return np.arange(numel, dtype=np.int64)
+    # Distinct keys: the k smallest form one well-defined set whatever the partition method.
+    return np.sort(np.argpartition(keys, k - 1)[:k]).astype(np.int64)
+
+
+class RandomKCodec(_Sparsifier):
+    """``k`` coordinates drawn from a seed; only the seed and the values travel."""
+
+    name = "randomk"
+
+    def max_bytes(self, numel: int) -> int:
+        return 4 * kept(numel, self.fraction)
+
+    def meta_bytes(self, numel: int) -> int:
+        return 8
+
+    def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
+        flat = vector.detach().reshape(-1).to("cpu")
+        n = flat.numel()
+        seed &= (1 << 64) - 1
+        indices = torch.from_numpy(random_indices(seed, n, kept(n, self.fraction)))
+        values = flat[indices].to(torch.float32).numpy().astype("<f4").tobytes()
+        return Encoded(self.spec, n, values, seed.to_bytes(8, "little"))
+
+    def decode(self, encoded: Encoded, dtype: torch.dtype) -> torch.Tensor:
+        self._check_sizes(encoded)
+        n = encoded.numel
+        seed = int.from_bytes(encoded.meta, "little")
+        indices = torch.from_numpy(random_indices(seed, n, kept(n, self.fraction)))
+        values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").astype(np.float32))
+        return self._scatter(n, indices, values, dtype)
