@@ -57,31 +57,37 @@ class AirtimeLedger:
     domain share the air.
 
     A transfer in step ``k`` progresses at ``rate * (1 - U / dt)``, where ``U`` is the
-    airtime already booked in that step by the nodes its sender hears (itself included);
-    it then books the airtime it used. In a busy domain later transfers slow down or wait
-    for the next step, and the airtime of a step is never handed out twice (a fluid version
-    of CSMA's one-at-a-time; it assumes the booked airtime is spread over the step).
+    airtime already booked in that step by the nodes its sender hears (itself included)
+    whose transfers are still on the air; it then books the airtime it used. In a busy
+    domain later transfers slow down or wait for the next step, and the airtime of a step
+    is never handed out twice (a fluid version of CSMA's one-at-a-time that assumes the
+    contenders' airtime is spread over the step).
     """
 
     def __init__(self, n: int, keep_steps: int = 64) -> None:
         self.n = n
         self.keep_steps = keep_steps
         self._busy: dict[int, np.ndarray] = {}
+        #: When each node's last booked transfer ends: finished transfers do not contend.
+        self._until = np.full(n, -np.inf)
 
-    def utilisation(self, step: int, hears_row: np.ndarray, step_s: float) -> float:
-        """Share of step ``step`` already booked in the domain of a node (``hears_row``)."""
+    def utilisation(self, step: int, hears_row: np.ndarray, step_s: float, now: float) -> float:
+        """Share of step ``step`` booked in a node's domain (``hears_row``) by transfers
+        still on the air at ``now``."""
         busy = self._busy.get(step)
         if busy is None:
             return 0.0
-        return min(1.0, float(np.dot(hears_row, busy)) / step_s)
+        contending = hears_row & (self._until > now)
+        return min(1.0, float(np.dot(contending, busy)) / step_s)
 
-    def book(self, sender: int, step: int, airtime_s: float) -> None:
+    def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
         busy = self._busy.get(step)
         if busy is None:
             busy = self._busy[step] = np.zeros(self.n, dtype=np.float64)
             for old in [s for s in self._busy if s < step - self.keep_steps]:
                 del self._busy[old]
         busy[sender] += airtime_s
+        self._until[sender] = max(self._until[sender], until)
 
 
 @dataclass
@@ -228,7 +234,7 @@ class WirelessLinkShaper:
             rate = float(st.goodput_bps[i, j])
             free = 1.0
             if rate > 0 and cfg.shared_air:
-                free = 1.0 - self.ledger.utilisation(step, st.hears[i], dt)
+                free = 1.0 - self.ledger.utilisation(step, st.hears[i], dt, t)
             if rate <= 0 or free <= 1e-6:
                 stall_from = t if stall_from is None else stall_from
                 if end - stall_from > cfg.max_stall_s:
@@ -239,10 +245,10 @@ class WirelessLinkShaper:
             effective = rate * free
             span = min(remaining / effective, end - t)
             sent = effective * span
-            if cfg.shared_air:
-                self.ledger.book(i, step, sent / rate)
             remaining -= sent
             t += span
+            if cfg.shared_air:
+                self.ledger.book(i, step, sent / rate, t)
             if remaining <= 1e-6:
                 break
             t = max(t, end)
