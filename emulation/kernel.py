@@ -137,8 +137,12 @@ class LinkMeasure:
 @dataclass
 class _Sample:
     time: float
-    seen: dict[int, tuple[int, int]]  # source -> (packets, bytes) arriving
+    seen: dict[int, tuple[int, int]]  # link -> (packets, bytes) arriving at the receiver
     dropped: dict[int, tuple[int, int]]
+    overlimits: dict[int, int]  # link -> times its HTB class held a packet back
+
+
+_CLASS = re.compile(r"class htb 1:(\d+) .*?overlimits (\d+)", re.S)
 
 
 _COUNTER = re.compile(r"^\[(\d+):(\d+)\] -A INPUT -s " + re.escape(SUBNET) + r"\.(\d+)/32 (.*)$")
@@ -334,10 +338,20 @@ class NamespaceNetwork:
             self._write_rules(j, counters, loss[:, j])
         self.applied_rate, self.applied_loss = rate, loss
 
+    def _read_overlimits(self, i: int) -> dict[int, int]:
+        text = _run([*self.exec_prefix(i), "tc", "-s", "class", "show", "dev", "eth0"])
+        out = {}
+        for block in text.split("class htb ")[1:]:
+            m = _CLASS.search("class htb " + block)
+            if m and int(m.group(1)) != 999:
+                out[i * self.n + int(m.group(1)) - 1] = int(m.group(2))
+        return out
+
     def sample(self) -> None:
-        """Read every receiver's counters (for drop rate and throughput)."""
+        """Read every receiver's counters (drops, arrivals) and every sender's shaper."""
         seen: dict[int, tuple[int, int]] = {}
         dropped: dict[int, tuple[int, int]] = {}
+        overlimits: dict[int, int] = {}
         now = time.monotonic()
         for j in range(self.n):
             s, d = self._read_counters(j)
@@ -345,44 +359,42 @@ class NamespaceNetwork:
                 seen[i * self.n + j] = v
             for i, v in d.items():
                 dropped[i * self.n + j] = v
-        self.samples.append(_Sample(now, seen, dropped))
+            overlimits.update(self._read_overlimits(j))
+        self.samples.append(_Sample(now, seen, dropped, overlimits))
         self._applied_at.append((self.applied_rate.copy(), self.applied_loss.copy()))
 
-    def measures(self, ids: list[str], busy_bytes_per_s: float = 20_000.0) -> list[LinkMeasure]:
-        """Per-link drop rate and receiver throughput from the samples.
+    def measures(self, ids: list[str]) -> list[LinkMeasure]:
+        """Per-link drop rate and throughput at the receiver, from the samples.
 
-        An interval counts as busy for a link when it and both its neighbours delivered
-        more than ``busy_bytes_per_s``; throughput is bytes over time on busy intervals
-        (the edges of a transfer are left out), compared with the rate applied then.
+        Throughput counts the bytes arriving at the receiver during intervals when the
+        link was the bottleneck: its HTB class held packets back in that interval and in
+        both neighbouring ones (so the start and end of a transfer are left out). It is
+        compared with the rate applied in those intervals.
         """
         n = self.n
         out: list[LinkMeasure] = []
+        pairs = list(zip(self.samples, self.samples[1:], self._applied_at, strict=False))
         for i in range(n):
             for j in range(n):
                 if i == j:
                     continue
                 key = i * n + j
                 m = LinkMeasure(ids[i], ids[j])
-                delivered = []
-                for a, b, applied in zip(
-                    self.samples, self.samples[1:], self._applied_at, strict=False
-                ):
-                    dt = b.time - a.time
+                intervals = []
+                for a, b, applied in pairs:
                     sp = b.seen.get(key, (0, 0))[0] - a.seen.get(key, (0, 0))[0]
                     sb = b.seen.get(key, (0, 0))[1] - a.seen.get(key, (0, 0))[1]
                     dp = b.dropped.get(key, (0, 0))[0] - a.dropped.get(key, (0, 0))[0]
                     db = b.dropped.get(key, (0, 0))[1] - a.dropped.get(key, (0, 0))[1]
+                    held = b.overlimits.get(key, 0) - a.overlimits.get(key, 0)
                     m.packets_seen += sp
                     m.packets_dropped += dp
                     m.bytes_delivered += sb - db
                     m.applied_loss_weighted += sp * float(applied[1][i, j])
-                    delivered.append((dt, sb - db, float(applied[0][i, j])))
-                for k in range(1, len(delivered) - 1):
-                    if all(
-                        delivered[x][1] > busy_bytes_per_s * delivered[x][0]
-                        for x in (k - 1, k, k + 1)
-                    ):
-                        dt, nbytes, rate = delivered[k]
+                    intervals.append((b.time - a.time, sb, held > 0, float(applied[0][i, j])))
+                for k in range(1, len(intervals) - 1):
+                    if all(intervals[x][2] for x in (k - 1, k, k + 1)):
+                        dt, nbytes, _, rate = intervals[k]
                         m.busy_s += dt
                         m.busy_bytes += nbytes
                         m.applied_rate_busy += rate * dt

@@ -57,7 +57,7 @@ def link_report(config: RunConfig, at_s: float) -> LinkReport:
             float(state.per[i, j]),
             bool(state.bad[i, j]),
             bool(graph.adjacency[i, j]),
-        )  # fmt: skip
+        )
         for i, j in zip(src[order], dst[order], strict=True)
     ]
     return LinkReport(at_s, state.step, state, graph, rows)

@@ -125,8 +125,7 @@ class VirtualTransport:
             self._finish(done, SendOutcome(False, nbytes, error=error), None)
             return
         try:
-            handler.admit(message.header)
-            ack = handler.deliver(message)
+            ack = handler.deliver(message)  # deliver checks the header as admit does
         except Rejected as err:
             self._finish(done, SendOutcome(False, nbytes, error=err), receiver)
             return

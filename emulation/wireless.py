@@ -7,8 +7,8 @@ takes (access latency, jitter, then its bytes at the link's rate step by step, s
 change mid-transfer is honoured, split with concurrent transfers in the same carrier-sense
 domain) and whether it is lost (decided per chunk at the step the chunk starts).
 
-Per-message draws come from a counter-based hash of ``(seed, sender, receiver, step,
-message index, purpose)``: no generator state, the same verdict whichever thread or
+Per-message draws come from a counter-based hash (splitmix64) of ``(seed, sender,
+receiver, step, message index, purpose)``: no generator state, the same verdict whichever thread or
 process asks.
 """
 
@@ -44,12 +44,21 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def keyed_uniform(*keys: int) -> float:
-    """A uniform in [0, 1) that is a pure function of the integer keys (splitmix64 chain)."""
-    h = 0
+def keyed_hash(*keys: int, start: int = 0) -> int:
+    """A 64-bit hash that is a pure function of the integer keys (splitmix64 chain)."""
+    h = start
     for key in keys:
         h = _mix(h ^ (key & _MASK))
-    return (h >> 11) * (1.0 / (1 << 53))
+    return h
+
+
+def keyed_uniform(*keys: int) -> float:
+    """A uniform in [0, 1) that is a pure function of the integer keys."""
+    return (keyed_hash(*keys) >> 11) * (1.0 / (1 << 53))
+
+
+def _uniform(h: int, purpose: int) -> float:
+    return (_mix(h ^ purpose) >> 11) * (1.0 / (1 << 53))
 
 
 class AirtimeLedger:
@@ -77,8 +86,8 @@ class AirtimeLedger:
         busy = self._busy.get(step)
         if busy is None:
             return 0.0
-        contending = hears_row & (self._until > now)
-        return min(1.0, float(np.dot(contending, busy)) / step_s)
+        used = float(np.dot(hears_row, np.where(self._until > now, busy, 0.0)))
+        return min(1.0, used / step_s)
 
     def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
         busy = self._busy.get(step)
@@ -87,7 +96,8 @@ class AirtimeLedger:
             for old in [s for s in self._busy if s < step - self.keep_steps]:
                 del self._busy[old]
         busy[sender] += airtime_s
-        self._until[sender] = max(self._until[sender], until)
+        if until > self._until[sender]:
+            self._until[sender] = until
 
 
 @dataclass
@@ -171,6 +181,7 @@ class WirelessLinkShaper:
         self.counters: dict[tuple[int, int], LinkCounters] = {}
         self.journal: list[PlannedMessage] | None = [] if journal else None
         self._lock = threading.Lock()
+        self._link_hash: dict[tuple[int, int], int] = {}
 
     def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
         """Decide the fate of one message starting now on sender->receiver."""
@@ -180,7 +191,9 @@ class WirelessLinkShaper:
         with self._lock:
             start = self.clock()
             drop, delay = self._plan(i, j, index, nbytes, start)
-            counters = self.counters.setdefault((i, j), LinkCounters())
+            counters = self.counters.get((i, j))
+            if counters is None:
+                counters = self.counters[(i, j)] = LinkCounters()
             counters.messages += 1
             counters.bytes += nbytes
             counters.drops += int(drop)
@@ -193,12 +206,15 @@ class WirelessLinkShaper:
 
     def _plan(self, i: int, j: int, index: int, nbytes: int, start: float) -> tuple[bool, float]:
         cfg, model = self.settings, self.model
-        seed = model.seed
+        link = self._link_hash.get((i, j))
+        if link is None:
+            link = self._link_hash[(i, j)] = keyed_hash(model.seed, i, j)
         step = model.step_of(start)
         state = model.state(step)
         latency = float(state.latency_s[i, j])
         if cfg.jitter_ms > 0:
-            u = min(max(keyed_uniform(seed, i, j, step, index, _JITTER), 1e-12), 1.0 - 1e-12)
+            u = _uniform(keyed_hash(step, index, start=link), _JITTER)
+            u = min(max(u, 1e-12), 1.0 - 1e-12)
             latency = max(0.0, latency + cfg.jitter_ms / 1000.0 * _UNIT.inv_cdf(u))
         t = start + latency
         chunk = cfg.chunk_bytes
@@ -206,8 +222,8 @@ class WirelessLinkShaper:
         for c, size in enumerate(sizes):
             chunk_step = model.step_of(t)
             st = model.state(chunk_step)
-            u = keyed_uniform(seed, i, j, chunk_step, index, _CHUNK + c)
-            if u < st.chunk_loss(i, j, size, cfg.packet_bytes):
+            loss = st.chunk_loss(i, j, size, cfg.packet_bytes)
+            if loss > 0 and _uniform(keyed_hash(chunk_step, index, start=link), _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
                 # anything) and learns of the loss a retransmission timeout later.
                 if st.exists[i, j] and st.goodput_bps[i, j] > 0:
@@ -299,6 +315,8 @@ class GraphEpoch:
     radio_links: int
     strongly_connected: bool
     components: int
+    gossip_links: int = 0
+    out_degree: tuple[int, ...] = ()
 
 
 class WirelessTopology:
@@ -335,8 +353,9 @@ class WirelessTopology:
                 )
                 connected, count = strongly_connected(adjacency)
                 cached = GraphEpoch(
-                    k + 1, start, adjacency, int(state.exists.sum()), connected, count
-                )
+                    k + 1, start, adjacency, int(state.exists.sum()), connected, count,
+                    int(adjacency.sum()), tuple(int(d) for d in adjacency.sum(axis=1)),
+                )  # fmt: skip
                 self._epochs = {e: g for e, g in self._epochs.items() if e >= k - 2}
                 self._epochs[k] = cached
             return cached
@@ -370,20 +389,19 @@ class LinkFiguresSink:
         self.inner = inner
         self.topology = topology
         self.clock = clock
+        self._index = {agent_id: i for i, agent_id in enumerate(topology.ids)}
 
     def record(self, record: RoundRecord) -> None:
         graph = self.topology.graph(self.clock())
-        node = (
-            self.topology.ids.index(record.agent_id) if record.agent_id in self.topology.ids else -1
-        )
         record.metrics.update(
             radio_links=float(graph.radio_links),
-            gossip_links=float(graph.adjacency.sum()),
+            gossip_links=float(graph.gossip_links),
             strongly_connected=float(graph.strongly_connected),
             graph_epoch=float(graph.epoch),
         )
-        if node >= 0:
-            record.metrics["out_links"] = float(graph.adjacency[node].sum())
+        node = self._index.get(record.agent_id)
+        if node is not None:
+            record.metrics["out_links"] = float(graph.out_degree[node])
         if self.inner is not None:
             self.inner.record(record)
 

@@ -43,7 +43,7 @@ def test_38901_path_loss() -> None:
     assert float(radio.los_probability("umi", 100.0)) == pytest.approx(
         18 / 100 + math.exp(-100 / 36) * (1 - 18 / 100)
     )
-    with pytest.raises(ValueError, match="unknown 38.901 model"):
+    with pytest.raises(ValueError, match=r"unknown 38\.901 model"):
         radio.path_loss_38901_db("rural", 1.0, f)
 
 
@@ -263,5 +263,5 @@ def test_traces(tmp_path: Path) -> None:
         read_mbps(bad)
     backwards = tmp_path / "back.mahi"
     backwards.write_text("5\n3\n")
-    with pytest.raises(TraceError, match="back.mahi:2"):
+    with pytest.raises(TraceError, match=r"back\.mahi:2"):
         read_mahimahi(backwards)
