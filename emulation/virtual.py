@@ -57,6 +57,11 @@ class EventLoop:
             callback(*args)
 
 
+#: Wire sizes by everything that changes them (varint widths, lengths of strings and maps;
+#: the scalars are doubles, fixed width). Shared by every virtual transport.
+_WIRE_SIZES: dict[tuple[object, ...], int] = {}
+
+
 class VirtualTransport:
     """A transport whose messages take virtual time: the link shaper's delay, then delivery
     (and the sender's acknowledgement) as one event."""
@@ -77,7 +82,6 @@ class VirtualTransport:
         self.on_event = on_event
         self.address = f"virtual://{agent_id}"
         self._counters: dict[str, int] = {}
-        self._sizes: dict[tuple[object, ...], int] = {}
 
     def start(self, handler: InboundHandler) -> str:
         self.directory[self.address] = handler
@@ -103,16 +107,17 @@ class VirtualTransport:
             self.loop.at(self.loop.now + delay, self._deliver, address, message, nbytes, done)
 
     def _wire_bytes(self, message: GossipMessage) -> int:
-        """:func:`wire_bytes`, memoised on what changes the protobuf size: building a
-        header per message is a large share of a 1,000-agent run's time."""
+        """:func:`wire_bytes`, memoised (across the fleet) on what changes the protobuf size:
+        building a header per message is a large share of a 1,000-agent run's time."""
         h = message.header
         key = (
-            h.numel, h.payload_bytes, len(h.codec_meta), tuple(h.scalars), h.codec,
+            h.payload_bytes, h.numel, h.codec, len(h.sender), len(h.fleet_digest),
+            len(h.codec_meta), len(h.scalars), len(h.algorithm),
             h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(),
         )  # fmt: skip
-        size = self._sizes.get(key)
+        size = _WIRE_SIZES.get(key)
         if size is None:
-            size = self._sizes[key] = wire_bytes(message)
+            size = _WIRE_SIZES[key] = wire_bytes(message)
         return size
 
     def _deliver(

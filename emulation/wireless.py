@@ -86,7 +86,7 @@ class AirtimeLedger:
         busy = self._busy.get(step)
         if busy is None:
             return 0.0
-        used = float(np.dot(hears_row, np.where(self._until > now, busy, 0.0)))
+        used = float(np.dot(hears_row & (self._until > now), busy))
         return min(1.0, used / step_s)
 
     def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
@@ -182,6 +182,7 @@ class WirelessLinkShaper:
         self.journal: list[PlannedMessage] | None = [] if journal else None
         self._lock = threading.Lock()
         self._link_hash: dict[tuple[int, int], int] = {}
+        self._recent: tuple[int, LinkState] | None = None
 
     def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
         """Decide the fate of one message starting now on sender->receiver."""
@@ -210,10 +211,11 @@ class WirelessLinkShaper:
         if link is None:
             link = self._link_hash[(i, j)] = keyed_hash(model.seed, i, j)
         step = model.step_of(start)
-        state = model.state(step)
+        state = self._state(step)
         latency = float(state.latency_s[i, j])
+        message_hash = keyed_hash(step, index, start=link)
         if cfg.jitter_ms > 0:
-            u = _uniform(keyed_hash(step, index, start=link), _JITTER)
+            u = _uniform(message_hash, _JITTER)
             u = min(max(u, 1e-12), 1.0 - 1e-12)
             latency = max(0.0, latency + cfg.jitter_ms / 1000.0 * _UNIT.inv_cdf(u))
         t = start + latency
@@ -221,9 +223,10 @@ class WirelessLinkShaper:
         sizes = [min(chunk, nbytes - off) for off in range(0, nbytes, chunk)] or [0]
         for c, size in enumerate(sizes):
             chunk_step = model.step_of(t)
-            st = model.state(chunk_step)
+            st = self._state(chunk_step)
             loss = st.chunk_loss(i, j, size, cfg.packet_bytes)
-            if loss > 0 and _uniform(keyed_hash(chunk_step, index, start=link), _CHUNK + c) < loss:
+            h = message_hash if chunk_step == step else keyed_hash(chunk_step, index, start=link)
+            if loss > 0 and _uniform(h, _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
                 # anything) and learns of the loss a retransmission timeout later.
                 if st.exists[i, j] and st.goodput_bps[i, j] > 0:
@@ -234,6 +237,16 @@ class WirelessLinkShaper:
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
         return False, t - start
 
+    def _state(self, step: int) -> LinkState:
+        """The model's state of ``step``, remembering the last one (most messages in a
+        step ask for the same)."""
+        recent = self._recent
+        if recent is not None and recent[0] == step:
+            return recent[1]
+        state = self.model.state(step)
+        self._recent = (step, state)
+        return state
+
     def _transfer(self, i: int, j: int, t: float, nbytes: int) -> tuple[float, bool]:
         """Move ``nbytes`` over i->j from time ``t``, step by step at each step's rate and
         airtime share; return the end time and whether the transfer broke (the link went
@@ -243,7 +256,7 @@ class WirelessLinkShaper:
         stall_from: float | None = None
         while remaining > 0:
             step = model.step_of(t)
-            st = model.state(step)
+            st = self._state(step)
             if not st.exists[i, j]:
                 return t, True
             end = (step + 1) * dt

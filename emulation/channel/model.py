@@ -198,7 +198,8 @@ class ChannelModel:
 
     # -- time ----------------------------------------------------------------------------------
     def step_of(self, time_s: float) -> int:
-        return max(0, math.floor(time_s / self.step_s + 1e-9))
+        step = math.floor(time_s / self.step_s + 1e-9)
+        return step if step > 0 else 0
 
     def at(self, time_s: float) -> LinkState:
         return self.state(self.step_of(time_s))
