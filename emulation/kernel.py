@@ -148,6 +148,12 @@ _CLASS = re.compile(r"class htb 1:(\d+) .*?overlimits (\d+)", re.S)
 _COUNTER = re.compile(r"^\[(\d+):(\d+)\] -A INPUT -s " + re.escape(SUBNET) + r"\.(\d+)/32 (.*)$")
 
 
+def _classes(j: int) -> tuple[int, int, int]:
+    """HTB class numbers towards node ``j``: the link, its small-packet and bulk leaves
+    (tc reads them as hexadecimal; they are only ever written and read back as strings)."""
+    return j + 1, 1001 + j, 2001 + j
+
+
 class NamespaceNetwork:
     """``n`` namespaces on one bridge, each directed link shaped and counted.
 
@@ -234,18 +240,32 @@ class NamespaceNetwork:
             for j in range(self.n):
                 if j == i:
                     continue
-                cls = j + 1
-                batch.append(
-                    f"class add dev eth0 parent 1: classid 1:{cls} htb rate 1gbit ceil 1gbit"
-                )
-                leaf = "netem delay 0ms limit 64" if self.netem else "pfifo limit 64"
-                batch.append(f"qdisc add dev eth0 parent 1:{cls} handle {cls + 10}: {leaf}")
-                batch.append(
-                    f"filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst "
-                    f"{self.addresses[j]}/32 flowid 1:{cls}"
-                )
+                # Per destination: a class at the link's rate with two leaves, small packets
+                # (TCP acknowledgements) first, so that the acknowledgements of the reverse
+                # direction's transfer do not queue behind this one's data and stretch its
+                # round trip: a kernel queue artefact, not a property of the radio link.
+                parent, small, bulk = _classes(j)
+                dst = f"match ip dst {self.addresses[j]}/32"
+                batch += [
+                    f"class add dev eth0 parent 1: classid 1:{parent} htb rate 1gbit ceil 1gbit",
+                    f"class add dev eth0 parent 1:{parent} classid 1:{small} htb rate 100mbit "
+                    "ceil 1gbit prio 0",
+                    f"class add dev eth0 parent 1:{parent} classid 1:{bulk} htb rate 900mbit "
+                    "ceil 1gbit prio 1",
+                    f"qdisc add dev eth0 parent 1:{small} handle {small}: {self._leaf(64)}",
+                    f"qdisc add dev eth0 parent 1:{bulk} handle {bulk}: {self._leaf(16)}",
+                    f"filter add dev eth0 parent 1: protocol ip prio 1 u32 {dst} "
+                    f"match u16 0x0000 0xff80 at 2 flowid 1:{small}",
+                    f"filter add dev eth0 parent 1: protocol ip prio 2 u32 {dst} flowid 1:{bulk}",
+                ]
             _run(["ip", "netns", "exec", ns, "tc", "-batch", "-"], stdin="\n".join(batch) + "\n")
             self._write_rules(i, {}, np.zeros(self.n))
+
+    def _leaf(self, limit: int, delay_ms: float = 0.0) -> str:
+        """The queue under a leaf class: netem (latency) where the kernel has it."""
+        if self.netem:
+            return f"netem delay {delay_ms:.3f}ms limit {limit}"
+        return f"pfifo limit {limit}"
 
     def destroy(self) -> None:
         """Delete every namespace this network created (idempotent)."""
@@ -318,16 +338,23 @@ class NamespaceNetwork:
                     continue
                 burst = max(15_000, int(rate[i, j] / 8 * 0.005))
                 r = int(rate[i, j])
-                batch.append(
-                    f"class change dev eth0 parent 1: classid 1:{j + 1} htb rate {r}bit "
-                    f"ceil {r}bit burst {burst}"
-                )
+                parent, small, bulk = _classes(j)
+                batch += [
+                    f"class change dev eth0 parent 1: classid 1:{parent} htb rate {r}bit "
+                    f"ceil {r}bit burst {burst}",
+                    f"class change dev eth0 parent 1:{parent} classid 1:{small} htb "
+                    f"rate {max(r // 10, 1000)}bit ceil {r}bit burst {burst} prio 0",
+                    f"class change dev eth0 parent 1:{parent} classid 1:{bulk} htb "
+                    f"rate {max(r - r // 10, 1000)}bit ceil {r}bit burst {burst} prio 1",
+                ]
                 if self.netem:
                     delay_ms = float(state.latency_s[i, j]) * 1000
-                    batch.append(
-                        f"qdisc change dev eth0 parent 1:{j + 1} handle {j + 11}: "
-                        f"netem delay {delay_ms:.3f}ms limit 64"
-                    )
+                    batch += [
+                        f"qdisc change dev eth0 parent 1:{small} handle {small}: "
+                        f"{self._leaf(64, delay_ms)}",
+                        f"qdisc change dev eth0 parent 1:{bulk} handle {bulk}: "
+                        f"{self._leaf(16, delay_ms)}",
+                    ]
             if batch:
                 _run([*self.exec_prefix(i), "tc", "-batch", "-"], stdin="\n".join(batch) + "\n")
         for j in range(n):
@@ -343,8 +370,9 @@ class NamespaceNetwork:
         out = {}
         for block in text.split("class htb ")[1:]:
             m = _CLASS.search("class htb " + block)
-            if m and int(m.group(1)) != 999:
-                out[i * self.n + int(m.group(1)) - 1] = int(m.group(2))
+            # The bulk leaf is the one that holds data back when the link is the bottleneck.
+            if m and 2001 <= int(m.group(1)) < 3000:
+                out[i * self.n + int(m.group(1)) - 2001] = int(m.group(2))
         return out
 
     def sample(self) -> None:
