@@ -94,12 +94,11 @@ def fleet_graph(config: RunConfig) -> Graph:
 
 def preflight(config: RunConfig) -> Graph:
     """Check everything that can be checked before any agent starts; return the graph."""
-    check_wireless(config)
-    graph = fleet_graph(config)
+    graph = check_wireless(config) or fleet_graph(config)
     from edge.algorithms import ALGORITHMS
 
     algorithm = ALGORITHMS[config.algorithm]
-    if not algorithm.supports_directed and not graph.is_undirected and config.wireless is None:
+    if not algorithm.supports_directed and not graph.is_undirected:
         raise ConfigError(
             f"algorithm '{config.algorithm}' needs an undirected graph; topology "
             f"'{config.topology}' is directed (use ring, complete, or a symmetric edge list)"
@@ -407,9 +406,10 @@ def run_fleet(
     graph = preflight(config)
     config = with_epoch(config)
     out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = resolved_config(config, graph)
     if config.wireless is not None:
-        resolved = wireless_resolved(config, resolved)
+        resolved = wireless_resolved(config, graph)
+    else:
+        resolved = resolved_config(config, graph)
     config_path = out_dir / "config.json"
     config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     started = time.monotonic()

@@ -19,6 +19,7 @@ from edge.agent import Agent
 from edge.stats import RoundRecord, StatsSink
 from edge.topology import mixing_matrices, second_largest_eigenvalue
 from edge.topology.graphs import Graph
+from emulation.channel.model import strongly_connected
 from emulation.config import ConfigError, RunConfig
 from emulation.scenario import WirelessSettings
 from emulation.traces import TraceError
@@ -41,14 +42,15 @@ def fleet_ids(count: int) -> list[str]:
     return [f"agent-{i}" for i in range(count)]
 
 
-def check_wireless(config: RunConfig) -> None:
-    """Everything about a wireless scenario that can fail before agents start."""
+def check_wireless(config: RunConfig) -> Graph | None:
+    """Everything about a wireless scenario that can fail before agents start; return the
+    first gossip graph (None without a scenario)."""
     if config.wireless is None:
         if config.mode in ("virtual", "namespaces"):
             raise ConfigError(
                 f"mode '{config.mode}' needs a wireless scenario (--scenario NAME|FILE)"
             )
-        return
+        return None
     from edge.algorithms import ALGORITHMS
 
     if not ALGORITHMS[config.algorithm].supports_directed:
@@ -57,9 +59,10 @@ def check_wireless(config: RunConfig) -> None:
         )
     try:
         run = WirelessRun(config.wireless, fleet_ids(config.agents), config.seed, lambda: 0.0)
-        run.topology.graph(0.0)
+        first = run.topology.graph(0.0)
     except (TraceError, ValueError) as err:
         raise ConfigError(f"bad wireless scenario: {err}") from None
+    return Graph(f"wireless:{config.wireless.name}", (first.adjacency,))
 
 
 def with_epoch(config: RunConfig) -> RunConfig:
@@ -70,21 +73,20 @@ def with_epoch(config: RunConfig) -> RunConfig:
     return config.model_copy(update={"wireless": wireless})
 
 
-def wireless_resolved(config: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
-    """The resolved config of a wireless run: the first gossip graph's figures replace
-    those of the static topology."""
+def wireless_resolved(config: RunConfig, graph: Graph) -> dict[str, Any]:
+    """The resolved config of a wireless run, with the figures of its first gossip graph
+    (``graph``, from :func:`check_wireless`)."""
     assert config.wireless is not None
-    run = WirelessRun(config.wireless, fleet_ids(config.agents), config.seed, lambda: 0.0)
-    graph = run.topology.graph(0.0)
-    resolved["topology"] = f"wireless:{config.wireless.name}"
+    adjacency = graph.phases[0]
+    resolved: dict[str, Any] = config.model_dump(mode="json")
+    resolved["topology"] = graph.name
     resolved["lambda2"] = None
-    if config.agents <= LAMBDA2_LIMIT:
-        g = Graph("wireless", (graph.adjacency,))
-        resolved["lambda2"] = second_largest_eigenvalue(mixing_matrices(g))
+    if config.agents <= LAMBDA2_LIMIT:  # a dense eigenvalue problem: small fleets only
+        resolved["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph))
     resolved["topology_period"] = None
-    resolved["edges_per_round"] = int(graph.adjacency.sum())
-    resolved["initial_radio_links"] = graph.radio_links
-    resolved["initial_strongly_connected"] = graph.strongly_connected
+    resolved["edges_per_round"] = int(adjacency.sum())
+    connected, _ = strongly_connected(adjacency)
+    resolved["initial_strongly_connected"] = connected
     return resolved
 
 
