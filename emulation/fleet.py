@@ -453,12 +453,15 @@ def run_fleet(
         finish_results(results, records, config, out_dir, end_time_s=end, run=run)
     write_results(out_dir / "results.json", results)
     if results["rounds"]:
-        links = (
-            f"wireless {config.wireless.name}"
-            if config.wireless is not None
-            else f"{config.topology} · loss {config.network.loss:g}"
+        title = (
+            f"{config.task.name} · {config.agents} agents · {config.topology} · "
+            f"{config.algorithm} · loss {config.network.loss:g}"
         )
-        title = f"{config.task.name} · {config.agents} agents · {config.algorithm} · {links}"
+        if config.wireless is not None:
+            title = (
+                f"{config.task.name} · {config.agents} agents · {config.algorithm} · "
+                f"wireless {config.wireless.name}"
+            )
         plot_results(out_dir / "results.png", results, title)
     if interrupted:
         raise KeyboardInterrupt

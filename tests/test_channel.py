@@ -125,9 +125,10 @@ def test_gilbert_elliott_from_fade_margin_and_trace() -> None:
     assert p / (p + r) == pytest.approx(0.2) and 1 - p - r == pytest.approx(0.5)
 
 
-def test_fading_autocorrelation_follows_j0() -> None:
+@pytest.mark.parametrize("step_s", [0.005, 0.05])  # 10 Hz Doppler: rho 0.975, then -0.304
+def test_fading_autocorrelation_follows_j0(step_s: float) -> None:
     assert float(fading.doppler_correlation(10.0, 0.01)) == pytest.approx(0.9037, abs=1e-4)
-    rho = float(j0(2 * math.pi * 10.0 * 0.05))  # 10 Hz Doppler, 50 ms steps
+    rho = float(j0(2 * math.pi * 10.0 * step_s))
     rng = np.random.default_rng(3)
     links, steps = 64, 4000
     g = fading.complex_normal(rng, (links,))
