@@ -29,11 +29,12 @@ from edge.agent import Agent, build_agent
 from edge.algorithms import algorithm_class
 from edge.metrics import AgentMetrics, MetricsServer
 from edge.settings import AgentSettings
-from edge.stats import FileStatsSink
+from edge.stats import FileStatsSink, StatsSink
 from edge.telemetry import LatestStats, Telemetry
 from edge.topology import Assignment, assignments_for_graph, build_graph
 from edge.transport.grpc_transport import GrpcTransport
 from emulation.config import ConfigError, NetworkSettings, RunConfig
+from emulation.wireless_fleet import WirelessAgent, fleet_ids
 
 log = logging.getLogger("airgossip.agent")
 
@@ -72,8 +73,10 @@ def static_assignment(config: RunConfig, agent_id: str, peers: dict[str, str]) -
     if agent_id not in peers:
         raise ConfigError(f"agent id '{agent_id}' is not in the peer list ({', '.join(peers)})")
     ids = sorted(peers, key=natural_key)
+    # Wireless: every peer is known; the channel model decides who talks to whom.
+    topology = config.topology if config.wireless is None else "complete"
     graph = build_graph(
-        config.topology, len(ids), seed=config.seed, edges=config.edges, p=config.edge_probability
+        topology, len(ids), seed=config.seed, edges=config.edges, p=config.edge_probability
     )
     scheme = algorithm_class(config.algorithm).mixing
     return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=scheme)[agent_id]
@@ -100,6 +103,16 @@ def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Ev
         log.warning("starting without hearing from: %s", ", ".join(pending))
 
 
+def wireless_agent(config: RunConfig, options: AgentProcessOptions) -> WirelessAgent | None:
+    """The wireless scenario's side of this agent (None without one)."""
+    if config.wireless is None:
+        return None
+    ids = sorted(options.peers, key=natural_key) if options.peers else fleet_ids(config.agents)
+    if options.agent_id not in ids:
+        raise ConfigError(f"agent id '{options.agent_id}' is not one of the fleet's ids")
+    return WirelessAgent(config.wireless, ids, options.agent_id, config.seed)
+
+
 def run_agent_process(
     config: RunConfig, options: AgentProcessOptions, stop: threading.Event | None = None
 ) -> int:
@@ -109,14 +122,16 @@ def run_agent_process(
     network: NetworkSettings = config.network
     latest = LatestStats()
     metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
-    stats = Telemetry(
+    telemetry = Telemetry(
         FileStatsSink(options.stats_dir, options.agent_id) if options.stats_dir else None,
         metrics,
         latest,
     )
-    transport = GrpcTransport(
-        options.agent_id, listen=options.listen, shaper=network.shaper(config.seed)
-    )
+    wireless = wireless_agent(config, options)
+    shaper = wireless.shaper(config.mode) if wireless is not None else network.shaper(config.seed)
+    # A wireless run adds its link figures to every round record on the way to the telemetry.
+    stats: StatsSink = wireless.sink(telemetry) if wireless is not None else telemetry
+    transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
     agent: Agent = build_agent(
         options.agent_id,
         index=options.index,
@@ -124,7 +139,7 @@ def run_agent_process(
         settings=settings,
         transport=transport,
         stats=stats,
-        observer=stats,
+        observer=telemetry,
     )
 
     client: CoordinatorClient | None = None
@@ -181,6 +196,8 @@ def run_agent_process(
             agent.set_assignment(assignment)
             _wait_for_peers(assignment, options.ready_timeout_s, stop)
         assert agent.assignment is not None
+        if wireless is not None:
+            wireless.follow(agent, stop)  # the gossip graph now comes from the channel model
         log.info(
             "%s starts: %d rounds, out-neighbours %s",
             options.agent_id,

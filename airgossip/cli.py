@@ -101,15 +101,50 @@ def _summary(results: dict[str, Any], out_dir: Path) -> Table:
         (
             "messages",
             f"{final.get('messages_sent', 0)} sent, {final.get('messages_dropped', 0)} "
-            f"lost (link loss {config['network']['loss']:g})",
+            f"lost ({_links(config)})",
         ),
         ("bytes sent", f"{final.get('bytes_sent', 0) / 1e6:.2f} MB"),
+        *_wireless_rows(results),
         ("wall time", f"{results['total_wall_s']:.1f} s"),
         ("results", str(out_dir / "results.json")),
     ]
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def _links(config: dict[str, Any]) -> str:
+    wireless = config.get("wireless")
+    if wireless:
+        return f"wireless {wireless['name']}"
+    return f"link loss {config['network']['loss']:g}"
+
+
+def _wireless_rows(results: dict[str, Any]) -> list[tuple[str, Any]]:
+    w = results.get("wireless")
+    if not w:
+        return []
+    return [
+        (
+            "wireless links",
+            f"{_fmt(w.get('mean_radio_links'), 1)} radio, {_fmt(w.get('mean_gossip_links'), 1)} "
+            f"gossip (mean) · {w.get('graph_epochs')} graphs · strongly connected "
+            f"{_fmt(w.get('strongly_connected_share'), 2)} of rounds · "
+            f"{_fmt(w.get('emulated_s'), 1)} s emulated",
+        )
+    ]
+
+
+def _scenario_base(scenario: str) -> dict[str, Any]:
+    """A preset name or scenario file -> its settings (trace paths made absolute)."""
+    from emulation.config import read_scenario
+    from emulation.scenario import ScenarioNotFound, resolve_trace_paths, scenario_path
+
+    try:
+        path = scenario_path(scenario)
+    except ScenarioNotFound as err:
+        fail(str(err))
+    return resolve_trace_paths(read_scenario(path), path.parent)
 
 
 @app.command()
@@ -170,6 +205,16 @@ def run(
             "discovery) and /fleet on this port (default: off)."
         ),
     ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            help="Wireless scenario: a preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or "
+            "a TOML file; --config and flags override it."
+        ),
+    ] = None,
+    record: Annotated[
+        bool, typer.Option("--record", help="Write replay logs of link states (wireless).")
+    ] = False,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
@@ -184,13 +229,18 @@ def run(
     if metrics_port is not None and not 0 < metrics_port <= 65535:
         fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
     try:
-        cfg = load_config(config, overrides)
+        base = _scenario_base(scenario) if scenario is not None else None
+        cfg = load_config(config, overrides, base=base)
     except ConfigError as err:
         fail(str(err))
+    if record:
+        if cfg.wireless is None:
+            fail("--record needs a wireless scenario (--scenario NAME|FILE)")
+        cfg = cfg.model_copy(update={"wireless": cfg.wireless.model_copy(update={"record": True})})
     out_dir = out or cfg.out or _default_out()
     if metrics_port is not None and cfg.mode != "process":
         fail("--metrics-port needs --mode process (agents with their own metrics endpoints)")
-    if cfg.mode == "inproc":
+    if cfg.mode in ("inproc", "virtual"):
         import torch
 
         torch.set_num_threads(1)
@@ -220,9 +270,14 @@ def run(
             console.print(f"{description}: round {p.slowest_round}/{p.rounds_total} {status}")
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    links = (
+        f"wireless {cfg.wireless.name}"
+        if cfg.wireless is not None
+        else f"{cfg.topology} · loss {cfg.network.loss:g}"
+    )
     console.print(
-        f"airgossip: {cfg.agents} agents · {cfg.topology} · {cfg.algorithm} · task "
-        f"{cfg.task.name} · loss {cfg.network.loss:g} · {cfg.mode} · out {out_dir}",
+        f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
+        f"{cfg.task.name} · {cfg.mode} · out {out_dir}",
         highlight=False,
     )
     try:
@@ -470,6 +525,60 @@ def topology_info(
         f"period {graph.period}, max out-degree {max(degrees)}, "
         f"{graph.edge_count() // graph.period} edges per round, |λ2| = {lam:.4f}"
     )
+
+
+@app.command("links")
+def links_command(
+    scenario: Annotated[str, typer.Argument(help="Preset name or scenario TOML file.")],
+    at: Annotated[float, typer.Option("--at", help="Seconds into the scenario.")] = 0.0,
+    agents: Annotated[
+        int | None, typer.Option(help="Number of agents [default: the scenario's].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed [default: the scenario's].")] = None,
+    png: Annotated[Path, typer.Option(help="Where to write the topology picture.")] = Path(
+        "links.png"
+    ),
+    limit: Annotated[int, typer.Option(help="Rows of the table to print (0: all).")] = 40,
+) -> None:
+    """Print a wireless scenario's link table at one moment and draw its topology."""
+    from emulation.config import ConfigError, load_config
+    from emulation.link_report import link_report, plot_links
+    from emulation.wireless_fleet import check_wireless
+
+    if at < 0:
+        fail(f"--at must be >= 0 seconds, got {at:g}")
+    base = _scenario_base(scenario)
+    try:
+        cfg = load_config(None, _overrides(agents=agents, seed=seed), base=base)
+        if cfg.wireless is None:
+            fail(f"scenario '{scenario}' has no [wireless] table")
+        check_wireless(cfg)
+    except ConfigError as err:
+        fail(str(err))
+    report = link_report(cfg, at)
+    assert cfg.wireless is not None
+    graph = report.graph
+    title = (
+        f"{cfg.wireless.name} · {cfg.agents} agents · t = {at:g} s (step {report.step}) · "
+        f"{graph.radio_links} radio links · {int(graph.adjacency.sum())} gossip links · "
+        f"{'strongly connected' if graph.strongly_connected else f'{graph.components} components'}"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("from", "to", "dist m", "rx dBm", "SINR dB", "rate Mb/s", "goodput Mb/s",
+                   "PER", "burst", "gossip"):  # fmt: skip
+        table.add_column(column, justify="right" if column not in ("from", "to") else "left")
+    shown = report.rows if limit <= 0 else report.rows[:limit]
+    for r in shown:
+        table.add_row(
+            r.sender, r.receiver, f"{r.distance_m:.1f}", f"{r.rx_dbm:.1f}", f"{r.sinr_db:.1f}",
+            f"{r.rate_mbps:.1f}", f"{r.goodput_mbps:.1f}", f"{r.per:.2g}",
+            "bad" if r.bad else "good", "yes" if r.gossip else "",
+        )  # fmt: skip
+    console.print(table)
+    if len(shown) < len(report.rows):
+        console.print(f"… {len(report.rows) - len(shown)} more links (--limit 0 shows all)")
+    plot_links(report, png, title)
+    console.print(f"topology picture: {png}")
 
 
 def main() -> None:

@@ -314,25 +314,30 @@ class Agent:
         timeout = self.settings.wait_timeout_s
         if timeout <= 0:
             return
-        last = round_index >= self.settings.rounds
-        need = round_index - (0 if last else self.settings.staleness)
         deadline = self.clock() + timeout
         with self._progress:
             while not self._stopped.is_set():
-                assignment = self._assignment
-                if assignment is None:
-                    return
-                phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
-                behind = [
-                    p
-                    for p in phase.in_neighbours
-                    if self._heard.get(p, 0) < need
-                    and self._heard.get(p, 0) >= need - PATIENCE_ROUNDS
-                ]
                 remaining = deadline - self.clock()
-                if (not behind and not self._inflight) or remaining <= 0:
+                if self.neighbours_ready(round_index) or remaining <= 0:
                     return
                 self._progress.wait(remaining)
+
+    def neighbours_ready(self, round_index: int) -> bool:
+        """Whether the wait of ``round_index`` is over: its sends are done and in-neighbours
+        are within ``staleness`` rounds (non-blocking; event-driven drivers poll this)."""
+        last = round_index >= self.settings.rounds
+        need = round_index - (0 if last else self.settings.staleness)
+        with self._lock:
+            assignment = self._assignment
+            if assignment is None:
+                return True
+            phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
+            behind = [
+                p
+                for p in phase.in_neighbours
+                if self._heard.get(p, 0) < need and self._heard.get(p, 0) >= need - PATIENCE_ROUNDS
+            ]
+            return not behind and not self._inflight
 
     def mix(self, round_index: int) -> None:
         with self._lock:

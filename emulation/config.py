@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from edge.settings import AgentSettings
 from edge.topology import TOPOLOGIES
 from emulation.links import BernoulliLinkShaper, LinkSpec
+from emulation.scenario import WirelessSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,7 +72,10 @@ class RunConfig(AgentSettings):
     edges: list[tuple[int, int]] | None = Field(None, description="for topology = 'edges'")
     edge_probability: float | None = Field(None, gt=0, le=1, description="for erdos-renyi")
     network: NetworkSettings = Field(default_factory=NetworkSettings)
-    mode: Literal["process", "inproc"] = "process"
+    wireless: WirelessSettings | None = Field(
+        None, description="wireless channel model; replaces [network] and the topology"
+    )
+    mode: Literal["process", "inproc", "virtual", "namespaces"] = "process"
     out: Path | None = None
 
     @field_validator("topology")
@@ -126,9 +130,15 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Scenario file (optional) + flag overrides -> validated :class:`RunConfig`."""
-    data = read_scenario(path) if path is not None else {}
+def load_config(
+    path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+) -> RunConfig:
+    """``base`` (a wireless scenario) + scenario file (optional) + flag overrides ->
+    validated :class:`RunConfig`."""
+    data = merge(base or {}, read_scenario(path) if path is not None else {})
     data = merge(data, overrides or {})
     try:
         return RunConfig.model_validate(data)

@@ -40,6 +40,8 @@ from edge.topology import (
 from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import ConfigError, RunConfig
 from emulation.results import plot_results, summarise, write_results
+from emulation.virtual import VirtualFleet
+from emulation.wireless_fleet import check_wireless, finish_results, wireless_resolved, with_epoch
 
 #: Seconds without any agent progress after which a process fleet is declared stuck.
 STALL_TIMEOUT_S = 180.0
@@ -73,7 +75,8 @@ def agent_ids(count: int) -> list[str]:
 
 def topology_spec(config: RunConfig) -> TopologySpec:
     return TopologySpec(
-        name=config.topology,
+        # Wireless: every agent learns every address; the graph comes from the channel model.
+        name="complete" if config.wireless is not None else config.topology,
         seed=config.seed,
         edges=tuple(tuple(e) for e in config.edges or ()),  # type: ignore[misc]
         p=config.edge_probability,
@@ -93,7 +96,7 @@ def fleet_graph(config: RunConfig) -> Graph:
 
 def preflight(config: RunConfig) -> Graph:
     """Check everything that can be checked before any agent starts; return the graph."""
-    graph = fleet_graph(config)
+    graph = check_wireless(config) or fleet_graph(config)
     check_graph_fits(config, graph)
     try:
         device = resolve_device(config.device)
@@ -321,13 +324,13 @@ class ProcessFleet:
                 self._spawn(i, agent_id, address)
                 for i, agent_id in enumerate(agent_ids(config.agents))
             ]
-            self._monitor(server)
+            self._monitor(server.fleet.registered)
         finally:
             self.stop_agents()
             server.stop(grace_s=0.5)
         return {p.agent_id: read_records(self.stats_dir, p.agent_id) for p in self.processes}
 
-    def _monitor(self, server: CoordinatorServer) -> None:
+    def _monitor(self, registered_count: Callable[[], int]) -> None:
         last_change = time.monotonic()
         last_state: tuple[int, ...] = ()
         while True:
@@ -342,7 +345,7 @@ class ProcessFleet:
                         f"{agent.agent_id} exited with code {code} before finishing: "
                         f"{agent.log_tail() or 'no output'} (log: {agent.log_path})"
                     )
-            registered = server.fleet.registered()
+            registered = registered_count()
             latest = {a.agent_id: a.latest for a in self.processes if a.latest}
             if self.on_progress is not None:
                 self.on_progress(_progress(self.config, latest, registered))
@@ -371,6 +374,28 @@ class ProcessFleet:
                 agent.process.wait()
 
 
+def _records(config: RunConfig) -> bool:
+    return config.wireless is not None and config.wireless.record
+
+
+def _round_progress(
+    config: RunConfig, on_progress: ProgressCallback | None
+) -> Callable[[int, list[Any]], None] | None:
+    """Progress of an event-driven fleet, reported whenever its slowest agent advances."""
+    if on_progress is None:
+        return None
+
+    def on_round(slowest: int, agents: list[Any]) -> None:
+        latest = {
+            a.agent_id: {"round": slowest, "final": slowest == config.rounds, "metrics": {},
+                         **a.counters()}
+            for a in agents
+        }  # fmt: skip
+        on_progress(_progress(config, latest, config.agents))
+
+    return on_round
+
+
 def resolved_config(config: RunConfig, graph: Graph) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     scheme = algorithm_class(config.algorithm).mixing
@@ -394,14 +419,24 @@ def run_fleet(
     ``"interrupted": true``, and ``KeyboardInterrupt`` propagates.
     """
     graph = preflight(config)
+    config = with_epoch(config)
     out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = resolved_config(config, graph)
+    if config.wireless is not None:
+        resolved = wireless_resolved(config, graph)
+    else:
+        resolved = resolved_config(config, graph)
     config_path = out_dir / "config.json"
     config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     started = time.monotonic()
-    fleet: InProcessFleet | ProcessFleet
-    if config.mode == "inproc":
+    fleet: InProcessFleet | ProcessFleet | VirtualFleet
+    if config.mode == "inproc" and config.wireless is None:
         fleet = InProcessFleet(config, on_progress)
+    elif config.mode in ("inproc", "virtual"):
+        fleet = VirtualFleet(config, _round_progress(config, on_progress), journal=_records(config))
+    elif config.mode == "namespaces":
+        from emulation.kernel import NamespaceFleet
+
+        fleet = NamespaceFleet(config, out_dir, config_path=config_path, on_progress=on_progress)
     else:
         fleet = ProcessFleet(
             config,
@@ -418,7 +453,7 @@ def run_fleet(
         interrupted = True
         records = (
             fleet.records()
-            if isinstance(fleet, InProcessFleet)
+            if isinstance(fleet, InProcessFleet | VirtualFleet)
             else {p.agent_id: read_records(fleet.stats_dir, p.agent_id) for p in fleet.processes}
         )
     results: dict[str, Any] = {"config": resolved}
@@ -426,12 +461,23 @@ def run_fleet(
     results["total_wall_s"] = round(time.monotonic() - started, 3)
     results["interrupted"] = interrupted
     results["versions"] = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    if config.wireless is not None:
+        if isinstance(fleet, VirtualFleet):
+            end, run = fleet.end_time_s, fleet.wireless
+        else:
+            end, run = time.time() - (config.wireless.epoch_unix or 0.0), None
+        finish_results(results, records, config, out_dir, end_time_s=end, run=run)
     write_results(out_dir / "results.json", results)
     if results["rounds"]:
         title = (
             f"{config.task.name} · {config.agents} agents · {config.topology} · "
             f"{config.algorithm} · loss {config.network.loss:g}"
         )
+        if config.wireless is not None:
+            title = (
+                f"{config.task.name} · {config.agents} agents · {config.algorithm} · "
+                f"wireless {config.wireless.name}"
+            )
         plot_results(out_dir / "results.png", results, title)
     if interrupted:
         raise KeyboardInterrupt

@@ -88,8 +88,10 @@ class _PushSumCore(GossipAlgorithm):
         return self._x / self._y
 
     def apply_update(self, delta: torch.Tensor) -> None:
-        # SGP: x <- x + (step computed at z); with y ~ 1 this is the plain local step.
-        self._x.add_(delta.to(self.dtype))
+        # The step is computed at z = x / y; adding y * delta moves z by exactly delta.
+        # (Adding delta itself, as SGP does, moves z by delta / y: on lossy or lopsided
+        # links y can sink far below 1 for a while and the step then blows up.)
+        self._x.add_(delta.to(self.dtype), alpha=self._y)
 
     def mix(self) -> None:
         self._x.add_(self._pending_x)
