@@ -39,15 +39,42 @@ from emulation.wireless_fleet import WirelessAgent, fleet_ids
 log = logging.getLogger("airgossip.agent")
 
 
+#: Longest graceful shutdown (leave, drain sends, close servers) before the process exits anyway.
+SHUTDOWN_GRACE_S = 8.0
+
+
+def exit_after(seconds: float, why: str) -> None:
+    """Exit the process in ``seconds`` whatever the main thread is doing (a daemon timer):
+    a shutdown stuck on a dying peer or coordinator must not leave the agent behind."""
+
+    def hard_exit() -> None:
+        log.warning("%s: still running %.0f s later; exiting now", why, seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True
+    timer.start()
+
+
 def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGTERM this process when its parent dies (Linux), so no agent is
-    ever orphaned; exit at once if the parent is already gone."""
+    """Make sure this process never outlives its parent (the launcher): the kernel sends
+    SIGTERM when the parent dies (Linux), and a watchdog thread exits the process if the
+    parent is gone while the main thread cannot run the signal handler. Exit at once if
+    the parent is already gone."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
     if os.getppid() != parent_pid:
         raise SystemExit("parent process is gone; not starting")
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        exit_after(SHUTDOWN_GRACE_S, "parent process gone")
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -145,6 +172,8 @@ def run_agent_process(
     client: CoordinatorClient | None = None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stop.is_set():
+            exit_after(SHUTDOWN_GRACE_S, f"told to stop ({signal.Signals(signum).name})")
         stop.set()
         agent.stop()
         if client is not None:
@@ -197,7 +226,8 @@ def run_agent_process(
             _wait_for_peers(assignment, options.ready_timeout_s, stop)
         assert agent.assignment is not None
         if wireless is not None:
-            wireless.follow(agent, stop)  # the gossip graph now comes from the channel model
+            # The gossip graph now comes from the channel model; its figures go to the metrics.
+            wireless.follow(agent, stop, metrics.observe_links if metrics is not None else None)
         log.info(
             "%s starts: %d rounds, out-neighbours %s",
             options.agent_id,

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from edge.stats import RoundRecord
-from edge.telemetry import ReceiveEvent, SendEvent, StepEvent
+from edge.telemetry import LinkFigures, ReceiveEvent, SendEvent, StepEvent
 
 # `*_created` series double every counter and histogram for a timestamp nobody queries.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -133,6 +133,29 @@ class AgentMetrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
+        # Radio state of each out-link, when a link emulator feeds it (see observe_links).
+        self.link_in_range = Gauge(
+            "airgossip_link_in_range", "1 while the emulated radio link to peer exists.",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self.link_sinr = Gauge(
+            "airgossip_link_sinr_decibels", "Emulated SINR of the link to peer, dB.", ["peer"],
+            registry=r,
+        )  # fmt: skip
+        self.link_rate = Gauge(
+            "airgossip_link_rate_bits_per_second", "Emulated physical rate of the link to peer.",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self.link_error = Gauge(
+            "airgossip_link_packet_error_ratio",
+            "Emulated packet error probability of one attempt on the link to peer.",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self.link_burst = Gauge(
+            "airgossip_link_burst_bad",
+            "1 while the link to peer is in the bad state of its bursty-loss chain.",
+            ["peer"], registry=r,
+        )  # fmt: skip
         self.info.labels(agent_id).set(1)
 
     # -- StatsSink --------------------------------------------------------------------------
@@ -146,6 +169,15 @@ class AgentMetrics:
             self.weight.set(record.scalars["weight"])
         if "disagreement" in record.scalars:
             self.disagreement.set(record.scalars["disagreement"])
+
+    def observe_links(self, links: list[LinkFigures]) -> None:
+        """Set the radio gauges of each out-link from an emulator's plain figures."""
+        for link in links:
+            self.link_in_range.labels(link.peer).set(1.0 if link.in_range else 0.0)
+            self.link_sinr.labels(link.peer).set(link.sinr_db)
+            self.link_rate.labels(link.peer).set(link.rate_bps)
+            self.link_error.labels(link.peer).set(link.error_ratio)
+            self.link_burst.labels(link.peer).set(1.0 if link.burst_bad else 0.0)
 
     # -- AgentObserver ----------------------------------------------------------------------
     def on_send(self, event: SendEvent) -> None:

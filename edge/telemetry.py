@@ -54,6 +54,34 @@ class SendEvent:
 
 
 @dataclass(frozen=True)
+class LinkFigures:
+    """The radio state of one out-link, from a link emulator (plain data).
+
+    Attributes
+    ----------
+    peer:
+        The receiver of the directed link.
+    in_range:
+        Whether the link exists now (received power at least the lowest rate's sensitivity).
+    sinr_db:
+        Signal to interference and noise ratio, dB.
+    rate_bps:
+        Physical rate the link would use now, bit/s.
+    error_ratio:
+        Packet error probability of one attempt.
+    burst_bad:
+        Whether the link is in the bad state of its bursty-loss chain.
+    """
+
+    peer: str
+    in_range: bool
+    sinr_db: float
+    rate_bps: float
+    error_ratio: float
+    burst_bad: bool
+
+
+@dataclass(frozen=True)
 class StepEvent:
     """One local optimisation step (``task.train`` plus folding its update into the state)."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from edge.agent import Agent
 from edge.stats import RoundRecord, StatsSink
+from edge.telemetry import LinkFigures
 from edge.topology import mixing_matrices, second_largest_eigenvalue
 from edge.topology.graphs import Graph
 from emulation.channel.model import strongly_connected
@@ -149,8 +151,33 @@ class WirelessAgent:
     def sink(self, inner: StatsSink | None) -> StatsSink:
         return LinkFiguresSink(inner, self.run.topology, self.clock)
 
-    def follow(self, agent: Agent, stop: threading.Event) -> None:
-        """Install the current gossip graph now, then again whenever it changes."""
+    def link_figures(self) -> list[LinkFigures]:
+        """This agent's out-links now (those in range, and its gossip out-neighbours)."""
+        t = self.clock()
+        state = self.run.model.at(t)
+        gossip = self.run.topology.graph(t).adjacency[self.node]
+        ids = self.run.topology.ids
+        return [
+            LinkFigures(
+                peer=ids[j],
+                in_range=bool(state.exists[self.node, j]),
+                sinr_db=float(state.sinr_db[self.node, j]),
+                rate_bps=float(state.rate_bps[self.node, j]),
+                error_ratio=float(state.per[self.node, j]),
+                burst_bad=bool(state.bad[self.node, j]),
+            )
+            for j in range(len(ids))
+            if j != self.node and (state.exists[self.node, j] or gossip[j])
+        ]
+
+    def follow(
+        self,
+        agent: Agent,
+        stop: threading.Event,
+        on_links: Callable[[list[LinkFigures]], None] | None = None,
+    ) -> None:
+        """Install the current gossip graph now, then again whenever it changes; hand the
+        radio figures of this agent's out-links to ``on_links`` as they change."""
         assignment = agent.assignment
         peers = dict(assignment.peers) if assignment is not None else {}
         peers.pop(self.agent_id, None)
@@ -171,6 +198,8 @@ class WirelessAgent:
             while not stop.wait(min(0.2, topology.interval_s / 4)):
                 try:
                     install()
+                    if on_links is not None:
+                        on_links(self.link_figures())
                 except Exception:  # the follower must not die silently mid-run
                     log.exception("wireless graph update failed")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from typing import NoReturn
@@ -168,6 +167,8 @@ class GrpcTransport:
         self._counters: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._closing = threading.Event()
+        self._calls: set[grpc.Future] = set()
         self.address = ""
 
     # -- receiving ---------------------------------------------------------------------------
@@ -227,14 +228,23 @@ class GrpcTransport:
         try:
             if self.shaper is not None:
                 verdict = self.shaper.plan(self.agent_id, peer, message.header.round, index, nbytes)
-                if verdict.delay_s > 0:
-                    time.sleep(verdict.delay_s)
+                if verdict.delay_s > 0 and self._closing.wait(verdict.delay_s):
+                    closed = Rejected(RejectCode.UNAVAILABLE, "transport closed")
+                    done(SendOutcome(False, nbytes, error=closed))  # woken by close()
+                    return
                 if verdict.drop:
                     done(SendOutcome(False, nbytes, dropped=True))
                     return
-            reply = self._stub(address).Push(
+            call = self._stub(address).Push.future(
                 to_chunks(message, self.chunk_bytes), timeout=self.send_timeout_s
             )
+            with self._lock:
+                self._calls.add(call)
+            try:
+                reply = call.result()
+            finally:
+                with self._lock:
+                    self._calls.discard(call)
             ack = Ack(reply.last_seq, reply.base_seq, reply.absorbed, reply.round)
             done(SendOutcome(True, nbytes, ack=ack))
         except grpc.RpcError as err:
@@ -242,6 +252,9 @@ class GrpcTransport:
             reason = err.details() if hasattr(err, "details") else str(err)
             reject = RejectCode.__members__.get(code.name, RejectCode.UNAVAILABLE)
             done(SendOutcome(False, nbytes, error=Rejected(reject, f"{code.name}: {reason}")))
+        except grpc.FutureCancelledError:
+            closed = Rejected(RejectCode.UNAVAILABLE, "transport closed")
+            done(SendOutcome(False, nbytes, error=closed))
         except Exception as err:  # a failing send must never kill the sender pool
             done(SendOutcome(False, nbytes, error=Rejected(RejectCode.UNAVAILABLE, repr(err))))
 
@@ -254,6 +267,12 @@ class GrpcTransport:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(grace_s).wait()
+        # Pushes still in flight (a slow link, a peer that froze) are cancelled, not awaited.
+        self._closing.set()
+        with self._lock:
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
         self._senders.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for channel in self._channels.values():
