@@ -20,10 +20,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from edge.algorithms import (
@@ -73,6 +74,32 @@ def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
         p: 0.0 if p in held else w for p, w in phase.out_weights.items() if probe or p not in held
     }
     return Phase(phase.self_weight + sum(held.values()), out, phase.in_neighbours)
+
+
+class _Ready(Collection[str]):
+    """The peers a message may go to now: in the directory, no message in flight, and
+    reachable (or probed this round). A membership view: algorithms only ask ``peer in
+    ready``, and building a list over a large fleet's directory every round costs O(n)."""
+
+    def __init__(
+        self, peers: Collection[str], inflight: set[str], unreachable: set[str], probe: bool
+    ) -> None:
+        self._peers, self._inflight, self._unreachable, self._probe = (
+            peers, inflight, unreachable, probe,
+        )  # fmt: skip
+
+    def __contains__(self, peer: object) -> bool:
+        return (
+            peer in self._peers
+            and peer not in self._inflight
+            and (self._probe or peer not in self._unreachable)
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p in self._peers if p in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def fleet_digest(task: Task, initial: torch.Tensor) -> str:
@@ -239,11 +266,7 @@ class Agent:
             # Every peer without a message in flight: algorithms may also flush what they
             # still owe a peer that is off this phase (a changed or periodic graph). An
             # unreachable peer is only tried on probe rounds.
-            ready = [
-                p
-                for p in assignment.peers
-                if p not in self._inflight and (probe or p not in self._unreachable)
-            ]
+            ready = _Ready(assignment.peers, self._inflight, self._unreachable, probe)
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
         for peer, payload in payloads.items():
@@ -342,8 +365,9 @@ class Agent:
     def mix(self, round_index: int) -> None:
         with self._lock:
             # How far the mix moves the estimate measures the disagreement with in-neighbours;
-            # computed only for rounds that are reported.
-            before = self.algorithm.estimate() if self._due(round_index) else None
+            # computed only for reported rounds, and only for an observer (metrics, heartbeats).
+            due = self.observer is not None and self._due(round_index)
+            before = self.algorithm.estimate() if due else None
             self.algorithm.mix()
             if before is not None:
                 change = torch.linalg.vector_norm(self.algorithm.estimate() - before)
@@ -445,8 +469,7 @@ class Agent:
             )
 
     def deliver(self, message: GossipMessage) -> Ack:
-        header = message.header
-        self.admit(header)  # the in-memory path arrives here directly; cheap to repeat
+        header = message.header  # transports call admit(header) first
         codec = get_codec(header.codec)
         try:
             vector = decode_blocks(
@@ -457,7 +480,7 @@ class Agent:
             )
         except DecodeError as err:
             raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
-        if not bool(torch.isfinite(vector).all()):
+        if not bool(np.isfinite(vector.numpy()).all()):  # numpy: small vectors cost less
             raise self._reject(RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values")
         bad = [k for k, v in header.scalars.items() if not math.isfinite(v)]
         if bad:

@@ -58,11 +58,6 @@ class EventLoop:
             callback(*args)
 
 
-#: Wire sizes by everything that changes them (varint widths, lengths of strings and maps;
-#: the scalars are doubles, fixed width). Shared by every virtual transport.
-_WIRE_SIZES: dict[tuple[object, ...], int] = {}
-
-
 class VirtualTransport:
     """A transport whose messages take virtual time: the link shaper's delay, then delivery
     (and the sender's acknowledgement) as one event."""
@@ -91,7 +86,7 @@ class VirtualTransport:
     def send(self, peer: str, address: str, message: GossipMessage, done: SendCallback) -> None:
         index = self._counters.get(peer, 0)
         self._counters[peer] = index + 1
-        nbytes = self._wire_bytes(message)
+        nbytes = wire_bytes(message)
         drop, delay = False, 0.0
         if self.shaper is not None:
             verdict = self.shaper.plan(self.agent_id, peer, message.header.round, index, nbytes)
@@ -107,20 +102,6 @@ class VirtualTransport:
         else:
             self.loop.at(self.loop.now + delay, self._deliver, address, message, nbytes, done)
 
-    def _wire_bytes(self, message: GossipMessage) -> int:
-        """:func:`wire_bytes`, memoised (across the fleet) on what changes the protobuf size:
-        building a header per message is a large share of a 1,000-agent run's time."""
-        h = message.header
-        key = (
-            h.payload_bytes, h.numel, h.codec, len(h.sender), len(h.fleet_digest),
-            len(h.codec_meta), len(h.scalars), len(h.algorithm),
-            h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(),
-        )  # fmt: skip
-        size = _WIRE_SIZES.get(key)
-        if size is None:
-            size = _WIRE_SIZES[key] = wire_bytes(message)
-        return size
-
     def _deliver(
         self, address: str, message: GossipMessage, nbytes: int, done: SendCallback
     ) -> None:
@@ -131,7 +112,8 @@ class VirtualTransport:
             self._finish(done, SendOutcome(False, nbytes, error=error), None)
             return
         try:
-            ack = handler.deliver(message)  # deliver checks the header as admit does
+            handler.admit(message.header)
+            ack = handler.deliver(message)
         except Rejected as err:
             self._finish(done, SendOutcome(False, nbytes, error=err), receiver)
             return
@@ -181,8 +163,8 @@ class VirtualFleet:
         self.agents: list[Agent] = []
         self._waiting: dict[str, int] = {}
         self._by_id: dict[str, Agent] = {}
-        self._index = {agent_id: i for i, agent_id in enumerate(self.ids)}
-        self._done_rounds = np.zeros(config.agents, dtype=np.int64)
+        # How many agents have finished each round: the slowest round advances in O(1).
+        self._finished_round = np.zeros(config.rounds + 2, dtype=np.int64)
         self._slowest = 0
         self._finished = 0
 
@@ -275,12 +257,16 @@ class VirtualFleet:
         agent.mix(round_index)
         if agent._due(round_index):
             agent.report(round_index)
-        self._done_rounds[self._index[agent.agent_id]] = round_index
+        self._finished_round[round_index] += 1
         if round_index < self.config.rounds:
             self.loop.at(self.loop.now, self._start_round, agent, round_index + 1)
         else:
             self._finished += 1
-        slowest = int(self._done_rounds.min())
+        slowest = self._slowest
+        while slowest < self.config.rounds and self._finished_round[slowest + 1] == len(
+            self.agents
+        ):
+            slowest += 1
         if slowest > self._slowest:
             self._slowest = slowest
             if self.on_round is not None:

@@ -68,3 +68,31 @@ def test_chunks_reassemble_and_wire_bytes_is_exact(nbytes: int) -> None:
     assert b"".join(c.data for c in chunks) == message.data
     measured = sum(GRPC_FRAME_BYTES + c.ByteSize() for c in chunks)
     assert wire_bytes(message, chunk_bytes=1 << 16) == measured
+
+
+def test_memoised_wire_bytes_stay_exact_as_headers_vary() -> None:
+    """The size memo keys on what changes a header's size: every variant must stay exact."""
+    import dataclasses
+    import random
+
+    rng = random.Random(7)
+    base = _message(64)
+    for _ in range(300):
+        scalars = {
+            rng.choice(["y", "y1", "y12", "restart", "weight"]): rng.choice([0.0, -1.5, 1e300])
+            for _ in range(rng.randint(0, 3))
+        }
+        header = dataclasses.replace(
+            base.header,
+            sender="agent-" + "7" * rng.randint(1, 12),
+            round=rng.choice([0, 1, 127, 128, 2**20, 2**40]),
+            seq=rng.choice([0, 1, 300, 2**33]),
+            base_seq=rng.choice([0, 5, 2**14]),
+            scalars=scalars,
+            fleet_digest="d" * rng.choice([0, 16]),
+            codec_meta=bytes(rng.choice([0, 8, 300])),
+        )
+        message = GossipMessage(header, base.data)
+        for _ in range(2):  # the second call is served by the memo
+            exact = sum(GRPC_FRAME_BYTES + c.ByteSize() for c in to_chunks(message, 16))
+            assert wire_bytes(message, chunk_bytes=16) == exact

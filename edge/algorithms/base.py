@@ -185,11 +185,14 @@ class GossipAlgorithm(ABC):
         call counter: deterministic for a seed, independent between messages.
         """
         self._encodings += 1
-        seed = derive_seed(self.seed, peer, self._encodings)
-        encoded = encode_blocks(self.codec, vector, self.block_numel, seed=seed)
-        if isinstance(self.codec, RawCodec) and self.codec.dtype == vector.dtype == self.dtype:
-            return encoded, vector.clone()  # exact: skip the decode
-        return encoded, decode_blocks(self.codec, encoded, self.block_numel, self.dtype)
+        codec = self.codec
+        if isinstance(codec, RawCodec) and codec.dtype == vector.dtype == self.dtype:
+            # Lossless, no blocks to split: what the receiver decodes is the vector itself.
+            return codec.encode(vector), vector.clone()
+        # Hashing a seed per message costs more than a small raw encode: only when used.
+        seed = derive_seed(self.seed, peer, self._encodings) if codec.randomised else 0
+        encoded = encode_blocks(codec, vector, self.block_numel, seed=seed)
+        return encoded, decode_blocks(codec, encoded, self.block_numel, self.dtype)
 
     def schedule(self, round_index: int, phase: Phase) -> Phase:
         """The phase the agent uses in ``round_index`` (algorithms that skip rounds override)."""

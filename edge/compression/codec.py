@@ -68,6 +68,8 @@ class Codec(ABC):
     #: Its error is typically smaller than the vector it encodes, so error feedback (send
     #: later what was not sent) shrinks it instead of amplifying it.
     feedback_safe: bool = True
+    #: Draws from the seed it is given (qsgd, random-k); deterministic codecs need none.
+    randomised: bool = False
 
     @abstractmethod
     def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
@@ -130,7 +132,9 @@ class RawCodec(Codec):
         return self.dtype in (torch.float64, torch.float32)
 
     def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
-        flat = vector.detach().reshape(-1).to(device="cpu", dtype=self.dtype).contiguous()
+        flat = vector.detach().reshape(-1)
+        if flat.dtype != self.dtype or flat.device.type != "cpu" or not flat.is_contiguous():
+            flat = flat.to(device="cpu", dtype=self.dtype).contiguous()
         data = flat.view(torch.uint8).numpy().tobytes()
         return Encoded(self.spec, flat.numel(), data)
 

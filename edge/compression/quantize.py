@@ -29,6 +29,7 @@ class QSGDCodec(Codec):
 
     unbiased = True
     sparsifier = False
+    randomised = True
 
     def __init__(self, bits: int) -> None:
         if not 1 <= bits <= 8:

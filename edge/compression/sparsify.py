@@ -130,6 +130,7 @@ class RandomKCodec(_Sparsifier):
     """``k`` coordinates drawn from a seed; only the seed and the values travel."""
 
     name = "randomk"
+    randomised = True
 
     def max_bytes(self, numel: int) -> int:
         return 4 * kept(numel, self.fraction)

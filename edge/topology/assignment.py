@@ -50,12 +50,14 @@ def assignments_for_graph(
     ids = list(addresses)
     if len(ids) != graph.n:
         raise ValueError(f"{len(ids)} agents for a graph on {graph.n} nodes")
-    lambda2 = second_largest_eigenvalue(mixing_matrices(graph, scheme))
+    position = {agent_id: k for k, agent_id in enumerate(ids)}
+    matrices = mixing_matrices(graph, scheme)
+    lambda2 = second_largest_eigenvalue(matrices)
     result = {}
     for node, agent_id in enumerate(ids):
-        schedule = tuple(node_phases(graph, ids, node, scheme))
+        schedule = tuple(node_phases(graph, ids, node, scheme, matrices=matrices))
         known = {p for phase in schedule for p in (*phase.out_weights, *phase.in_neighbours)}
-        peers = {p: addresses[p] for p in ids if p in known}
+        peers = {p: addresses[p] for p in sorted(known, key=position.__getitem__)}
         result[agent_id] = Assignment(epoch, peers, schedule, lambda2)
     return result
 

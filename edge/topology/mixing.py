@@ -94,12 +94,22 @@ def second_largest_eigenvalue(matrices: tuple[np.ndarray, ...] | np.ndarray) -> 
 
 
 def node_phases(
-    graph: Graph, ids: list[str], node: int, scheme: str = "column-stochastic"
+    graph: Graph,
+    ids: list[str],
+    node: int,
+    scheme: str = "column-stochastic",
+    *,
+    matrices: tuple[np.ndarray, ...] | None = None,
 ) -> list[Phase]:
-    """Node ``node``'s column of every phase's mixing matrix, peers named by ``ids``."""
+    """Node ``node``'s column of every phase's mixing matrix, peers named by ``ids``.
+
+    Pass ``matrices`` (from :func:`mixing_matrices`) when calling this for every node: building
+    them is quadratic in the fleet size.
+    """
     phases = []
-    for w in mixing_matrices(graph, scheme):
-        out = {ids[j]: float(w[j, node]) for j in range(graph.n) if j != node and w[j, node] > 0}
-        incoming = tuple(ids[j] for j in range(graph.n) if j != node and w[node, j] > 0)
+    for w in matrices if matrices is not None else mixing_matrices(graph, scheme):
+        column, row = w[:, node], w[node, :]
+        out = {ids[j]: float(column[j]) for j in np.flatnonzero(column > 0) if j != node}
+        incoming = tuple(ids[j] for j in np.flatnonzero(row > 0) if j != node)
         phases.append(Phase(float(w[node, node]), out, incoming))
     return phases

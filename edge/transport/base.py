@@ -92,7 +92,8 @@ class InboundHandler(Protocol):
         """Check a header before its payload is buffered; raise :class:`Rejected` to refuse."""
 
     def deliver(self, message: GossipMessage) -> Ack:
-        """Take a whole message; raise :class:`Rejected` to refuse it without any state change."""
+        """Take a whole message whose header :meth:`admit` passed; raise :class:`Rejected` to
+        refuse it without any state change."""
 
     def refused(self, error: Rejected) -> None:
         """Note a message the transport itself refused (a malformed stream, say)."""
