@@ -244,7 +244,8 @@ class Agent:
         began = self.clock()
         with self._lock:
             start = self.algorithm.estimate().to(torch.float32)
-        result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
+        with torch.enable_grad():  # whatever the caller's mode: drivers gossip under no_grad
+            result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
         if result.parameters is not start:  # a task that trains nothing returns its input
             delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start
             with self._lock:
@@ -354,13 +355,14 @@ class Agent:
             assignment = self._assignment
             if assignment is None:
                 return True
+            if self._inflight:
+                return False
             phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
-            behind = [
-                p
-                for p in phase.in_neighbours
-                if self._heard.get(p, 0) < need and self._heard.get(p, 0) >= need - PATIENCE_ROUNDS
-            ]
-            return not behind and not self._inflight
+            heard, oldest = self._heard, need - PATIENCE_ROUNDS
+            for peer in phase.in_neighbours:
+                if oldest <= heard.get(peer, 0) < need:
+                    return False
+            return True
 
     def mix(self, round_index: int) -> None:
         with self._lock:
@@ -480,7 +482,7 @@ class Agent:
             )
         except DecodeError as err:
             raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
-        if not bool(np.isfinite(vector.numpy()).all()):  # numpy: small vectors cost less
+        if not _all_finite(vector):
             raise self._reject(RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values")
         bad = [k for k, v in header.scalars.items() if not math.isfinite(v)]
         if bad:
@@ -510,6 +512,14 @@ class Agent:
                 self._heard[header.sender] = header.round
                 self._progress.notify_all()
             return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round)
+
+
+def _all_finite(vector: torch.Tensor) -> bool:
+    # A finite sum of squares means every element is finite; only a non-finite one (NaN,
+    # infinity or an overflow of finite values) needs the element-wise check. numpy's dot is
+    # the cheapest pass over a small vector.
+    array = vector.numpy()
+    return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
 
 
 def build_agent(

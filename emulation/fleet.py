@@ -179,6 +179,8 @@ class InProcessFleet:
         for agent in agents:
             agent.set_assignment(assignments[agent.agent_id])
             agent.begin()
+        grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)  # gossip arithmetic needs no autograd (training re-enables it)
         try:
             for round_index in range(1, config.rounds + 1):
                 for agent in agents:
@@ -202,6 +204,7 @@ class InProcessFleet:
                     progress = _progress(config, latest, config.agents)
                     self.on_progress(FleetProgress(**{**vars(progress), "mean_accuracy": accuracy}))
         finally:
+            torch.set_grad_enabled(grad)
             for agent in agents:
                 agent.close()
         return self.records()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
 from edge.agent import Agent, build_agent
 from edge.stats import MemoryStatsSink, RoundRecord
@@ -199,7 +200,8 @@ class VirtualFleet:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            loop.run()
+            with torch.no_grad():  # gossip arithmetic needs no autograd (training re-enables it)
+                loop.run()
         finally:
             if collecting:
                 gc.enable()

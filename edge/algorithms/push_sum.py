@@ -112,7 +112,8 @@ class _PushSumCore(GossipAlgorithm):
                 f"{self.name} message from '{sender}' holds {payload.vector.numel()} elements, "
                 f"expected {self._x.numel()}"
             )
-        return payload.vector.to(self.dtype)
+        vector = payload.vector
+        return vector if vector.dtype == self.dtype else vector.to(self.dtype)
 
 
 @dataclass

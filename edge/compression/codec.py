@@ -133,17 +133,19 @@ class RawCodec(Codec):
 
     def encode(self, vector: torch.Tensor, *, seed: int = 0) -> Encoded:
         flat = vector.detach().reshape(-1)
-        if flat.dtype != self.dtype or flat.device.type != "cpu" or not flat.is_contiguous():
+        if flat.dtype != self.dtype or not flat.is_cpu or not flat.is_contiguous():
             flat = flat.to(device="cpu", dtype=self.dtype).contiguous()
-        data = flat.view(torch.uint8).numpy().tobytes()
-        return Encoded(self.spec, flat.numel(), data)
+        # numpy has no bfloat16: its bytes go through a uint8 view.
+        array = flat.view(torch.uint8).numpy() if self.dtype == torch.bfloat16 else flat.numpy()
+        return Encoded(self.spec, flat.numel(), array.tobytes())
 
     def decode(self, encoded: Encoded, dtype: torch.dtype) -> torch.Tensor:
         self._check_sizes(encoded)
         if encoded.numel == 0:
             return torch.zeros(0, dtype=dtype)
         buffer = encoded.data if isinstance(encoded.data, bytearray) else bytearray(encoded.data)
-        return torch.frombuffer(buffer, dtype=self.dtype).to(dtype)
+        vector = torch.frombuffer(buffer, dtype=self.dtype)
+        return vector if dtype == self.dtype else vector.to(dtype)
 
     def max_bytes(self, numel: int) -> int:
         return numel * self.itemsize
