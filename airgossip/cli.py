@@ -149,48 +149,48 @@ def _scenario_base(scenario: str) -> dict[str, Any]:
 
 @app.command()
 def run(
-    agents: Annotated[int | None, typer.Option(help="Number of agents [default: 8].")] = None,
+    agents: Annotated[int | None, typer.Option(help="Number of agents (default: 8).")] = None,
     topology: Annotated[
         str | None,
         typer.Option(
             help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
-            "edges [default: exponential]."
+            "edges (default: exponential)."
         ),
     ] = None,
     task: Annotated[
-        str | None, typer.Option(help="digits, consensus, or module:callable [default: digits].")
+        str | None, typer.Option(help="digits, consensus, or module:callable (default: digits).")
     ] = None,
     algorithm: Annotated[
         str | None,
         typer.Option(
             help="push-sum, push-sum-plain, dpsgd, quantized-push-sum, choco, "
-            "gradient-tracking, local-sgd [default: push-sum]."
+            "gradient-tracking, local-sgd (default: push-sum)."
         ),
     ] = None,
     compression: Annotated[
         str | None,
         typer.Option(
             help="Codec of every message: none, fp16, bf16, qsgd:BITS (1-8), topk:FRACTION, "
-            "randomk:FRACTION [default: none]."
+            "randomk:FRACTION (default: none)."
         ),
     ] = None,
-    rounds: Annotated[int | None, typer.Option(help="Rounds per agent [default: 40].")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds per agent (default: 40).")] = None,
     loss: Annotated[
         float | None,
-        typer.Option(help="Message loss probability on every directed link [default: 0.1]."),
+        typer.Option(help="Message loss probability on every directed link (default: 0.1)."),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed of every random draw [default: 0].")
+        int | None, typer.Option(help="Seed of every random draw (default: 0).")
     ] = None,
     mode: Annotated[
         str | None,
         typer.Option(
-            help="process (one OS process per agent, real gRPC) or inproc [default: process]."
+            help="process (one OS process per agent, real gRPC) or inproc (default: process)."
         ),
     ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda [default: auto].")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Output folder [default: runs/<timestamp>].")
+        Path | None, typer.Option(help="Output folder (default: runs/<timestamp>).")
     ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="TOML scenario file; flags override it.")
@@ -310,12 +310,12 @@ def agent(
         typer.Option("--config", help="Scenario file (TOML, or the config.json of a run)."),
     ] = None,
     agent_id: Annotated[
-        str | None, typer.Option("--id", help="Agent id [default: agent-<index>].")
+        str | None, typer.Option("--id", help="Agent id (default: agent-<index>).")
     ] = None,
     index: Annotated[int, typer.Option(help="Index of this agent (picks its data shard).")] = 0,
     listen: Annotated[str, typer.Option(help="host:port to serve gossip on.")] = "127.0.0.1:0",
     advertise: Annotated[
-        str | None, typer.Option(help="host:port peers should dial [default: the listen address].")
+        str | None, typer.Option(help="host:port peers should dial (default: the listen address).")
     ] = None,
     coordinator: Annotated[str | None, typer.Option(help="Coordinator host:port.")] = None,
     peers: Annotated[
@@ -532,9 +532,9 @@ def links_command(
     scenario: Annotated[str, typer.Argument(help="Preset name or scenario TOML file.")],
     at: Annotated[float, typer.Option("--at", help="Seconds into the scenario.")] = 0.0,
     agents: Annotated[
-        int | None, typer.Option(help="Number of agents [default: the scenario's].")
+        int | None, typer.Option(help="Number of agents (default: the scenario's).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed [default: the scenario's].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
     png: Annotated[Path, typer.Option(help="Where to write the topology picture.")] = Path(
         "links.png"
     ),

@@ -359,10 +359,7 @@ class Agent:
                 return False
             phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
             heard, oldest = self._heard, need - PATIENCE_ROUNDS
-            for peer in phase.in_neighbours:
-                if oldest <= heard.get(peer, 0) < need:
-                    return False
-            return True
+            return not any(oldest <= heard.get(p, 0) < need for p in phase.in_neighbours)
 
     def mix(self, round_index: int) -> None:
         with self._lock:

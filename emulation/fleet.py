@@ -180,7 +180,7 @@ class InProcessFleet:
             agent.set_assignment(assignments[agent.agent_id])
             agent.begin()
         grad = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)  # gossip arithmetic needs no autograd (training re-enables it)
+        torch.set_grad_enabled(False)  # gossip needs no autograd (training re-enables it)
         try:
             for round_index in range(1, config.rounds + 1):
                 for agent in agents:
@@ -408,6 +408,22 @@ def resolved_config(config: RunConfig, graph: Graph) -> dict[str, Any]:
     return data
 
 
+#: What a run leaves in its output folder: a second run there would mix the two.
+RUN_OUTPUTS = ("results.json", "agents", "logs")
+
+
+def refuse_used_out_dir(out_dir: Path) -> None:
+    """``ConfigError`` if ``out_dir`` already holds a run's results or agent files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"output folder {out_dir} exists and is not a folder")
+    used = [name for name in RUN_OUTPUTS if (out_dir / name).exists()]
+    if used:
+        raise ConfigError(
+            f"output folder {out_dir} already holds a run ({', '.join(used)}); "
+            "choose a new --out or remove it"
+        )
+
+
 def run_fleet(
     config: RunConfig,
     out_dir: Path,
@@ -423,6 +439,7 @@ def run_fleet(
     """
     graph = preflight(config)
     config = with_epoch(config)
+    refuse_used_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.wireless is not None:
         resolved = wireless_resolved(config, graph)

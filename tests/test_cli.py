@@ -68,6 +68,15 @@ def test_bad_scenario_files(tmp_path: Path) -> None:
     assert_one_line_error(cli("run", "--config", str(wrong_type)), "rounds")
 
 
+def test_an_output_folder_that_holds_a_run_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "agents").mkdir(parents=True)
+    (out / "results.json").write_text("{}")
+    result = cli("run", "--mode", "inproc", "--rounds", "1", "--out", str(out))
+    assert_one_line_error(result, str(out), "already holds a run", "results.json", "--out")
+    assert (out / "results.json").read_text() == "{}"  # the earlier run is left alone
+
+
 def test_busy_coordinator_port(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
