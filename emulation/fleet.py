@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,13 +285,22 @@ class ProcessFleet:
         self.processes: list[_AgentProcess] = []
 
     def _spawn(self, index: int, agent_id: str, coordinator: str) -> _AgentProcess:
+        return self._launch(index, agent_id, ["--coordinator", coordinator])
+
+    def _launch(
+        self, index: int, agent_id: str, peering: list[str], prefix: Sequence[str] = ()
+    ) -> _AgentProcess:
+        """Start one agent process; ``peering`` says how it finds its neighbours
+        (``--coordinator`` or ``--listen`` and ``--peers``), ``prefix`` wraps the command
+        (``ip netns exec``)."""
         log_path = self.logs_dir / f"{agent_id}.log"
         command = [
+            *prefix,
             sys.executable, "-m", "airgossip", "agent",
             "--config", str(self.config_path),
             "--id", agent_id,
             "--index", str(index),
-            "--coordinator", coordinator,
+            *peering,
             "--stats-dir", str(self.stats_dir),
             "--parent-pid", str(os.getpid()),
             "--linger-s", "3600",
@@ -306,6 +315,7 @@ class ProcessFleet:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops agents
+                cwd=os.getcwd(),
             )
         return _AgentProcess(
             agent_id, process, log_path, _JsonTail(self.stats_dir / f"{agent_id}.jsonl")

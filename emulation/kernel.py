@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +37,7 @@ import numpy as np
 from edge.stats import RoundRecord
 from emulation.channel.model import ChannelModel, LinkState
 from emulation.config import ConfigError, RunConfig
-from emulation.fleet import ProcessFleet, ProgressCallback, _AgentProcess, _JsonTail
+from emulation.fleet import ProcessFleet, ProgressCallback, _AgentProcess
 from emulation.wireless_fleet import fleet_ids
 
 SUBNET = "10.213.0"
@@ -534,26 +533,6 @@ class NamespaceFleet(ProcessFleet):
     def _spawn_in(
         self, network: NamespaceNetwork, index: int, agent_id: str, peers: Path
     ) -> _AgentProcess:
-        log_path = self.logs_dir / f"{agent_id}.log"
-        command = [
-            *network.exec_prefix(index),
-            sys.executable, "-m", "airgossip", "agent",
-            "--config", str(self.config_path),
-            "--id", agent_id,
-            "--index", str(index),
-            "--listen", f"{network.addresses[index]}:{AGENT_PORT}",
-            "--peers", str(peers),
-            "--stats-dir", str(self.stats_dir),
-            "--parent-pid", str(os.getpid()),
-            "--linger-s", "3600",
-            "--threads", "1",
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, cwd=os.getcwd(),
-            )  # fmt: skip
-        return _AgentProcess(
-            agent_id, process, log_path, _JsonTail(self.stats_dir / f"{agent_id}.jsonl")
-        )
+        listen = f"{network.addresses[index]}:{AGENT_PORT}"
+        peering = ["--listen", listen, "--peers", str(peers)]
+        return self._launch(index, agent_id, peering, prefix=network.exec_prefix(index))
