@@ -218,7 +218,7 @@ def run(
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
-    from emulation.fleet import FleetError, FleetProgress, run_fleet
+    from emulation.fleet import FleetError, FleetProgress, refuse_used_out_dir, run_fleet
 
     overrides = _overrides(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
@@ -238,6 +238,10 @@ def run(
             fail("--record needs a wireless scenario (--scenario NAME|FILE)")
         cfg = cfg.model_copy(update={"wireless": cfg.wireless.model_copy(update={"record": True})})
     out_dir = out or cfg.out or _default_out()
+    try:
+        refuse_used_out_dir(out_dir)
+    except ConfigError as err:
+        fail(str(err))
     if metrics_port is not None and cfg.mode != "process":
         fail("--metrics-port needs --mode process (agents with their own metrics endpoints)")
     if cfg.mode in ("inproc", "virtual"):
