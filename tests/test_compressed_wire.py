@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import grpc
@@ -10,14 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from edge.agent import Agent, build_agent
+from edge.agent import Agent
 from edge.compression import get_codec, join_blocks
 from edge.settings import AgentSettings, TaskSettings
-from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage, MessageHeader
-from edge.transport.grpc_transport import GrpcTransport
 from protos import gossip_pb2
-from tests.test_grpc_agent import push, refused
+from tests.test_grpc_agent import assert_pair_reaches_average, grpc_pair, push, refused
 
 SETTINGS = AgentSettings(
     task=TaskSettings(name="consensus", dim=8), rounds=40, wait_timeout_s=0.5, seed=5,
@@ -27,18 +24,7 @@ SETTINGS = AgentSettings(
 
 @pytest.fixture
 def pair() -> Iterator[tuple[Agent, Agent]]:
-    agents = [
-        build_agent(f"agent-{i}", index=i, num_agents=2, settings=SETTINGS,
-                    transport=GrpcTransport(f"agent-{i}"))
-        for i in range(2)
-    ]  # fmt: skip
-    addresses = {a.agent_id: a.start() for a in agents}
-    assignments = assignments_for_graph(build_graph("complete", 2), addresses)
-    for agent in agents:
-        agent.set_assignment(assignments[agent.agent_id])
-    yield agents[0], agents[1]
-    for agent in agents:
-        agent.close()
+    yield from grpc_pair(SETTINGS)
 
 
 def qsgd(values: list[float], spec: str = "qsgd:4") -> bytes:
@@ -118,15 +104,4 @@ def test_malformed_compressed_messages_are_refused_and_change_nothing(
 
 
 def test_quantized_agents_reach_consensus_over_grpc(pair: tuple[Agent, Agent]) -> None:
-    a, b = pair
-    target = (a.task.initial_parameters() + b.task.initial_parameters()) / 2
-    threads = [threading.Thread(target=agent.run) for agent in pair]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
-    for agent in pair:
-        error = (agent.algorithm.estimate() - target).norm() / target.norm()
-        assert float(error) < 1e-8
-        assert agent.counters()["messages_rejected"] == 0
+    assert_pair_reaches_average(pair, timeout_s=120)

@@ -23,18 +23,13 @@ SETTINGS = AgentSettings(
 )
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[Agent, Agent]]:
+def grpc_pair(settings: AgentSettings) -> Iterator[tuple[Agent, Agent]]:
+    """Two agents serving real gRPC on loopback, neighbours of each other (fixture body)."""
     agents = [
-        build_agent(
-            f"agent-{i}",
-            index=i,
-            num_agents=2,
-            settings=SETTINGS,
-            transport=GrpcTransport(f"agent-{i}"),
-        )
+        build_agent(f"agent-{i}", index=i, num_agents=2, settings=settings,
+                    transport=GrpcTransport(f"agent-{i}"))
         for i in range(2)
-    ]
+    ]  # fmt: skip
     addresses = {a.agent_id: a.start() for a in agents}
     assignments = assignments_for_graph(build_graph("complete", 2), addresses)
     for agent in agents:
@@ -42,6 +37,28 @@ def pair() -> Iterator[tuple[Agent, Agent]]:
     yield agents[0], agents[1]
     for agent in agents:
         agent.close()
+
+
+def assert_pair_reaches_average(pair: tuple[Agent, Agent], timeout_s: float) -> None:
+    """Run both agents to the end; each must hold the average of their vectors (1e-8), having
+    refused nothing."""
+    a, b = pair
+    target = (a.task.initial_parameters() + b.task.initial_parameters()) / 2
+    threads = [threading.Thread(target=agent.run) for agent in pair]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    assert not any(t.is_alive() for t in threads)
+    for agent in pair:
+        error = (agent.algorithm.estimate() - target).norm() / target.norm()
+        assert float(error) < 1e-8
+        assert agent.counters()["messages_rejected"] == 0
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Agent, Agent]]:
+    yield from grpc_pair(SETTINGS)
 
 
 def header(agent: Agent, **overrides: object) -> MessageHeader:
@@ -156,18 +173,7 @@ def test_malformed_streams_are_refused(pair: tuple[Agent, Agent]) -> None:
 
 
 def test_two_agents_reach_consensus_over_grpc(pair: tuple[Agent, Agent]) -> None:
-    a, b = pair
-    target = (a.task.initial_parameters() + b.task.initial_parameters()) / 2
-    threads = [threading.Thread(target=agent.run) for agent in pair]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads)
-    for agent in pair:
-        error = (agent.algorithm.estimate() - target).norm() / target.norm()
-        assert float(error) < 1e-8
-        assert agent.counters()["messages_rejected"] == 0
+    assert_pair_reaches_average(pair, timeout_s=60)
 
 
 def test_busy_port_is_a_clear_error(pair: tuple[Agent, Agent]) -> None:
