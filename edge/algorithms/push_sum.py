@@ -50,8 +50,10 @@ def _weight_of(payload: Payload) -> float:
     return float(y)
 
 
-class _PushSumCore(GossipAlgorithm):
-    """State and mixing shared by both push-sum variants."""
+class PushSumCore(GossipAlgorithm):
+    """The push-sum state ``(x, y)``, received mass held until the mix, the step at
+    ``z = x / y``: shared by every algorithm that carries a weight (both push-sum variants,
+    gradient tracking, local SGD, the shared-copy algorithms)."""
 
     def __init__(
         self,
@@ -135,7 +137,7 @@ class _InEdge:
     base_seq: int = 0
 
 
-class PushSum(_PushSumCore):
+class PushSum(PushSumCore):
     """Push-sum with running sums per edge: exact under loss, duplication and reordering."""
 
     name = "push-sum"
@@ -233,7 +235,7 @@ class PushSum(_PushSumCore):
         return edge.rho_x.clone(), edge.rho_y, edge.base_seq
 
 
-class PlainPushSum(_PushSumCore):
+class PlainPushSum(PushSumCore):
     """Textbook push-sum: each message carries this round's share; a lost message is lost mass.
 
     Kept for comparison: under message loss it converges to the wrong value.

@@ -49,12 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge.algorithms.base import (
     Ack,
-    GossipAlgorithm,
     InvalidPayload,
     Payload,
     ProtocolError,
     refuse_amplifying_codec,
 )
+from edge.algorithms.push_sum import PushSumCore
 from edge.compression import Codec, Encoded, QSGDCodec, RandomKCodec, TopKCodec, join_blocks
 from edge.topology.mixing import Phase
 
@@ -109,7 +109,7 @@ class _InEdge:
     last: int = 0  # the last block applied
 
 
-class SharedCopyGossip(GossipAlgorithm):
+class SharedCopyGossip(PushSumCore):
     """Per-edge shared copies of the estimate, compressed increments replayed until
     acknowledged; see the module docstring."""
 
@@ -124,33 +124,11 @@ class SharedCopyGossip(GossipAlgorithm):
         super().__init__(initial, **kwargs)
         assert isinstance(self.options, SharedCopyOptions)
         self.gamma = self.options.gamma or default_gamma(self.codec)
-        self._x = initial.detach().to(device="cpu", dtype=self.dtype).clone()
-        self._y = 1.0
-        self._pending_x = torch.zeros_like(self._x)
-        self._pending_y = 0.0
         # Both ends must start a copy from the same vector: the shared initial parameters of a
         # learning task, or zero when agents start apart (consensus).
         self._start = self._x.clone() if self.shared_start else torch.zeros_like(self._x)
         self._out: dict[str, _OutEdge] = {}
         self._in: dict[str, _InEdge] = {}
-
-    @property
-    def x(self) -> torch.Tensor:
-        return self._x
-
-    @property
-    def y(self) -> float:
-        return self._y
-
-    def estimate(self) -> torch.Tensor:
-        return self._x / self._y
-
-    def apply_update(self, delta: torch.Tensor) -> None:
-        # As in SGP: the step computed at z moves x, so z moves by delta / y (y ~ 1).
-        self._x.add_(delta.to(self.dtype))
-
-    def scalars(self) -> dict[str, float]:
-        return {"weight": self._y}
 
     # -- sending -----------------------------------------------------------------------------
     def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
@@ -253,17 +231,7 @@ class SharedCopyGossip(GossipAlgorithm):
         edge.last = payload.seq
         return Ack(edge.last, 0, absorbed=True)
 
-    def mix(self) -> None:
-        self._x.add_(self._pending_x)
-        self._y += self._pending_y
-        self._pending_x.zero_()
-        self._pending_y = 0.0
-
     # -- inspection (tests, benchmarks) ------------------------------------------------------
-    def mass(self) -> tuple[torch.Tensor, float]:
-        """``(x, y)`` held by this agent, received-but-unmixed mass included."""
-        return self._x + self._pending_x, self._y + self._pending_y
-
     def in_flight(self) -> tuple[torch.Tensor, float]:
         """``(x, y)`` given away but not acknowledged yet (on the wire, or lost and owed)."""
         x, y = torch.zeros_like(self._x), 0.0
