@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from edge.compression import (
     Codec,
@@ -32,6 +32,7 @@ from edge.compression import (
     encode_blocks,
     raw_codec_for,
 )
+from edge.options import validate_options
 from edge.topology.mixing import Phase
 
 
@@ -63,18 +64,7 @@ def parse_algorithm_options(
     name: str, model: type[BaseModel], options: Mapping[str, Any] | None
 ) -> BaseModel:
     """Validate ``[algorithm_options]`` against ``model``; ``ValueError`` naming what is wrong."""
-    try:
-        return model.model_validate(dict(options or {}))
-    except ValidationError as err:
-        allowed = ", ".join(model.model_fields) or "none"
-        problems = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "options"
-            if e["type"] == "extra_forbidden":
-                problems.append(f"unknown option '{where}' (allowed: {allowed})")
-            else:
-                problems.append(f"option '{where}': {e['msg']} (got {e.get('input')!r})")
-        raise ValueError(f"algorithm '{name}': " + "; ".join(problems)) from None
+    return validate_options(model, options, f"algorithm '{name}'")
 
 
 @dataclass(frozen=True)
