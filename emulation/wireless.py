@@ -110,7 +110,7 @@ class LinkCounters:
 
 @dataclass(frozen=True)
 class LinkRecord:
-    """One directed link's figures for the metrics layer (plain data, no Prometheus).
+    """One directed link's figures (plain data): the channel, and what a shaper planned on it.
 
     ``sinr_db``, ``rate_bps``, ``error_rate`` (packet error of one attempt), ``bad`` (burst
     state) and ``exists`` are the channel at ``time_s``; ``messages``, ``bytes``, ``drops``

@@ -30,6 +30,7 @@ from emulation.wireless import (
     WirelessLinkShaper,
     WirelessRun,
     annotate_rounds,
+    link_record,
     write_journal,
     write_link_log,
 )
@@ -157,17 +158,14 @@ class WirelessAgent:
         state = self.run.model.at(t)
         gossip = self.run.topology.graph(t).adjacency[self.node]
         ids = self.run.topology.ids
-        return [
-            LinkFigures(
-                peer=ids[j],
-                in_range=bool(state.exists[self.node, j]),
-                sinr_db=float(state.sinr_db[self.node, j]),
-                rate_bps=float(state.rate_bps[self.node, j]),
-                error_ratio=float(state.per[self.node, j]),
-                burst_bad=bool(state.bad[self.node, j]),
-            )
+        records = [
+            link_record(state, ids, self.node, j)
             for j in range(len(ids))
             if j != self.node and (state.exists[self.node, j] or gossip[j])
+        ]
+        return [
+            LinkFigures(r.receiver, r.exists, r.sinr_db, r.rate_bps, r.error_rate, r.bad)
+            for r in records
         ]
 
     def follow(

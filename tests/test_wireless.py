@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge.metrics import AgentMetrics
 from emulation.channel.model import ChannelModel
 from emulation.config import ConfigError, load_config, read_scenario
 from emulation.fleet import run_fleet
 from emulation.scenario import WirelessSettings, preset_names, scenario_path
 from emulation.wireless import WirelessLinkShaper, keyed_uniform
+from emulation.wireless_fleet import WirelessAgent
 
 
 class Clock:
@@ -150,6 +152,27 @@ def test_link_figures_for_the_metrics_layer(tmp_path: Path) -> None:
     assert r.mean_delay_s > 0.05 and np.isfinite(r.sinr_db)
     every = shaper.snapshot(active_only=False)
     assert len(every) == 12  # all directed links among 4 close nodes
+
+
+def test_an_agent_exports_the_radio_state_of_its_out_links(tmp_path: Path) -> None:
+    ids = [f"agent-{i}" for i in range(4)]
+    agent = WirelessAgent(link_settings(tmp_path), ids, "agent-0", seed=1)
+    figures = agent.link_figures()
+    assert [f.peer for f in figures] == ["agent-1", "agent-2", "agent-3"]  # 4 close nodes
+    state = agent.run.model.at(agent.clock())
+    for f in figures:
+        j = ids.index(f.peer)
+        assert f.in_range and not f.burst_bad
+        assert f.sinr_db == pytest.approx(float(state.sinr_db[0, j]))
+        assert f.rate_bps == pytest.approx(float(state.rate_bps[0, j]))
+    metrics = AgentMetrics("agent-0")
+    metrics.observe_links(figures)
+    sample = metrics.registry.get_sample_value
+    assert sample("airgossip_link_in_range", {"peer": "agent-2"}) == 1.0
+    assert sample("airgossip_link_sinr_decibels", {"peer": "agent-3"}) == pytest.approx(
+        figures[2].sinr_db
+    )
+    assert sample("airgossip_link_burst_bad", {"peer": "agent-1"}) == 0.0
 
 
 def test_presets_load_and_have_links() -> None:
