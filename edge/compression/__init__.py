@@ -15,7 +15,7 @@ from edge.compression.codec import (
     raw_codec_for,
 )
 from edge.compression.quantize import QSGD_BUCKET, QSGDCodec
-from edge.compression.sparsify import RandomKCodec, TopKCodec, random_indices
+from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec, random_indices
 
 __all__ = [
     "CODECS",
@@ -27,6 +27,7 @@ __all__ = [
     "QSGDCodec",
     "RandomKCodec",
     "RawCodec",
+    "SlimCodec",
     "TopKCodec",
     "decode_blocks",
     "derive_seed",

@@ -187,6 +187,12 @@ def _randomk(argument: str | None) -> Codec:
     return RandomKCodec.from_argument(argument)
 
 
+def _slim(argument: str | None) -> Codec:
+    from edge.compression.sparsify import SlimCodec
+
+    return SlimCodec.from_argument(argument)
+
+
 #: Codecs by name; parametrised ones take ``name:ARGUMENT``.
 CODECS: dict[str, CodecFactory] = {
     **{
@@ -196,6 +202,7 @@ CODECS: dict[str, CodecFactory] = {
     "qsgd": _qsgd,
     "topk": _topk,
     "randomk": _randomk,
+    "slim": _slim,
 }
 
 #: How users write each codec (for help texts and error messages).
@@ -207,6 +214,7 @@ CODEC_FORMS = (
     "qsgd:BITS",
     "topk:FRACTION",
     "randomk:FRACTION",
+    "slim:FRACTION:EXPLORE",
 )
 
 
