@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
 from edge.algorithms.base import (
     Ack,
     GossipAlgorithm,
@@ -27,6 +28,7 @@ ALGORITHMS: dict[str, type[GossipAlgorithm]] = {
         PushSum,
         PlainPushSum,
         DPSGD,
+        AdaptiveConsensusDPSGD,
         QuantizedPushSum,
         Choco,
         GradientTracking,
@@ -70,6 +72,7 @@ __all__ = [
     "ALGORITHMS",
     "DPSGD",
     "Ack",
+    "AdaptiveConsensusDPSGD",
     "Choco",
     "GossipAlgorithm",
     "GradientTracking",

@@ -155,9 +155,8 @@ class DigitsTask:
                     p.add_(step, alpha=-lr)
             total += float(loss.detach())
         new = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
-        return TrainResult(
-            new, {"train_loss": total / opts.local_steps}, opts.local_steps * opts.batch_size
-        )
+        metrics = {"train_loss": total / opts.local_steps, "lr": lr}
+        return TrainResult(new, metrics, opts.local_steps * opts.batch_size)
 
     @torch.no_grad()
     def evaluate(self, parameters: torch.Tensor) -> EvalResult:
