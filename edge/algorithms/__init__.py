@@ -15,6 +15,7 @@ from edge.algorithms.base import (
     parse_algorithm_options,
 )
 from edge.algorithms.dpsgd import DPSGD
+from edge.algorithms.ensemble import EnsembleCompression
 from edge.algorithms.gradient_tracking import GradientTracking
 from edge.algorithms.local_sgd import LocalSGD
 from edge.algorithms.push_sum import PlainPushSum, PushSum
@@ -33,6 +34,7 @@ ALGORITHMS: dict[str, type[GossipAlgorithm]] = {
         Choco,
         GradientTracking,
         LocalSGD,
+        EnsembleCompression,
     )
 }
 
@@ -74,6 +76,7 @@ __all__ = [
     "Ack",
     "AdaptiveConsensusDPSGD",
     "Choco",
+    "EnsembleCompression",
     "GossipAlgorithm",
     "GradientTracking",
     "InvalidPayload",
