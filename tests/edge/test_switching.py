@@ -137,8 +137,8 @@ def switching(schedule: SwitchingSettings, n: int, **kwargs: Any) -> tuple[LockS
     [
         {"topologies": ["complete", "ring", "one-peer-exponential", "exponential"],
          "at_rounds": [4, 8, 12]},
-        {"topologies": ["directed-ring", "complete", "exponential"], "trigger": "consensus-distance-below",
-         "threshold": 0.2, "window": 1},
+        {"topologies": ["directed-ring", "complete", "exponential"],
+         "trigger": "consensus-distance-below", "threshold": 0.2, "window": 1},
     ],
     ids=["by-round", "adaptive"],
 )  # fmt: skip
