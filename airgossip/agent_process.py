@@ -24,17 +24,16 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient, CoordinatorError
-from coordinator.service import natural_key
 from edge.agent import Agent, build_agent
-from edge.algorithms import algorithm_class
+from edge.identity import agent_ids, natural_order
 from edge.metrics import AgentMetrics, MetricsServer
 from edge.settings import AgentSettings
-from edge.stats import FileStatsSink, StatsSink
+from edge.stats import FileStatsSink
 from edge.telemetry import LatestStats, Telemetry
-from edge.topology import Assignment, assignments_for_graph, build_graph
+from edge.topology import Assignment, TopologyError, assignments_for_graph
 from edge.transport.grpc_transport import GrpcTransport
-from emulation.config import ConfigError, NetworkSettings, RunConfig
-from emulation.wireless_fleet import WirelessAgent, fleet_ids
+from emulation.config import ConfigError, RunConfig
+from emulation.networks import Network, network_for
 
 log = logging.getLogger("airgossip.agent")
 
@@ -93,20 +92,21 @@ class AgentProcessOptions:
     metrics_listen: str | None = None
     #: host:port scrapers should use [default: the advertised host, the bound port].
     metrics_advertise: str | None = None
+    #: Shape the links in the agent (off where a kernel shapes them).
+    shape_links: bool = True
 
 
-def static_assignment(config: RunConfig, agent_id: str, peers: dict[str, str]) -> Assignment:
-    """This agent's neighbours from a static peer list (no coordinator)."""
+def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) -> Assignment:
+    """This agent's neighbours from a static peer list (no coordinator): the network's
+    topology over the listed ids in natural order."""
     if agent_id not in peers:
         raise ConfigError(f"agent id '{agent_id}' is not in the peer list ({', '.join(peers)})")
-    ids = sorted(peers, key=natural_key)
-    # Wireless: every peer is known; the channel model decides who talks to whom.
-    topology = config.topology if config.wireless is None else "complete"
-    graph = build_graph(
-        topology, len(ids), seed=config.seed, edges=config.edges, p=config.edge_probability
-    )
-    scheme = algorithm_class(config.algorithm).mixing
-    return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=scheme)[agent_id]
+    ids = natural_order(peers)
+    try:
+        graph = network.topology().graph(len(ids))
+    except TopologyError as err:
+        raise ConfigError(str(err)) from None
+    return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=network.scheme)[agent_id]
 
 
 def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Event) -> None:
@@ -130,23 +130,18 @@ def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Ev
         log.warning("starting without hearing from: %s", ", ".join(pending))
 
 
-def wireless_agent(config: RunConfig, options: AgentProcessOptions) -> WirelessAgent | None:
-    """The wireless scenario's side of this agent (None without one)."""
-    if config.wireless is None:
-        return None
-    ids = sorted(options.peers, key=natural_key) if options.peers else fleet_ids(config.agents)
-    if options.agent_id not in ids:
-        raise ConfigError(f"agent id '{options.agent_id}' is not one of the fleet's ids")
-    return WirelessAgent(config.wireless, ids, options.agent_id, config.seed)
-
-
 def run_agent_process(
     config: RunConfig, options: AgentProcessOptions, stop: threading.Event | None = None
 ) -> int:
     """Run one agent to the end; return the process exit code."""
     stop = stop or threading.Event()
     settings: AgentSettings = config.agent_settings()
-    network: NetworkSettings = config.network
+    network = network_for(config)
+    ids = natural_order(options.peers) if options.peers else tuple(agent_ids(config.agents))
+    links = network.runtime(list(ids))
+    refusal = links.refuse_agent(options.agent_id)
+    if refusal is not None:
+        raise ConfigError(refusal)
     latest = LatestStats()
     metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
     telemetry = Telemetry(
@@ -154,10 +149,9 @@ def run_agent_process(
         metrics,
         latest,
     )
-    wireless = wireless_agent(config, options)
-    shaper = wireless.shaper(config.mode) if wireless is not None else network.shaper(config.seed)
-    # A wireless run adds its link figures to every round record on the way to the telemetry.
-    stats: StatsSink = wireless.sink(telemetry) if wireless is not None else telemetry
+    shaper = links.shaper if options.shape_links else None
+    # The network may add its figures (a wireless link count, say) to every round record.
+    stats = links.sink(telemetry)
     transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
     agent: Agent = build_agent(
         options.agent_id,
@@ -221,13 +215,13 @@ def run_agent_process(
                 log.error("no neighbour assignment within %.0f s", options.ready_timeout_s)
                 return 3
         else:
-            assignment = static_assignment(config, options.agent_id, options.peers or {})
+            assignment = static_assignment(network, options.agent_id, options.peers or {})
             agent.set_assignment(assignment)
             _wait_for_peers(assignment, options.ready_timeout_s, stop)
         assert agent.assignment is not None
-        if wireless is not None:
-            # The gossip graph now comes from the channel model; its figures go to the metrics.
-            wireless.follow(agent, stop, metrics.observe_links if metrics is not None else None)
+        # A network whose graph changes with time installs it from now on; the radio figures
+        # of the agent's out-links go to its metrics.
+        links.follow(agent, stop, metrics.observe_links if metrics is not None else None)
         log.info(
             "%s starts: %d rounds, out-neighbours %s",
             options.agent_id,

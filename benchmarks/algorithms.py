@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from emulation.config import load_config
-from emulation.fleet import InProcessFleet, preflight, reference_answer
+from emulation.fleets import preflight, reference_answer
+from emulation.fleets.inproc import run_in_process
 from emulation.results import summarise
 
 
@@ -96,7 +97,8 @@ def run(row: Row, settings: dict[str, Any]) -> dict[str, Any]:
     })  # fmt: skip
     preflight(config)
     started = time.monotonic()
-    results = summarise(InProcessFleet(config).run(), reference=reference_answer(config))
+    records = run_in_process(config)
+    results = summarise(records, reference=reference_answer(config)).to_json()
     results["wall_s"] = time.monotonic() - started
     return results
 

@@ -40,7 +40,8 @@ import torch
 from edge.agent import Agent, build_agent
 from edge.algorithms import EnsembleCompression, LocalSGD, algorithm_class
 from edge.algorithms.local_sgd import LocalSGDOptions
-from edge.compression import derive_seed, get_codec
+from edge.compression import get_codec
+from edge.seeds import derive_seed
 from edge.settings import AgentSettings
 from edge.stats import MemoryStatsSink, RoundRecord
 from edge.tasks import TaskContext, TrainConfig, load_task
@@ -93,7 +94,7 @@ class Run:
         return float(np.min(self.final("accuracy")))
 
     def megabytes(self) -> float:
-        return sum(a.counters()["bytes_sent"] for a in self.agents) / 1e6
+        return sum(a.counters().bytes_sent for a in self.agents) / 1e6
 
     def estimates(self) -> torch.Tensor:
         return torch.stack([a.algorithm.estimate().double() for a in self.agents])

@@ -24,10 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from emulation.config import load_config, read_scenario
-from emulation.fleet import InProcessFleet, run_fleet
+from emulation.fleets import run_fleet
+from emulation.fleets.inproc import run_in_process
+from emulation.networks import network_for
 from emulation.scenario import scenario_path
-from emulation.wireless import WirelessRun
-from emulation.wireless_fleet import fleet_ids
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as out:
         wall, cpu = time.perf_counter(), time.process_time()
-        results = run_fleet(config, Path(out))
+        results = run_fleet(config, Path(out)).to_json()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     final = results["final"]
     messages = final["messages_sent"]
@@ -63,9 +63,7 @@ def main() -> None:
               f"{final['consensus_distance']:.3e}")  # fmt: skip
 
     # Baseline: the lock-step driver, no link model, on the scenario's first gossip graph.
-    assert config.wireless is not None
-    run = WirelessRun(config.wireless, fleet_ids(args.agents), config.seed, lambda: 0.0)
-    adjacency = run.topology.graph(0.0).adjacency
+    adjacency = network_for(config).first_graph().phases[0]
     edges = [[int(i), int(j)] for i, j in zip(*np.nonzero(adjacency), strict=True)]
     baseline = load_config(None, {
         "mode": "inproc", "agents": args.agents, "rounds": args.baseline_rounds,
@@ -73,10 +71,9 @@ def main() -> None:
         "network": {"loss": 0.0},
     })  # fmt: skip
     b_wall, b_cpu = time.perf_counter(), time.process_time()
-    fleet = InProcessFleet(baseline)
-    records = fleet.run()
+    records = run_in_process(baseline)
     b_wall, b_cpu = time.perf_counter() - b_wall, time.process_time() - b_cpu
-    b_messages = sum(r[-1].messages_sent for r in records.values())
+    b_messages = sum(r[-1].counters.messages_sent for r in records.values())
     per = cpu / messages
     b_per = b_cpu / b_messages
     print(f"baseline: lock-step, no link model, same graph, {args.baseline_rounds} rounds: "

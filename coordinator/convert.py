@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from edge.stats import Counters
 from edge.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import Assignment, Phase
 from protos import coordinator_pb2
@@ -54,12 +55,7 @@ def assignment_from_proto(proto: coordinator_pb2.Assignment) -> Assignment:
 def snapshot_to_proto(snapshot: AgentSnapshot) -> coordinator_pb2.AgentStats:
     stats = coordinator_pb2.AgentStats(
         round=snapshot.round,
-        bytes_sent=snapshot.bytes_sent,
-        messages_sent=snapshot.messages_sent,
-        messages_dropped=snapshot.messages_dropped,
-        messages_failed=snapshot.messages_failed,
-        messages_received=snapshot.messages_received,
-        messages_rejected=snapshot.messages_rejected,
+        **snapshot.counters.as_dict(),
         links=[
             coordinator_pb2.LinkStats(peer_id=peer, **vars(totals))
             for peer, totals in sorted(snapshot.links.items())
@@ -89,12 +85,7 @@ def snapshot_from_proto(stats: coordinator_pb2.AgentStats) -> AgentSnapshot:
         )
     return AgentSnapshot(
         round=stats.round,
-        bytes_sent=stats.bytes_sent,
-        messages_sent=stats.messages_sent,
-        messages_dropped=stats.messages_dropped,
-        messages_failed=stats.messages_failed,
-        messages_received=stats.messages_received,
-        messages_rejected=stats.messages_rejected,
+        counters=Counters.from_fields(stats),
         links=links,
         **optional,
     )

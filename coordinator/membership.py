@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.policy import FleetGraph, TopologyPolicy, TopologySpec, natural_order
+from coordinator.policy import FleetGraph, TopologyPolicy, TopologySpec
 from coordinator.store import FleetStore, MemberRecord, StoredFleet
+from edge.identity import natural_order
 from edge.telemetry import AgentSnapshot
 from edge.topology import Assignment, assignments_for_graph
 

@@ -41,7 +41,8 @@ AGENT_GAUGES = (
         "disagreement",
     ),
 )
-#: Per-agent counters from heartbeats (cumulative since the agent started).
+#: Per-agent counters from heartbeats (cumulative since the agent started): (metric name,
+#: help, field of :class:`~edge.stats.Counters`).
 AGENT_COUNTERS = (
     ("airgossip_fleet_agent_sent_bytes", "Bytes each agent pushed.", "bytes_sent"),
     ("airgossip_fleet_agent_messages_sent", "Messages each agent pushed.", "messages_sent"),
@@ -166,7 +167,9 @@ class FleetCollector(Collector):
         for name, text, attribute in AGENT_COUNTERS:
             counter = CounterMetricFamily(name, text, labels=["agent"])
             for member in live:
-                counter.add_metric([member.agent_id], float(getattr(member.stats, attribute)))
+                assert member.stats is not None
+                counts = member.stats.counters
+                counter.add_metric([member.agent_id], float(getattr(counts, attribute)))
             yield counter
         for name, text, attribute in LINK_COUNTERS:
             counter = CounterMetricFamily(name, text, labels=["agent", "peer"])

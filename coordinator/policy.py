@@ -21,7 +21,6 @@ events gives the same graphs.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,15 +32,6 @@ from edge.topology import TOPOLOGIES, Graph, TopologyError, build_graph, is_stro
 
 #: Coordinator topologies: the scenario's named ones plus the dynamic k-out graph.
 POLICIES = (*TOPOLOGIES, "k-out")
-
-
-def natural_key(agent_id: str) -> list[object]:
-    """Sort key that orders ``agent-2`` before ``agent-10``."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", agent_id)]
-
-
-def natural_order(ids: Iterable[str]) -> tuple[str, ...]:
-    return tuple(sorted(ids, key=natural_key))
 
 
 @dataclass(frozen=True)
@@ -70,6 +60,11 @@ class TopologySpec:
     p: float | None = None
     out_degree: int = 2
     scheme: str = "column-stochastic"
+
+    def graph(self, n: int) -> Graph:
+        """The named static topology on ``n`` nodes (``TopologyError`` if it cannot be built;
+        ``k-out`` and the other policies that edit their graph have no such graph)."""
+        return build_graph(self.name, n, seed=self.seed, edges=list(self.edges) or None, p=self.p)
 
     def describe(self) -> dict[str, Any]:
         """What identifies the topology (stored with a fleet, compared on restart)."""
@@ -212,13 +207,9 @@ class StaticPolicy(TopologyPolicy):
         self.universe: tuple[str, ...] = ()
         self._base: Graph | None = None
 
-    def _build_base(self, n: int) -> Graph:
-        s = self.spec
-        return build_graph(s.name, n, seed=s.seed, edges=list(s.edges) or None, p=s.p)
-
     def base(self) -> Graph:
         if self._base is None:
-            self._base = self._build_base(len(self.universe))
+            self._base = self.spec.graph(len(self.universe))
         return self._base
 
     def admits(self, agent_id: str) -> bool:

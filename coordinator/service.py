@@ -22,13 +22,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from coordinator.convert import assignment_to_proto, snapshot_from_proto
 from coordinator.membership import Fleet, FleetView, LivenessSettings, Refusal
 from coordinator.observability import metrics_server
-from coordinator.policy import TopologySpec, make_policy, natural_key
+from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore
 from edge.metrics import MetricsServer
 from edge.transport.grpc_transport import ensure_bindable
 from protos import coordinator_pb2, coordinator_pb2_grpc
 
-__all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec", "natural_key"]
+__all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec"]
 
 SERVICE_NAME = "airgossip.v1.Coordinator"
 log = logging.getLogger("airgossip.coordinator")

@@ -21,7 +21,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -36,9 +35,10 @@ from edge.algorithms import (
     algorithm_class,
     create_algorithm,
 )
-from edge.compression import Codec, DecodeError, Encoded, decode_blocks, derive_seed, get_codec
+from edge.compression import Codec, DecodeError, Encoded, decode_blocks, get_codec
+from edge.seeds import derive_seed
 from edge.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
-from edge.stats import RoundRecord, StatsSink, probe_estimate
+from edge.stats import Counters, RoundRecord, StatsSink, probe_estimate
 from edge.tasks import Distiller, Task, TaskContext, TrainConfig, load_task
 from edge.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
 from edge.topology import Assignment, Phase
@@ -115,16 +115,6 @@ def fleet_digest(task: Task, initial: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
-@dataclass
-class _Counters:
-    bytes_sent: int = 0
-    messages_sent: int = 0
-    messages_dropped: int = 0
-    messages_failed: int = 0
-    messages_received: int = 0
-    messages_rejected: int = 0
-
-
 class Agent:
     """One edge agent.
 
@@ -178,7 +168,7 @@ class Agent:
         self._progress = threading.Condition(self._lock)
         self._heard: dict[str, int] = {}
         self._inflight: set[str] = set()
-        self._counters = _Counters()
+        self._counters = Counters()
         self._warned: set[tuple[str, str]] = set()
         self._stopped = threading.Event()
         self._started_at = clock()
@@ -235,10 +225,12 @@ class Agent:
         self.push(round_index)
         self.wait_for_neighbours(round_index)
         self.mix(round_index)
-        if self._due(round_index):
+        if self.report_due(round_index):
             self.report(round_index)
 
-    def _due(self, round_index: int) -> bool:
+    def report_due(self, round_index: int) -> bool:
+        """Whether ``round_index`` is evaluated and reported (every ``eval_every`` rounds and
+        the last); drivers that run the phases themselves ask this after ``mix``."""
         return round_index % self.settings.eval_every == 0 or round_index == self.settings.rounds
 
     def local_step(self, round_index: int) -> None:
@@ -367,7 +359,7 @@ class Agent:
         with self._lock:
             # How far the mix moves the estimate measures the disagreement with in-neighbours;
             # computed only for reported rounds, and only for an observer (metrics, heartbeats).
-            due = self.observer is not None and self._due(round_index)
+            due = self.observer is not None and self.report_due(round_index)
             before = self.algorithm.estimate() if due else None
             self.algorithm.mix()
             if before is not None:
@@ -399,7 +391,7 @@ class Agent:
             scalars = self.algorithm.scalars()
             if self._disagreement is not None:
                 scalars["disagreement"] = self._disagreement
-            c = _Counters(**vars(self._counters))
+            counters = self._counters.copy()
         evaluation = self.task.evaluate(estimate.to(torch.float32))
         metrics = {**self._last_metrics, **evaluation.metrics}
         record = RoundRecord(
@@ -410,15 +402,16 @@ class Agent:
             scalars=scalars,
             final=final or round_index == self.settings.rounds,
             estimate=probe_estimate(estimate.numpy(), self.settings.seed),
-            **vars(c),
+            counters=counters,
         )
         if self.stats is not None:
             self.stats.record(record)
         return record
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> Counters:
+        """A copy of what this agent has sent and received so far."""
         with self._lock:
-            return dict(vars(self._counters))
+            return self._counters.copy()
 
     # -- receiving (InboundHandler) -----------------------------------------------------------
     def _reject(self, code: RejectCode, reason: str) -> Rejected:

@@ -7,9 +7,10 @@ fleet figures such as the consensus distance, which needs every agent's estimate
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,46 @@ SKETCH_SIZE = 1 << 16
 
 
 @dataclass
+class Counters:
+    """What an agent has sent and received since it started (cumulative).
+
+    The one spelling of the counter vocabulary: the agent keeps one, every round record and
+    heartbeat snapshot carries a copy, and the coordinator's messages and metrics are made
+    from its fields.
+    """
+
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    #: Lost on an emulated link.
+    messages_dropped: int = 0
+    #: Refused by the receiver, or failed in transport.
+    messages_failed: int = 0
+    messages_received: int = 0
+    messages_rejected: int = 0
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_fields(cls, source: object) -> Counters:
+        """Read the counters from any object with attributes of the same names (a protobuf
+        message, say)."""
+        return cls(**{name: int(getattr(source, name)) for name in cls.names()})
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+    def copy(self) -> Counters:
+        return copy.copy(self)
+
+    @property
+    def messages_lost(self) -> int:
+        """Sent messages that did not arrive: dropped by the link or failed."""
+        return self.messages_dropped + self.messages_failed
+
+
+@dataclass
 class RoundRecord:
     """One agent's state after one round (round 0: before the first)."""
 
@@ -28,20 +69,25 @@ class RoundRecord:
     round: int
     wall_s: float
     metrics: dict[str, float] = field(default_factory=dict)
-    bytes_sent: int = 0
-    messages_sent: int = 0
-    messages_dropped: int = 0
-    messages_failed: int = 0
-    messages_received: int = 0
-    messages_rejected: int = 0
+    counters: Counters = field(default_factory=Counters)
     scalars: dict[str, float] = field(default_factory=dict)
     final: bool = False
     estimate: np.ndarray | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        """A flat JSON object (the counters beside the other fields), without the estimate."""
         data = asdict(self)
         data.pop("estimate")
+        data.update(data.pop("counters"))
         return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RoundRecord:
+        """The inverse of :meth:`to_json` (the estimate is not in the JSON; keys a sink adds
+        beside the record, such as where its estimate is, are left aside)."""
+        counters = Counters(**{name: int(data.get(name, 0)) for name in Counters.names()})
+        known = {f.name for f in fields(cls)} - {"counters", "estimate"}
+        return cls(**{k: v for k, v in data.items() if k in known}, counters=counters)
 
 
 class StatsSink(Protocol):
@@ -115,7 +161,7 @@ def read_records(directory: Path, agent_id: str) -> list[RoundRecord]:
         except json.JSONDecodeError:
             continue
         index, size = data.pop("estimate_index", None), data.pop("estimate_size", None)
-        record = RoundRecord(**data)
+        record = RoundRecord.from_json(data)
         if raw is not None and index is not None and size is not None:
             chunk = raw[index * size : (index + 1) * size]
             record.estimate = chunk if chunk.size == size else None

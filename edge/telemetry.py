@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from edge.stats import RoundRecord
+from edge.stats import Counters, RoundRecord
 
 
 @dataclass(frozen=True)
@@ -162,12 +162,7 @@ class AgentSnapshot:
     round: int = 0
     accuracy: float | None = None
     loss: float | None = None
-    bytes_sent: int = 0
-    messages_sent: int = 0
-    messages_dropped: int = 0
-    messages_failed: int = 0
-    messages_received: int = 0
-    messages_rejected: int = 0
+    counters: Counters = field(default_factory=Counters)
     push_sum_weight: float | None = None
     disagreement: float | None = None
     links: dict[str, LinkTotals] = field(default_factory=dict)
@@ -216,12 +211,7 @@ class LatestStats:
                 round=self._round,
                 accuracy=_finite(r.metrics.get("accuracy")),
                 loss=_finite(r.metrics.get("loss")),
-                bytes_sent=r.bytes_sent,
-                messages_sent=r.messages_sent,
-                messages_dropped=r.messages_dropped,
-                messages_failed=r.messages_failed,
-                messages_received=r.messages_received,
-                messages_rejected=r.messages_rejected,
+                counters=r.counters.copy(),
                 push_sum_weight=_finite(r.scalars.get("weight")),
                 disagreement=_finite(r.scalars.get("disagreement")),
                 links=links,

@@ -1,5 +1,8 @@
 """Scenario configuration: one TOML file for a fleet run, flags on top, validated up front.
 
+Data only: what the settings mean is up to the networks (``emulation.networks``) and the
+fleets (``emulation.fleets``), which this module does not know.
+
 Example scenario (every key optional)::
 
     agents = 16
@@ -23,13 +26,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edge.settings import AgentSettings
 from edge.topology import TOPOLOGIES
-from emulation.links import BernoulliLinkShaper, LinkSpec
 from emulation.scenario import WirelessSettings
 
 if sys.version_info >= (3, 11):
@@ -52,15 +54,6 @@ class NetworkSettings(BaseModel):
     jitter_ms: float = Field(0.0, ge=0, le=600_000)
     bandwidth_mbps: float = Field(0.0, ge=0, description="0 means unlimited")
 
-    def shaper(self, seed: int) -> BernoulliLinkShaper:
-        spec = LinkSpec(
-            loss=self.loss,
-            latency_s=self.latency_ms / 1000,
-            jitter_s=self.jitter_ms / 1000,
-            bandwidth_bps=self.bandwidth_mbps * 1e6,
-        )
-        return BernoulliLinkShaper(spec, seed=seed)
-
 
 class RunConfig(AgentSettings):
     """A whole fleet run: the agents' settings plus fleet size, graph, network and mode."""
@@ -75,7 +68,7 @@ class RunConfig(AgentSettings):
     wireless: WirelessSettings | None = Field(
         None, description="wireless channel model; replaces [network] and the topology"
     )
-    mode: Literal["process", "inproc", "virtual", "namespaces"] = "process"
+    mode: str = Field("process", description="how agents run: a fleet mode (emulation.fleets)")
     out: Path | None = None
 
     @field_validator("topology")
@@ -84,6 +77,12 @@ class RunConfig(AgentSettings):
         if value not in TOPOLOGIES:
             raise ValueError(f"unknown topology '{value}'; choose one of: {', '.join(TOPOLOGIES)}")
         return value
+
+    @property
+    def network_kind(self) -> str:
+        """Which network the links are: ``wireless`` with a ``[wireless]`` table, else
+        ``static`` (the one place that asks)."""
+        return "static" if self.wireless is None else "wireless"
 
     def agent_settings(self) -> AgentSettings:
         return AgentSettings.model_validate(

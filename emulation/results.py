@@ -1,4 +1,11 @@
-"""Fleet figures from the agents' round records: ``results.json`` and the plot."""
+"""A run's results: the typed model behind ``results.json``, the fleet figures computed from
+the agents' round records, and the plot.
+
+:class:`RunResults` is what every fleet writes and every reader (comparisons, the
+coordinator's collected results) reads; optional figures that a run does not have are left
+out of the file rather than written as null, so the schema is the same whichever fleet or
+network made it.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +16,96 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from edge.stats import RoundRecord
 
-ROUND_KEYS = (
-    "round",
-    "wall_s",
-    "mean_accuracy",
-    "min_accuracy",
-    "max_accuracy",
-    "consensus_distance",
-    "bytes_sent",
-    "messages_sent",
-    "messages_dropped",
-)
+
+class _Figures(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RoundFigures(_Figures):
+    """The fleet after one round (every agent that reported it)."""
+
+    round: int
+    wall_s: float = 0.0
+    mean_accuracy: float | None = None
+    min_accuracy: float | None = None
+    max_accuracy: float | None = None
+    consensus_distance: float | None = None
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    #: Messages that did not arrive: dropped by a link or failed.
+    messages_dropped: int = 0
+    agents_reporting: int = 0
+    #: Tasks that report a test loss.
+    mean_loss: float | None = None
+    #: Pure-gossip tasks with an exact answer (``consensus``).
+    relative_error: float | None = None
+    #: Wireless networks: the fleet's links when the round was recorded.
+    radio_links: float | None = None
+    gossip_links: float | None = None
+    strongly_connected: float | None = None
+    #: Messages lost over messages sent during the round.
+    drop_rate: float | None = None
+
+
+class FinalFigures(RoundFigures):
+    """Every agent's last record."""
+
+    complete: bool = False
+
+
+class WirelessFigures(_Figures):
+    """What a wireless network adds to a run's results."""
+
+    scenario: str
+    emulated_s: float
+    graph_epochs: int
+    mean_radio_links: float | None
+    mean_gossip_links: float | None
+    strongly_connected_share: float | None
+    links_log: str | None = None
+    links_log_steps: int | None = None
+    messages_log: str | None = None
+
+
+class RunResults(_Figures):
+    """Everything ``results.json`` holds."""
+
+    config: dict[str, Any]
+    rounds: list[RoundFigures]
+    final: FinalFigures
+    total_wall_s: float = 0.0
+    interrupted: bool = False
+    versions: dict[str, str] = {}
+    wireless: WirelessFigures | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form: figures a run does not have are left out, NaN and infinity
+        become null (JSON has neither)."""
+        data: dict[str, Any] = _clean(self.model_dump(mode="json", exclude_unset=True))
+        return data
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> RunResults:
+        """Read a ``results.json``; ``ValueError`` naming the file and what is wrong."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{path} does not exist") from None
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cannot read {path}: {err}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{path} is not a results file: {where}: {first['msg']}") from None
 
 
 def consensus_distance(estimates: list[np.ndarray]) -> float | None:
@@ -53,9 +136,9 @@ def _figures(records: list[RoundRecord], reference: np.ndarray | None) -> dict[s
         "min_accuracy": float(np.min(accuracies)) if accuracies else None,
         "max_accuracy": float(np.max(accuracies)) if accuracies else None,
         "consensus_distance": consensus_distance(estimates),
-        "bytes_sent": sum(r.bytes_sent for r in records),
-        "messages_sent": sum(r.messages_sent for r in records),
-        "messages_dropped": sum(r.messages_dropped + r.messages_failed for r in records),
+        "bytes_sent": sum(r.counters.bytes_sent for r in records),
+        "messages_sent": sum(r.counters.messages_sent for r in records),
+        "messages_dropped": sum(r.counters.messages_lost for r in records),
         "agents_reporting": len(records),
     }
     losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
@@ -70,7 +153,8 @@ def summarise(
     records: Mapping[str, Iterable[RoundRecord]],
     *,
     reference: np.ndarray | None = None,
-) -> dict[str, Any]:
+    config: dict[str, Any] | None = None,
+) -> RunResults:
     """Per-round and final fleet figures.
 
     Parameters
@@ -79,6 +163,8 @@ def summarise(
         Every agent's records, by agent id.
     reference:
         The exact answer for pure-gossip tasks (``consensus``): adds ``relative_error``.
+    config:
+        The resolved config the results carry.
     """
     by_round: dict[int, dict[str, RoundRecord]] = {}
     last: dict[str, RoundRecord] = {}
@@ -88,13 +174,17 @@ def summarise(
             if agent_id not in last or record.round >= last[agent_id].round:
                 last[agent_id] = record
     rounds = [
-        {"round": r, **_figures(list(by_round[r].values()), reference)} for r in sorted(by_round)
+        RoundFigures(round=r, **_figures(list(by_round[r].values()), reference))
+        for r in sorted(by_round)
     ]
-    final = {"round": max((r.round for r in last.values()), default=0)}
-    if last:
-        final.update(_figures(list(last.values()), reference))
-    final["complete"] = bool(last) and all(r.final for r in last.values())
-    return {"rounds": rounds, "final": final}
+    # Nothing reported: a final row with the round and nothing else.
+    figures = _figures(list(last.values()), reference) if last else {}
+    final = FinalFigures(
+        round=max((r.round for r in last.values()), default=0),
+        **figures,
+        complete=bool(last) and all(r.final for r in last.values()),
+    )
+    return RunResults(config=config or {}, rounds=rounds, final=final)
 
 
 def _clean(value: Any) -> Any:
@@ -108,25 +198,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_results(path: Path, results: dict[str, Any]) -> None:
-    path.write_text(json.dumps(_clean(results), indent=2, default=str) + "\n")
-
-
-def plot_results(path: Path, results: dict[str, Any], title: str) -> None:
+def plot_results(path: Path, results: RunResults, title: str) -> None:
     """PNG with accuracy (mean, min-max band) and consensus distance per round."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = results["rounds"]
+    rows = results.rounds
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    if any(r["mean_accuracy"] is not None for r in rows):
-        acc = [
-            (r["round"], r["mean_accuracy"], r["min_accuracy"], r["max_accuracy"])
-            for r in rows
-            if r["mean_accuracy"] is not None
-        ]
+    acc = [
+        (r.round, r.mean_accuracy, r.min_accuracy, r.max_accuracy)
+        for r in rows
+        if r.mean_accuracy is not None
+    ]
+    if acc:
         xs, mean, low, high = (list(c) for c in zip(*acc, strict=True))
         left.fill_between(xs, low, high, alpha=0.25, label="min-max over agents")
         left.plot(xs, mean, label="mean")
@@ -134,22 +220,21 @@ def plot_results(path: Path, results: dict[str, Any], title: str) -> None:
         left.set_ylim(0, 1)
     else:
         # No accuracy: the error to the exact answer (consensus), else the mean test loss.
-        key, label = next(
-            ((k, t) for k, t in (("relative_error", "max relative error to the true average"),
-                                 ("mean_loss", "mean test loss"))
-             if any(r.get(k) is not None for r in rows)),
-            (None, ""),
-        )  # fmt: skip
-        if key is not None:
-            points = [(r["round"], r[key]) for r in rows if r.get(key)]
-            left.semilogy([p[0] for p in points], [p[1] for p in points], label=label)
-            left.set_ylabel(label)
+        for key, label in (
+            ("relative_error", "max relative error to the true average"),
+            ("mean_loss", "mean test loss"),
+        ):
+            points = [(r.round, getattr(r, key)) for r in rows if getattr(r, key)]
+            if points:
+                left.semilogy([p[0] for p in points], [p[1] for p in points], label=label)
+                left.set_ylabel(label)
+                break
     left.set_xlabel("round")
     if left.get_legend_handles_labels()[0]:
         left.legend(loc="best")
     left.grid(alpha=0.3)
     # A log axis cannot show exact zeros (identical starting models): leave them out.
-    dist = [(r["round"], r["consensus_distance"]) for r in rows if r["consensus_distance"]]
+    dist = [(r.round, r.consensus_distance) for r in rows if r.consensus_distance]
     if dist:
         right.semilogy([d[0] for d in dist], [d[1] for d in dist])
     right.set_xlabel("round")

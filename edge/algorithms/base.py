@@ -28,11 +28,11 @@ from edge.compression import (
     Encoded,
     RawCodec,
     decode_blocks,
-    derive_seed,
     encode_blocks,
     raw_codec_for,
 )
 from edge.options import validate_options
+from edge.seeds import derive_seed
 from edge.topology.mixing import Phase
 
 
@@ -117,7 +117,7 @@ class GossipAlgorithm(ABC):
         Codec of every payload (default: the lossless codec of ``dtype``).
     seed:
         Root of the algorithm's random draws (stochastic rounding, random-k indices); give
-        every agent its own (see :func:`~edge.compression.derive_seed`).
+        every agent its own (see :func:`~edge.seeds.derive_seed`).
     options:
         The algorithm's ``[algorithm_options]``, validated against :attr:`options_model`.
     shared_start:

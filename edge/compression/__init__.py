@@ -1,20 +1,16 @@
 """Codecs: flat vectors to bytes and back (raw dtypes, qsgd quantization, sparsifiers)."""
 
 from edge.compression.codec import (
-    CODEC_FORMS,
-    CODECS,
     Codec,
     DecodeError,
     Encoded,
     RawCodec,
     decode_blocks,
-    derive_seed,
     encode_blocks,
-    get_codec,
     join_blocks,
-    raw_codec_for,
 )
 from edge.compression.quantize import QSGD_BUCKET, QSGDCodec
+from edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
 from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec, random_indices
 
 __all__ = [
@@ -30,7 +26,6 @@ __all__ = [
     "SlimCodec",
     "TopKCodec",
     "decode_blocks",
-    "derive_seed",
     "encode_blocks",
     "get_codec",
     "join_blocks",

@@ -1,9 +1,10 @@
 """Codecs turn one flat vector into bytes for the wire and back.
 
 A codec is named by a spec string: a registered name, optionally with one argument after a
-colon (``"float32"``, ``"fp16"``, ``"qsgd:4"``, ``"topk:0.01"``). :data:`CODECS` maps each
-name to a factory and :func:`get_codec` parses specs; the spec travels in every message
-header so the receiver decodes with the sender's codec.
+colon (``"float32"``, ``"fp16"``, ``"qsgd:4"``, ``"topk:0.01"``). The registry
+(:mod:`edge.compression.registry`) maps each name to a factory and parses specs; the spec
+travels in every message header so the receiver decodes with the sender's codec. This module
+holds the contract and the raw codecs; it knows no other codec.
 
 Every codec encodes a vector of ``n`` elements into exactly :meth:`Codec.max_bytes` data
 bytes plus :meth:`Codec.meta_bytes` side-information bytes, so a receiver can bound a
@@ -12,19 +13,19 @@ before touching memory and never trusts the header alone.
 
 A message may carry several *blocks* (vectors of the same length, each encoded on its own,
 their bytes concatenated): :func:`join_blocks`, :func:`encode_blocks`, :func:`decode_blocks`.
-Stochastic codecs draw from an explicit ``seed`` (see :func:`derive_seed`), never from global
-random state, so the same fleet seed gives the same bytes.
+Stochastic codecs draw from an explicit ``seed`` (see :func:`edge.seeds.derive_seed`), never
+from global random state, so the same fleet seed gives the same bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
+
+from edge.seeds import derive_seed
 
 
 class DecodeError(ValueError):
@@ -106,7 +107,7 @@ class Codec(ABC):
             )
 
 
-_RAW_DTYPES: dict[str, torch.dtype] = {
+RAW_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
     "float32": torch.float32,
     "fp16": torch.float16,
@@ -121,10 +122,10 @@ class RawCodec(Codec):
     """
 
     def __init__(self, spec: str) -> None:
-        if spec not in _RAW_DTYPES:
-            raise ValueError(f"unknown raw codec '{spec}'; choose one of {sorted(_RAW_DTYPES)}")
+        if spec not in RAW_DTYPES:
+            raise ValueError(f"unknown raw codec '{spec}'; choose one of {sorted(RAW_DTYPES)}")
         self.spec = spec
-        self.dtype = _RAW_DTYPES[spec]
+        self.dtype = RAW_DTYPES[spec]
         self.itemsize = torch.empty(0, dtype=self.dtype).element_size()
 
     @property
@@ -149,91 +150,6 @@ class RawCodec(Codec):
 
     def max_bytes(self, numel: int) -> int:
         return numel * self.itemsize
-
-
-def raw_codec_for(dtype: torch.dtype) -> Codec:
-    """The lossless codec of a gossip state's dtype (what ``compression = "none"`` means)."""
-    return get_codec("float64" if dtype == torch.float64 else "float32")
-
-
-#: Builds a codec from the argument after the colon (None when the spec has none).
-CodecFactory = Callable[[str | None], Codec]
-
-
-def _no_argument(name: str, build: Callable[[], Codec]) -> CodecFactory:
-    def factory(argument: str | None) -> Codec:
-        if argument is not None:
-            raise ValueError(f"codec '{name}' takes no argument, got '{name}:{argument}'")
-        return build()
-
-    return factory
-
-
-def _qsgd(argument: str | None) -> Codec:
-    from edge.compression.quantize import QSGDCodec
-
-    return QSGDCodec.from_argument(argument)
-
-
-def _topk(argument: str | None) -> Codec:
-    from edge.compression.sparsify import TopKCodec
-
-    return TopKCodec.from_argument(argument)
-
-
-def _randomk(argument: str | None) -> Codec:
-    from edge.compression.sparsify import RandomKCodec
-
-    return RandomKCodec.from_argument(argument)
-
-
-def _slim(argument: str | None) -> Codec:
-    from edge.compression.sparsify import SlimCodec
-
-    return SlimCodec.from_argument(argument)
-
-
-#: Codecs by name; parametrised ones take ``name:ARGUMENT``.
-CODECS: dict[str, CodecFactory] = {
-    **{
-        spec: _no_argument(spec, lambda spec=spec: RawCodec(spec))  # type: ignore[misc]
-        for spec in _RAW_DTYPES
-    },
-    "qsgd": _qsgd,
-    "topk": _topk,
-    "randomk": _randomk,
-    "slim": _slim,
-}
-
-#: How users write each codec (for help texts and error messages).
-CODEC_FORMS = (
-    "float64",
-    "float32",
-    "fp16",
-    "bf16",
-    "qsgd:BITS",
-    "topk:FRACTION",
-    "randomk:FRACTION",
-    "slim:FRACTION:EXPLORE",
-)
-
-
-@lru_cache(maxsize=64)
-def get_codec(spec: str) -> Codec:
-    """Parse a codec spec (``name`` or ``name:ARGUMENT``); ``ValueError`` naming what is allowed.
-
-    Instances are cached (codecs are stateless), so a receiver may call this per message.
-    """
-    name, sep, argument = spec.partition(":")
-    if name not in CODECS:
-        raise ValueError(f"unknown codec '{spec}'; choose one of: {', '.join(CODEC_FORMS)}")
-    return CODECS[name](argument if sep else None)
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed from any mix of integers and strings, stable across runs and machines."""
-    text = "\x00".join(str(p) for p in parts).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
 def join_blocks(blocks: Sequence[Encoded]) -> Encoded:

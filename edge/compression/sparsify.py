@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from edge.compression.codec import Codec, DecodeError, Encoded
+from edge.seeds import GOLDEN64, splitmix64_array
 
 
 def _fraction(name: str, argument: str | None) -> float:
@@ -103,17 +104,6 @@ class TopKCodec(_Sparsifier):
         return self._scatter(n, torch.from_numpy(indices), values, dtype)
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a bijection on uint64 (so distinct inputs, distinct outputs)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    out: np.ndarray = x ^ (x >> np.uint64(31))
-    return out
-
-
 def random_indices(seed: int, numel: int, k: int) -> np.ndarray:
     """``k`` distinct sorted indices of ``0..numel-1`` drawn from ``seed``.
 
@@ -121,7 +111,8 @@ def random_indices(seed: int, numel: int, k: int) -> np.ndarray:
     numpy or torch version draws exactly the sender's indices.
     """
     with np.errstate(over="ignore"):
-        keys = _splitmix64(np.uint64(seed) + _GOLDEN * np.arange(1, numel + 1, dtype=np.uint64))
+        starts = np.uint64(seed) + np.uint64(GOLDEN64) * np.arange(numel, dtype=np.uint64)
+    keys = splitmix64_array(starts)
     if k >= numel:
         return np.arange(numel, dtype=np.int64)
     # Distinct keys: the k smallest form one well-defined set whatever the partition method.

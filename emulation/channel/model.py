@@ -31,10 +31,16 @@ from scipy.sparse.csgraph import connected_components
 
 from emulation.channel import fading as fad
 from emulation.channel import radio
-from emulation.channel.gilbert import GilbertElliottLoss
-from emulation.mobility import GaussMarkov, Mobility, MobilityState, RandomWaypoint, StaticMobility
+from emulation.channel.bursts import GilbertElliottLoss
+from emulation.channel.mobility import (
+    GaussMarkov,
+    Mobility,
+    MobilityState,
+    RandomWaypoint,
+    StaticMobility,
+)
+from emulation.channel.traces import RateTrace, read_trace
 from emulation.scenario import WirelessSettings
-from emulation.traces import RateTrace, read_trace
 
 # Streams of random draws (the second key of every generator).
 _MOBILITY, _SHADOW, _LOS, _FADING, _BURST, _ACTIVE = 1, 2, 3, 4, 5, 6

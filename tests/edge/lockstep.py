@@ -18,7 +18,7 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.algorithms import algorithm_class
-from edge.compression import derive_seed
+from edge.seeds import derive_seed
 from edge.settings import AgentSettings
 from edge.stats import MemoryStatsSink, RoundRecord
 from edge.topology import Assignment, Graph, assignments_for_graph, build_graph
@@ -105,7 +105,7 @@ class LockStepFleet:
                     agent.push(r)
                 for agent in self.agents:
                     agent.mix(r)
-                    if agent._due(r):
+                    if agent.report_due(r):
                         agent.report(r)
                 if between is not None:
                     new = between(r, self)
@@ -132,7 +132,7 @@ class LockStepFleet:
         return [a.algorithm.estimate() for a in self.agents]
 
     def bytes_sent(self) -> int:
-        return sum(a.counters()["bytes_sent"] for a in self.agents)
+        return sum(a.counters().bytes_sent for a in self.agents)
 
     def consensus_distance(self) -> float:
         stack = torch.stack(self.estimates()).double()

@@ -12,7 +12,7 @@ from edge.algorithms import AdaptiveConsensusDPSGD, GossipAlgorithm, Payload, cr
 from edge.algorithms.adaptive_consensus import AdaptiveConsensusOptions, consensus_step
 from edge.topology import Phase
 from tests.edge.lockstep import LockStepFleet
-from tests.gossip_driver import AlgorithmFleet
+from tests.support import AlgorithmFleet
 
 
 def options(**values: Any) -> AdaptiveConsensusOptions:

@@ -155,7 +155,7 @@ def test_push_sum_stays_exact_across_switches_under_10_percent_loss(
     reference = true_average(0, n, ConsensusOptions(dim=dim))
     error = max(float((e - reference).norm() / reference.norm()) for e in fleet.estimates())
     assert error < 1e-6
-    assert sum(a.counters()["messages_dropped"] for a in fleet.agents) > 100
+    assert sum(a.counters().messages_dropped for a in fleet.agents) > 100
     fleet.close()
 
 

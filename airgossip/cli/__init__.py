@@ -1,0 +1,37 @@
+"""The ``airgossip`` command line: one module per command, one for what it shows.
+
+``run`` (a whole fleet on this machine), ``agent`` (one agent, what runs on each device),
+``coordinator`` (the optional control plane), ``topology`` and ``links`` (describe a graph
+or a wireless scenario). Commands import the heavy parts (torch, the fleets) only when they
+run, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from airgossip.cli.agent import agent
+from airgossip.cli.coordinator import coordinator
+from airgossip.cli.links import links_command
+from airgossip.cli.run import run
+from airgossip.cli.topology import topology_info
+
+app = typer.Typer(
+    name="airgossip",
+    help="Decentralized learning over directed, lossy links: gossip agents that need no server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("run")(run)
+app.command("agent")(agent)
+app.command("coordinator")(coordinator)
+app.command("topology")(topology_info)
+app.command("links")(links_command)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,111 @@
+"""``airgossip agent``: one edge agent over real gRPC, what runs on each device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from airgossip.cli.display import fail
+
+
+def agent(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Scenario file (TOML, or the config.json of a run)."),
+    ] = None,
+    agent_id: Annotated[
+        str | None, typer.Option("--id", help="Agent id (default: agent-<index>).")
+    ] = None,
+    index: Annotated[int, typer.Option(help="Index of this agent (picks its data shard).")] = 0,
+    listen: Annotated[str, typer.Option(help="host:port to serve gossip on.")] = "127.0.0.1:0",
+    advertise: Annotated[
+        str | None, typer.Option(help="host:port peers should dial (default: the listen address).")
+    ] = None,
+    coordinator: Annotated[str | None, typer.Option(help="Coordinator host:port.")] = None,
+    peers: Annotated[
+        Path | None,
+        typer.Option(help='TOML file with a [peers] table of id = "host:port" (no coordinator).'),
+    ] = None,
+    token: Annotated[
+        str, typer.Option(help="Join token of the coordinator.", envvar="AIRGOSSIP_TOKEN")
+    ] = "",
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port for the Prometheus /metrics endpoint, or 'off' "
+            "(default: the --listen host, any free port)."
+        ),
+    ] = None,
+    metrics_advertise: Annotated[
+        str | None,
+        typer.Option(help="host:port scrapers should use (default: the advertised host)."),
+    ] = None,
+    stats_dir: Annotated[Path | None, typer.Option(help="Write round records here.")] = None,
+    linger_s: Annotated[
+        float, typer.Option(help="Keep serving this long after the last round.")
+    ] = 10.0,
+    ready_timeout_s: Annotated[float, typer.Option(help="Longest wait for neighbours.")] = 120.0,
+    parent_pid: Annotated[int | None, typer.Option(help="Exit when this process dies.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    link_shaping: Annotated[
+        bool,
+        typer.Option(
+            help="Emulate the network's links in the agent (--no-link-shaping where a kernel "
+            "already shapes them)."
+        ),
+    ] = True,
+) -> None:
+    """Run one edge agent over real gRPC (what runs on each device)."""
+    from airgossip.agent_process import (
+        AgentProcessOptions,
+        configure_process,
+        die_with_parent,
+        run_agent_process,
+    )
+    from edge.identity import agent_id as default_id
+    from emulation.config import ConfigError, load_config, read_scenario
+
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
+    if (coordinator is None) == (peers is None):
+        fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    try:
+        if config is not None and config.suffix == ".json":
+            try:
+                data = json.loads(config.read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                fail(f"cannot read config {config}: {err}")
+            cfg = load_config(None, data)
+        else:
+            cfg = load_config(config)
+        peer_table: dict[str, str] | None = None
+        if peers is not None:
+            table = read_scenario(peers).get("peers")
+            if not isinstance(table, dict) or not table:
+                fail(f'{peers} needs a [peers] table of id = "host:port" entries')
+            peer_table = {str(k): str(v) for k, v in table.items()}
+    except ConfigError as err:
+        fail(str(err))
+    if not 0 <= index < cfg.agents:
+        fail(f"--index {index} is outside the fleet of {cfg.agents} agents (0..{cfg.agents - 1})")
+    configure_process(threads)
+    options = AgentProcessOptions(
+        agent_id=agent_id or default_id(index), index=index, listen=listen, advertise=advertise,
+        coordinator=coordinator, peers=peer_table, token=token, stats_dir=stats_dir,
+        linger_s=linger_s, ready_timeout_s=ready_timeout_s,
+        metrics_listen=None if metrics_listen == "off" else (
+            metrics_listen or f"{listen.rpartition(':')[0]}:0"
+        ),
+        metrics_advertise=metrics_advertise, shape_links=link_shaping,
+    )  # fmt: skip
+    from coordinator.client import CoordinatorError
+    from edge.tasks import TaskError
+
+    try:
+        code = run_agent_process(cfg, options)
+    except (OSError, CoordinatorError, TaskError, ConfigError, ValueError) as err:
+        fail(str(err))
+    raise typer.Exit(code)

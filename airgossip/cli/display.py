@@ -1,0 +1,132 @@
+"""What the CLI shows: errors, the progress of a fleet, the summary table of a run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
+    from emulation.fleets import FleetProgress
+    from emulation.results import RunResults
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one error line and exit with ``code`` (2: bad input, 1: the run failed)."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A figure for people: ``–`` for missing, short floats."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if (abs(value) < 1e-3 and value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+class ProgressDisplay:
+    """A progress bar of a fleet's slowest round (a line every few seconds when the output
+    is not a terminal)."""
+
+    def __init__(self, rounds: int, *, gossip_only: bool) -> None:
+        self.gossip_only = gossip_only
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.bar = self.progress.add_task("starting", total=rounds, status="")
+        self._last_print = 0.0
+
+    def __enter__(self) -> ProgressDisplay:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def update(self, p: FleetProgress) -> None:
+        if p.registered < p.agents:
+            description, status = "starting agents", f"{p.registered}/{p.agents} registered"
+        else:
+            description = "gossiping" if self.gossip_only else "training"
+            acc = f"acc {p.mean_accuracy:.3f} · " if p.mean_accuracy is not None else ""
+            status = f"{acc}{p.messages_dropped}/{p.messages_sent} msgs lost"
+        self.progress.update(self.bar, completed=p.slowest_round, description=description,
+                             status=status)  # fmt: skip
+        if not console.is_terminal and time.monotonic() - self._last_print > 5:
+            self._last_print = time.monotonic()
+            console.print(f"{description}: round {p.slowest_round}/{p.rounds_total} {status}")
+
+
+def summary_table(results: RunResults, out_dir: Path, links: str) -> Table:
+    """The end-of-run table: fleet, figures, messages, output. ``links``: what the links
+    were (``link loss 0.1``, ``wireless lte-urban``)."""
+    final, config = results.final, results.config
+    table = Table(title="airgossip run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, Any]] = [
+        (
+            "fleet",
+            f"{config['agents']} agents · {config['topology']} · {config['algorithm']} · "
+            + ("" if config["compression"] == "none" else f"{config['compression']} · ")
+            + f"{config['mode']}",
+        ),
+        ("task", config["task"]["name"]),
+        ("mixing |λ2|", fmt(config["lambda2"], 3)),
+        ("rounds", f"{final.round} of {config['rounds']}"),
+    ]
+    if final.mean_accuracy is not None:
+        rows.append(
+            (
+                "test accuracy",
+                f"mean {fmt(final.mean_accuracy)} (min {fmt(final.min_accuracy)}, "
+                f"max {fmt(final.max_accuracy)})",
+            )
+        )
+    elif final.mean_loss is not None:
+        rows.append(("test loss", f"mean {fmt(final.mean_loss)}"))
+    if final.relative_error is not None:
+        rows.append(("relative error", f"{final.relative_error:.3e}"))
+    rows += [
+        ("consensus distance", fmt(final.consensus_distance)),
+        ("messages", f"{final.messages_sent} sent, {final.messages_dropped} lost ({links})"),
+        ("bytes sent", f"{final.bytes_sent / 1e6:.2f} MB"),
+        *_wireless_rows(results),
+        ("wall time", f"{results.total_wall_s:.1f} s"),
+        ("results", str(out_dir / "results.json")),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+def _wireless_rows(results: RunResults) -> list[tuple[str, Any]]:
+    w = results.wireless
+    if w is None:
+        return []
+    return [
+        (
+            "wireless links",
+            f"{fmt(w.mean_radio_links, 1)} radio, {fmt(w.mean_gossip_links, 1)} "
+            f"gossip (mean) · {w.graph_epochs} graphs · strongly connected "
+            f"{fmt(w.strongly_connected_share, 2)} of rounds · "
+            f"{fmt(w.emulated_s, 1)} s emulated",
+        )
+    ]

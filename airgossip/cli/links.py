@@ -1,0 +1,66 @@
+"""``airgossip links``: a wireless scenario's link table at one moment, and its picture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from airgossip.cli.display import console, fail
+from airgossip.cli.scenario import flag_overrides, scenario_base
+
+
+def links_command(
+    scenario: Annotated[str, typer.Argument(help="Preset name or scenario TOML file.")],
+    at: Annotated[float, typer.Option("--at", help="Seconds into the scenario.")] = 0.0,
+    agents: Annotated[
+        int | None, typer.Option(help="Number of agents (default: the scenario's).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
+    png: Annotated[Path, typer.Option(help="Where to write the topology picture.")] = Path(
+        "links.png"
+    ),
+    limit: Annotated[int, typer.Option(help="Rows of the table to print (0: all).")] = 40,
+) -> None:
+    """Print a wireless scenario's link table at one moment and draw its topology."""
+    from emulation.config import ConfigError, load_config
+    from emulation.networks.link_report import link_report, plot_links
+    from emulation.networks.wireless import WirelessNetwork
+
+    if at < 0:
+        fail(f"--at must be >= 0 seconds, got {at:g}")
+    base = scenario_base(scenario)
+    try:
+        cfg = load_config(None, flag_overrides(agents=agents, seed=seed), base=base)
+        if cfg.wireless is None:
+            fail(f"scenario '{scenario}' has no [wireless] table")
+        network = WirelessNetwork(cfg)
+        network.first_graph()  # the scenario can be built (traces read, nodes placed)
+    except ConfigError as err:
+        fail(str(err))
+    report = link_report(network, at)
+    assert cfg.wireless is not None
+    graph = report.graph
+    title = (
+        f"{cfg.wireless.name} · {cfg.agents} agents · t = {at:g} s (step {report.step}) · "
+        f"{graph.radio_links} radio links · {int(graph.adjacency.sum())} gossip links · "
+        f"{'strongly connected' if graph.strongly_connected else f'{graph.components} components'}"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("from", "to", "dist m", "rx dBm", "SINR dB", "rate Mb/s", "goodput Mb/s",
+                   "PER", "burst", "gossip"):  # fmt: skip
+        table.add_column(column, justify="right" if column not in ("from", "to") else "left")
+    shown = report.rows if limit <= 0 else report.rows[:limit]
+    for r in shown:
+        table.add_row(
+            r.sender, r.receiver, f"{r.distance_m:.1f}", f"{r.rx_dbm:.1f}", f"{r.sinr_db:.1f}",
+            f"{r.rate_mbps:.1f}", f"{r.goodput_mbps:.1f}", f"{r.per:.2g}",
+            "bad" if r.bad else "good", "yes" if r.gossip else "",
+        )  # fmt: skip
+    console.print(table)
+    if len(shown) < len(report.rows):
+        console.print(f"… {len(report.rows) - len(shown)} more links (--limit 0 shows all)")
+    plot_links(report, png, title)
+    console.print(f"topology picture: {png}")

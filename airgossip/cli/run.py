@@ -1,0 +1,152 @@
+"""``airgossip run``: a whole fleet on this machine, to results.json and a plot."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from airgossip.cli.display import ProgressDisplay, console, errors, fail, summary_table
+from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run(
+    agents: Annotated[int | None, typer.Option(help="Number of agents (default: 8).")] = None,
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
+            "edges (default: exponential)."
+        ),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="digits, consensus, or module:callable (default: digits).")
+    ] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(
+            help="push-sum, push-sum-plain, dpsgd, quantized-push-sum, choco, "
+            "gradient-tracking, local-sgd (default: push-sum)."
+        ),
+    ] = None,
+    compression: Annotated[
+        str | None,
+        typer.Option(
+            help="Codec of every message: none, fp16, bf16, qsgd:BITS (1-8), topk:FRACTION, "
+            "randomk:FRACTION (default: none)."
+        ),
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds per agent (default: 40).")] = None,
+    loss: Annotated[
+        float | None,
+        typer.Option(help="Message loss probability on every directed link (default: 0.1)."),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of every random draw (default: 0).")
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="process (one OS process per agent, real gRPC), inproc (all agents in this "
+            "process in lock step), virtual (a wireless scenario on a virtual clock) or "
+            "namespaces (one network namespace per agent, links shaped by the kernel; root) "
+            "(default: process)."
+        ),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default: runs/<timestamp>).")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML scenario file; flags override it.")
+    ] = None,
+    coordinator_port: Annotated[
+        int, typer.Option(help="Port of the embedded coordinator (0: any free port).")
+    ] = 0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve the embedded coordinator's /metrics, /sd (Prometheus service "
+            "discovery) and /fleet on this port (default: off)."
+        ),
+    ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            help="Wireless scenario: a preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or "
+            "a TOML file; --config and flags override it."
+        ),
+    ] = None,
+    record: Annotated[
+        bool, typer.Option("--record", help="Write replay logs of link states (wireless).")
+    ] = False,
+) -> None:
+    """Run a fleet of agents locally and write results.json and a plot."""
+    from emulation.config import ConfigError, load_config
+    from emulation.fleets import FLEETS, FleetError, preflight, refuse_used_out_dir, run_fleet
+    from emulation.networks import network_for
+
+    overrides = flag_overrides(
+        agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
+        loss=loss, seed=seed, mode=mode, device=device, compression=compression,
+    )  # fmt: skip
+    if not 0 <= coordinator_port <= 65535:
+        fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
+    if metrics_port is not None and not 0 < metrics_port <= 65535:
+        fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
+    try:
+        base = scenario_base(scenario) if scenario is not None else None
+        cfg = load_config(config, overrides, base=base)
+        if record:
+            if cfg.wireless is None:
+                fail("--record needs a wireless scenario (--scenario NAME|FILE)")
+            wireless = cfg.wireless.model_copy(update={"record": True})
+            cfg = cfg.model_copy(update={"wireless": wireless})
+        plan = preflight(cfg)
+        out_dir = out or cfg.out or default_out()
+        refuse_used_out_dir(out_dir)
+    except ConfigError as err:
+        fail(str(err))
+    if metrics_port is not None and not plan.fleet.serves_metrics:
+        serving = ", ".join(m for m, f in FLEETS.items() if f.serves_metrics)
+        fail(f"--metrics-port needs a mode whose agents serve metrics ({serving}), not {cfg.mode}")
+    if plan.fleet.in_process:
+        import torch
+
+        torch.set_num_threads(1)
+
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    links = network_for(cfg).describe()
+    console.print(
+        f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
+        f"{cfg.task.name} · {cfg.mode} · out {out_dir}",
+        highlight=False,
+    )
+    try:
+        with ProgressDisplay(cfg.rounds, gossip_only=cfg.task.name == "consensus") as display:
+            results = run_fleet(
+                cfg, out_dir, plan=plan, on_progress=display.update,
+                coordinator_listen=f"127.0.0.1:{coordinator_port}",
+                coordinator_metrics_listen=(
+                    f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
+                ),
+            )  # fmt: skip
+    except ConfigError as err:
+        fail(str(err))
+    except FleetError as err:
+        fail(str(err), code=1)
+    except OSError as err:
+        if coordinator_port and "listen" in str(err):
+            fail(f"{err}; pick another --coordinator-port or 0 for any free port")
+        fail(str(err), code=1)
+    except KeyboardInterrupt:
+        errors.print(f"interrupted: agents stopped; partial results in {out_dir}")
+        raise typer.Exit(130) from None
+    console.print(summary_table(results, out_dir, links))

@@ -1,0 +1,28 @@
+"""Fleets: one module per way of running agents (see :mod:`.base` for the contract).
+
+``process`` (OS processes, real gRPC), ``inproc`` (lock step in this process), ``virtual``
+(discrete events on a virtual clock) and ``namespaces`` (network namespaces, links shaped by
+the kernel), registered by mode in :mod:`.registry`; :mod:`.processes` is the agent-process
+helper the process-based fleets share; :mod:`.run` checks a run and carries it to
+``results.json``.
+"""
+
+from emulation.fleets.base import Fleet, FleetError, FleetProgress, Launch, ProgressCallback
+from emulation.fleets.registry import FLEETS, fleet_class, modes_help
+from emulation.fleets.run import Plan, preflight, reference_answer, refuse_used_out_dir, run_fleet
+
+__all__ = [
+    "FLEETS",
+    "Fleet",
+    "FleetError",
+    "FleetProgress",
+    "Launch",
+    "Plan",
+    "ProgressCallback",
+    "fleet_class",
+    "modes_help",
+    "preflight",
+    "reference_answer",
+    "refuse_used_out_dir",
+    "run_fleet",
+]

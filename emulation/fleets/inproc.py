@@ -1,0 +1,135 @@
+"""``inproc`` mode: every agent in this process, driven in lock step over the in-memory
+transport; deterministic for a seed."""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+import torch
+
+from edge.agent import Agent, build_agent
+from edge.identity import agent_ids
+from edge.stats import MemoryStatsSink, RoundRecord
+from edge.transport import InMemoryNetwork, InMemoryTransport
+from emulation.config import RunConfig
+from emulation.fleets.base import (
+    AgentProgress,
+    FleetProgress,
+    Launch,
+    ProgressKeeper,
+    fleet_progress,
+    group_records,
+)
+from emulation.networks import LinkRuntime, Network
+
+
+class InProcessFleet:
+    """All agents in this process, in lock step: every agent's local step and push, then
+    every agent's mix and report, round after round. There is no clock, so a network whose
+    links change with time cannot run here (the virtual mode runs those)."""
+
+    mode: ClassVar[str] = "inproc"
+    summary: ClassVar[str] = "all agents in this process in lock step, deterministic"
+    in_process: ClassVar[bool] = True
+    serves_metrics: ClassVar[bool] = False
+
+    def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
+        self.config = config
+        self.network = network
+        self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
+        self.sink = MemoryStatsSink()
+        self.round = 0
+        self._stop = threading.Event()
+        self._seen = 0
+        self._accuracy: dict[str, float] = {}
+        self._runtime = network.runtime(agent_ids(config.agents), clock=lambda: 0.0)
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        if network.time_varying:
+            return (
+                f"mode 'inproc' runs agents in lock step with no clock, and the "
+                f"{network.describe()} network changes with time: use --mode virtual (a "
+                "virtual clock, deterministic) or process"
+            )
+        return None
+
+    def run(self) -> None:
+        config, runtime = self.config, self._runtime
+        network = InMemoryNetwork()
+        sink = runtime.sink(self.sink)
+        agents = [
+            build_agent(
+                agent_id,
+                index=i,
+                num_agents=config.agents,
+                settings=config.agent_settings(),
+                transport=InMemoryTransport(network, agent_id, shaper=runtime.shaper),
+                stats=sink,
+            )
+            for i, agent_id in enumerate(agent_ids(config.agents))
+        ]
+        addresses = {a.agent_id: a.start() for a in agents}
+        assignments = runtime.assignments(0.0, addresses)
+        for agent in agents:
+            agent.set_assignment(assignments[agent.agent_id])
+            agent.begin()
+        grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)  # gossip needs no autograd (training re-enables it)
+        try:
+            for round_index in range(1, config.rounds + 1):
+                if self._stop.is_set():
+                    break
+                for agent in agents:
+                    agent.local_step(round_index)
+                    agent.push(round_index)
+                for agent in agents:
+                    agent.mix(round_index)
+                    if agent.report_due(round_index):
+                        agent.report(round_index)
+                self.round = round_index
+                self._report_progress(agents)
+        finally:
+            torch.set_grad_enabled(grad)
+            for agent in agents:
+                agent.close()
+
+    def _report_progress(self, agents: list[Agent]) -> None:
+        records = self.sink.records
+        for record in records[self._seen :]:
+            if "accuracy" in record.metrics:
+                self._accuracy[record.agent_id] = record.metrics["accuracy"]
+        self._seen = len(records)
+        final = self.round == self.config.rounds
+        states = [
+            AgentProgress(self.round, final, self._accuracy.get(a.agent_id), a.counters())
+            for a in agents
+        ]
+        self.keeper.update(fleet_progress(self.config, states, len(agents)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def progress(self) -> FleetProgress:
+        return self.keeper.latest
+
+    def records(self) -> dict[str, list[RoundRecord]]:
+        return group_records(self.sink.records)
+
+    def clock_s(self) -> float:
+        return 0.0
+
+    @property
+    def runtime(self) -> LinkRuntime | None:
+        return self._runtime
+
+
+def run_in_process(config: RunConfig) -> dict[str, list[RoundRecord]]:
+    """Run ``config``'s fleet in lock step in this process (no output folder, no results
+    file) and return every agent's records: for notebooks, tests and benchmarks."""
+    from emulation.networks import network_for
+
+    fleet = InProcessFleet(config, network_for(config))
+    fleet.run()
+    return fleet.records()

@@ -1,0 +1,68 @@
+"""``process`` mode: one ``airgossip agent`` OS process per agent, an embedded coordinator,
+real gRPC on loopback."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from coordinator.service import CoordinatorServer
+from edge.identity import agent_ids
+from edge.stats import RoundRecord
+from emulation.config import RunConfig
+from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper
+from emulation.fleets.processes import AgentProcesses
+from emulation.networks import LinkRuntime, Network
+
+
+class ProcessFleet:
+    """Agents as OS processes that find each other through an embedded coordinator; each
+    shapes its own links in the agent (the network's runtime)."""
+
+    mode: ClassVar[str] = "process"
+    summary: ClassVar[str] = "one OS process per agent, real gRPC, an embedded coordinator"
+    in_process: ClassVar[bool] = False
+    serves_metrics: ClassVar[bool] = True
+
+    def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
+        self.config = config
+        self.network = network
+        self.launch = launch
+        self.keeper = ProgressKeeper(config, launch.on_progress)
+        self.agents = AgentProcesses(config, launch.out_dir, launch.config_path, self.keeper)
+        self._clock = network.wall_clock()
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        return None
+
+    def run(self) -> None:
+        server = CoordinatorServer(
+            expected=self.config.agents,
+            topology=self.network.topology(),
+            listen=self.launch.coordinator_listen,
+            metrics_listen=self.launch.coordinator_metrics_listen,
+        )
+        address = server.start()
+        try:
+            for index, agent_id in enumerate(agent_ids(self.config.agents)):
+                self.agents.spawn(index, agent_id, ["--coordinator", address])
+            self.agents.monitor(server.fleet.registered)
+        finally:
+            self.agents.terminate()
+            server.stop(grace_s=0.5)
+
+    def stop(self) -> None:
+        self.agents.stop()
+
+    def progress(self) -> FleetProgress:
+        return self.keeper.latest
+
+    def records(self) -> dict[str, list[RoundRecord]]:
+        return self.agents.records()
+
+    def clock_s(self) -> float:
+        return self._clock()
+
+    @property
+    def runtime(self) -> LinkRuntime | None:
+        return None

@@ -1,0 +1,213 @@
+"""Agents as OS processes: start them, follow their records, stop them.
+
+:class:`AgentProcesses` is the one way fleets run ``python -m airgossip agent``: the process
+fleet and the namespace fleet each hold one (composition), differing only in how an agent
+finds its peers and what wraps its command (``ip netns exec``, say). Each agent writes its
+round records as JSON lines under ``agents/`` and its log under ``logs/``; the group tails
+the records for progress and reads them back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge.stats import RoundRecord, read_records
+from emulation.config import RunConfig
+from emulation.fleets.base import (
+    AgentProgress,
+    FleetError,
+    FleetProgress,
+    ProgressKeeper,
+    fleet_progress,
+)
+
+#: Seconds without any agent progress after which a process fleet is declared stuck.
+STALL_TIMEOUT_S = 180.0
+
+
+class JsonLinesTail:
+    """Reads the complete lines appended to a JSON-lines file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        return [json.loads(line) for line in chunk[: end + 1].splitlines() if line.strip()]
+
+
+@dataclass
+class AgentProcess:
+    """One running agent process, its log and the latest record it wrote."""
+
+    agent_id: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    tail: JsonLinesTail
+    latest: AgentProgress | None = None
+    finished: bool = field(default=False)
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The last lines of the agent's log, joined on one line."""
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+
+class AgentProcesses:
+    """The agent processes of one fleet, under one output folder.
+
+    Parameters
+    ----------
+    config:
+        The run (for progress: fleet size and rounds).
+    out_dir:
+        Records go to ``out_dir/agents``, logs to ``out_dir/logs``.
+    config_path:
+        The config file every agent reads.
+    progress:
+        Where progress goes as records arrive.
+    """
+
+    def __init__(
+        self, config: RunConfig, out_dir: Path, config_path: Path, progress: ProgressKeeper
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.stats_dir = out_dir / "agents"
+        self.logs_dir = out_dir / "logs"
+        self.progress = progress
+        self.agents: list[AgentProcess] = []
+        self.stopping = threading.Event()
+
+    def spawn(
+        self,
+        index: int,
+        agent_id: str,
+        peering: Sequence[str],
+        *,
+        prefix: Sequence[str] = (),
+        extra: Sequence[str] = (),
+    ) -> AgentProcess:
+        """Start one agent process.
+
+        ``peering`` says how it finds its neighbours (``--coordinator HOST:PORT``, or
+        ``--listen`` and ``--peers FILE``), ``prefix`` wraps the command (``ip netns exec
+        NS``), ``extra`` adds agent flags.
+        """
+        self.stats_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.logs_dir / f"{agent_id}.log"
+        command = [
+            *prefix,
+            sys.executable, "-m", "airgossip", "agent",
+            "--config", str(self.config_path),
+            "--id", agent_id,
+            "--index", str(index),
+            *peering,
+            "--stats-dir", str(self.stats_dir),
+            "--parent-pid", str(os.getpid()),
+            "--linger-s", "3600",
+            "--threads", "1",
+            *extra,
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops agents
+                cwd=os.getcwd(),
+            )
+        agent = AgentProcess(
+            agent_id, process, log_path, JsonLinesTail(self.stats_dir / f"{agent_id}.jsonl")
+        )
+        self.agents.append(agent)
+        return agent
+
+    def _poll(self) -> None:
+        for agent in self.agents:
+            for data in agent.tail.read():
+                agent.latest = AgentProgress.of(RoundRecord.from_json(data))
+                agent.finished = agent.finished or agent.latest.final
+
+    def snapshot(self, registered: int) -> FleetProgress:
+        latest = [a.latest for a in self.agents if a.latest is not None]
+        return fleet_progress(self.config, latest, registered)
+
+    def monitor(self, registered: Callable[[], int]) -> None:
+        """Follow the agents until all finished or :meth:`stop` was called.
+
+        ``registered`` counts the agents that joined so far. :class:`FleetError` when an
+        agent exits before finishing, or nothing progresses for ``STALL_TIMEOUT_S``.
+        """
+        last_change = time.monotonic()
+        last_state: tuple[int, ...] = ()
+        while not self.stopping.is_set():
+            self._poll()
+            for agent in self.agents:
+                code = agent.process.poll()
+                if code is not None and not agent.finished:
+                    raise FleetError(
+                        f"{agent.agent_id} exited with code {code} before finishing: "
+                        f"{agent.log_tail() or 'no output'} (log: {agent.log_path})"
+                    )
+            count = registered()
+            self.progress.update(self.snapshot(count))
+            if all(a.finished for a in self.agents):
+                return
+            state = (count, *(a.latest.round if a.latest else -1 for a in self.agents))
+            if state != last_state:
+                last_state, last_change = state, time.monotonic()
+            elif time.monotonic() - last_change > STALL_TIMEOUT_S:
+                raise FleetError(
+                    f"no agent made progress for {STALL_TIMEOUT_S:.0f} s; see {self.logs_dir}"
+                )
+            self.stopping.wait(0.1)
+
+    def stop(self) -> None:
+        """Make :meth:`monitor` return (safe from any thread; the agents keep running
+        until :meth:`terminate`)."""
+        self.stopping.set()
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every agent, then SIGKILL those still alive after ``grace_s``."""
+        for agent in self.agents:
+            if agent.process.poll() is None:
+                agent.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for agent in self.agents:
+            try:
+                agent.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                agent.process.kill()
+                agent.process.wait()
+
+    def records(self) -> dict[str, list[RoundRecord]]:
+        """Every agent's records as written so far."""
+        return {a.agent_id: read_records(self.stats_dir, a.agent_id) for a in self.agents}

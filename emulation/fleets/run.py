@@ -1,0 +1,134 @@
+"""Run a fleet to the end: check the run, pick the fleet of its mode and the network of its
+links, run, and write ``results.json`` and the plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edge.settings import resolve_device
+from edge.tasks import TaskContext, TaskError, load_task
+from edge.tasks.consensus import ConsensusOptions, true_average
+from edge.topology import Graph
+from emulation.config import ConfigError, RunConfig
+from emulation.fleets.base import Fleet, Launch, ProgressCallback
+from emulation.fleets.registry import fleet_class
+from emulation.networks import Network, network_for
+from emulation.results import RunResults, plot_results, summarise
+
+#: What a run leaves in its output folder: a second run there would mix the two.
+RUN_OUTPUTS = ("results.json", "agents", "logs")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run checked before anything starts: its fleet, network and first gossip graph."""
+
+    config: RunConfig
+    fleet: type[Fleet]
+    network: Network
+    graph: Graph
+
+
+def preflight(config: RunConfig) -> Plan:
+    """Check everything that can be checked before any agent starts (the mode serves the
+    network, the graph fits the algorithm, the task loads); :class:`ConfigError` if not."""
+    fleet = fleet_class(config.mode)
+    network = network_for(config)
+    refusal = fleet.refuse(config, network)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    graph = network.first_graph()
+    try:
+        device = resolve_device(config.device)
+        settings = config.agent_settings()
+        load_task(
+            settings.task.name,
+            TaskContext(0, config.agents, config.seed, device, settings.task.options),
+        )
+    except (TaskError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    return Plan(config, fleet, network, graph)
+
+
+def reference_answer(config: RunConfig) -> np.ndarray | None:
+    """The exact average for ``consensus`` runs, computed independently of the agents."""
+    if config.task.name != "consensus":
+        return None
+    options = ConsensusOptions.model_validate(config.task.options)
+    return true_average(config.seed, config.agents, options).numpy()
+
+
+def refuse_used_out_dir(out_dir: Path) -> None:
+    """``ConfigError`` if ``out_dir`` already holds a run's results or agent files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"output folder {out_dir} exists and is not a folder")
+    used = [name for name in RUN_OUTPUTS if (out_dir / name).exists()]
+    if used:
+        raise ConfigError(
+            f"output folder {out_dir} already holds a run ({', '.join(used)}); "
+            "choose a new --out or remove it"
+        )
+
+
+def run_fleet(
+    config: RunConfig,
+    out_dir: Path,
+    *,
+    on_progress: ProgressCallback | None = None,
+    coordinator_listen: str = "127.0.0.1:0",
+    coordinator_metrics_listen: str | None = None,
+    on_start: Callable[[Fleet], None] | None = None,
+    plan: Plan | None = None,
+) -> RunResults:
+    """Run a fleet to the end; write ``results.json`` and ``results.png`` into ``out_dir``.
+
+    ``on_start`` gets the fleet once it is built (to stop it from elsewhere, say). On
+    Ctrl-C the agents are stopped, whatever was recorded so far is written with
+    ``"interrupted": true``, and ``KeyboardInterrupt`` propagates. ``plan``: the
+    :func:`preflight` of ``config`` when the caller already made it.
+    """
+    plan = plan if plan is not None and plan.config == config else preflight(config)
+    refuse_used_out_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = plan.network.launch_config(time.time())
+    network = network_for(config)
+    config_path = out_dir / "config.json"
+    config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
+    launch = Launch(
+        out_dir, config_path, on_progress, coordinator_listen, coordinator_metrics_listen
+    )
+    started = time.monotonic()
+    fleet = plan.fleet(config, network, launch)
+    if on_start is not None:
+        on_start(fleet)
+    interrupted = False
+    try:
+        fleet.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    records = fleet.records()
+    results = summarise(
+        records, reference=reference_answer(config), config=network.resolved(plan.graph)
+    )
+    results.total_wall_s = round(time.monotonic() - started, 3)
+    results.interrupted = interrupted
+    results.versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    network.finish(results, records, out_dir, end_time_s=fleet.clock_s(), runtime=fleet.runtime)
+    results.write(out_dir / "results.json")
+    if results.rounds:
+        title = (
+            f"{config.task.name} · {config.agents} agents · {network.describe()} · "
+            f"{config.algorithm}"
+        )
+        plot_results(out_dir / "results.png", results, title)
+    if interrupted:
+        raise KeyboardInterrupt
+    return results

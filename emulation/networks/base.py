@@ -1,0 +1,203 @@
+"""The network contract: what the links between agents are, whichever fleet runs the agents.
+
+A :class:`Network` is one kind of link (a static network of loss, latency and bandwidth; a
+wireless channel model). It provides everything a fleet needs about the links, so that no
+fleet ever asks which kind it has:
+
+* the topology a coordinator hands out at the start and the first gossip graph (checked
+  against the algorithm before anything starts);
+* a :class:`LinkRuntime` per process and clock: the in-agent link shaper, the sink that
+  adds the network's figures to round records, the graph at a given time, and a follower
+  that keeps a real-time agent on the current graph;
+* :class:`KernelLinks`: each step's per-link loss, rate and latency, for the kernel link
+  applier of namespaces and containers;
+* what it adds to ``results.json`` (the resolved config, per-round annotations, logs).
+
+A network never knows which fleet runs it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from coordinator.policy import TopologySpec
+from edge.agent import Agent
+from edge.algorithms import algorithm_class
+from edge.stats import RoundRecord, StatsSink
+from edge.telemetry import LinkFigures
+from edge.topology import Assignment, Graph
+from edge.transport.base import LinkShaper
+from emulation.config import ConfigError, RunConfig
+from emulation.results import RunResults
+
+#: Seconds since the scenario's t = 0 (a wall clock or a virtual one).
+Clock = Callable[[], float]
+#: Receives the radio figures of an agent's out-links as they change.
+LinksCallback = Callable[[list[LinkFigures]], None]
+
+
+@dataclass(frozen=True)
+class KernelLinkState:
+    """Every directed link of one step as a kernel can apply it (``[i, j]``: i to j).
+
+    Attributes
+    ----------
+    step:
+        The step these values hold for.
+    loss:
+        Probability that one packet is dropped (1 where the link does not exist).
+    rate_bps:
+        Link rate, bit/s; ``inf`` where the network sets none (an applier clamps to what
+        its kernel can do).
+    latency_s:
+        One-way delay added to every packet.
+    """
+
+    step: int
+    loss: np.ndarray
+    rate_bps: np.ndarray
+    latency_s: np.ndarray
+
+
+class KernelLinks(Protocol):
+    """A network's links, step by step, for a kernel link applier."""
+
+    @property
+    def step_s(self) -> float:
+        """How often the links change (seconds)."""
+
+    @property
+    def unapplied(self) -> tuple[str, ...]:
+        """What the network models that a kernel cannot apply (said on the console and kept
+        in the run's records)."""
+
+    def step_of(self, time_s: float) -> int: ...
+
+    def at(self, time_s: float) -> KernelLinkState: ...
+
+
+class LinkRuntime(ABC):
+    """A network's links in one process, on one clock."""
+
+    #: The in-agent link shaper (None: the links are not shaped in the agent).
+    shaper: LinkShaper | None
+
+    def refuse_agent(self, agent_id: str) -> str | None:
+        """Why ``agent_id`` cannot be one of these links' agents (None: it can)."""
+        return None
+
+    def sink(self, inner: StatsSink | None) -> StatsSink | None:
+        """The sink round records go through: the network may add its figures to them."""
+        return inner
+
+    @abstractmethod
+    def assignments(self, time_s: float, addresses: dict[str, str]) -> dict[str, Assignment]:
+        """Every agent's assignment for the graph at ``time_s`` (``addresses``: every agent,
+        in fleet order)."""
+
+    def next_change_s(self, time_s: float) -> float | None:
+        """When the graph changes next after ``time_s`` (None: never)."""
+        return None
+
+    def follow(  # noqa: B027 - optional hook
+        self, agent: Agent, stop: threading.Event, on_links: LinksCallback | None = None
+    ) -> None:
+        """Keep a real-time agent on the network's current graph until ``stop`` (a network
+        whose graph never changes leaves the agent's assignment alone)."""
+
+
+class Network(ABC):
+    """One kind of link between agents; built from a :class:`RunConfig` by
+    :func:`emulation.networks.network_for`."""
+
+    #: Registry key (``static``, ``wireless``).
+    kind: ClassVar[str]
+    #: The graph or the links change with time: a fleet needs a clock to run it.
+    time_varying: ClassVar[bool]
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.scheme = algorithm_class(config.algorithm).mixing
+
+    @property
+    def compute_s(self) -> float:
+        """On a virtual clock, the seconds one local step takes."""
+        return 0.0
+
+    @property
+    def record(self) -> bool:
+        """Whether the run keeps replay logs of the links (a runtime's ``journal``)."""
+        return False
+
+    # -- before the run ---------------------------------------------------------------------
+    @abstractmethod
+    def topology(self) -> TopologySpec:
+        """What a coordinator hands out at the start."""
+
+    @abstractmethod
+    def first_graph(self) -> Graph:
+        """The first gossip graph; :class:`ConfigError` if it cannot serve the algorithm."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for consoles and plot titles (``exponential · loss 0.1``)."""
+
+    def launch_config(self, now_unix: float) -> RunConfig:
+        """The config agents of a run launched at ``now_unix`` share (a network that runs on
+        the wall clock stamps its t = 0 in it)."""
+        return self.config
+
+    def wall_clock(self) -> Clock:
+        """Seconds since the scenario's t = 0 on the wall clock (for a network with no t = 0
+        stamped in its config: since this call)."""
+        start = time.time()
+        return lambda: time.time() - start
+
+    def check_algorithm(self, graph: Graph) -> None:
+        """:class:`ConfigError` when the algorithm cannot run on ``graph`` (dpsgd on a
+        directed one, say)."""
+        config = self.config
+        if not algorithm_class(config.algorithm).supports_directed and not graph.is_undirected:
+            raise ConfigError(
+                f"algorithm '{config.algorithm}' needs an undirected graph; topology "
+                f"'{config.topology}' is directed (use ring, complete, or a symmetric edge list)"
+            )
+
+    # -- during the run ---------------------------------------------------------------------
+    @abstractmethod
+    def runtime(
+        self, ids: list[str], clock: Clock | None = None, *, journal: bool = False
+    ) -> LinkRuntime:
+        """The links as one process sees them. ``clock``: seconds since the scenario's
+        start (None: the wall clock); ``journal``: keep every link verdict."""
+
+    @abstractmethod
+    def kernel_links(self) -> KernelLinks:
+        """The links step by step, for a kernel link applier."""
+
+    # -- after the run ----------------------------------------------------------------------
+    @abstractmethod
+    def resolved(self, graph: Graph) -> dict[str, Any]:
+        """The resolved config written into ``results.json``, with the figures of ``graph``
+        (the first gossip graph)."""
+
+    def finish(  # noqa: B027 - optional hook
+        self,
+        results: RunResults,
+        records: dict[str, list[RoundRecord]],
+        out_dir: Path,
+        *,
+        end_time_s: float,
+        runtime: LinkRuntime | None = None,
+    ) -> None:
+        """Add what the network knows to ``results`` (per-round link figures, logs written
+        into ``out_dir``). ``end_time_s``: when the run ended on the scenario's clock;
+        ``runtime``: the fleet's own, when the agents ran in this process."""

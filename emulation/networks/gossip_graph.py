@@ -1,0 +1,82 @@
+"""The time-varying directed gossip graph that comes out of a wireless channel model."""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge.topology import Assignment, Phase
+from emulation.channel.model import ChannelModel, gossip_adjacency, strongly_connected
+
+
+@dataclass(frozen=True)
+class GraphEpoch:
+    """The gossip graph derived from the channel for one graph interval."""
+
+    epoch: int
+    time_s: float
+    adjacency: np.ndarray
+    radio_links: int
+    strongly_connected: bool
+    components: int
+    gossip_links: int = 0
+    out_degree: tuple[int, ...] = ()
+
+
+class WirelessTopology:
+    """The time-varying directed gossip graph that comes out of the channel model.
+
+    Every ``graph_interval_s`` the graph is rebuilt from the link state at that time (each
+    node's strongest existing links, made strongly connected where the radio allows) and
+    handed to agents as an :class:`Assignment` with a higher epoch.
+    """
+
+    def __init__(self, model: ChannelModel, ids: list[str]) -> None:
+        self.model = model
+        self.ids = list(ids)
+        self.interval_s = model.settings.graph_interval_s
+        self._epochs: dict[int, GraphEpoch] = {}
+        self._lock = threading.Lock()
+
+    def epoch_index(self, time_s: float) -> int:
+        return max(0, math.floor(time_s / self.interval_s + 1e-9))
+
+    def graph(self, time_s: float) -> GraphEpoch:
+        k = self.epoch_index(time_s)
+        with self._lock:
+            cached = self._epochs.get(k)
+            if cached is None:
+                start = k * self.interval_s
+                state = self.model.at(start)
+                settings = self.model.settings
+                adjacency = gossip_adjacency(
+                    state,
+                    settings.max_out_degree,
+                    settings.gossip_margin_db,
+                    self.model.sensitivity_dbm,
+                )
+                connected, count = strongly_connected(adjacency)
+                cached = GraphEpoch(
+                    k + 1, start, adjacency, int(state.exists.sum()), connected, count,
+                    int(adjacency.sum()), tuple(int(d) for d in adjacency.sum(axis=1)),
+                )  # fmt: skip
+                self._epochs = {e: g for e, g in self._epochs.items() if e >= k - 2}
+                self._epochs[k] = cached
+            return cached
+
+    def assignment(self, graph: GraphEpoch, node: int, peers: dict[str, str]) -> Assignment:
+        """Node ``node``'s assignment for ``graph``: its column of the column-stochastic mixing
+        matrix (``1 / (d_out + 1)``) and every fleet member as a known peer (so a message from
+        a former neighbour still in flight is accepted)."""
+        out = np.flatnonzero(graph.adjacency[node])
+        incoming = np.flatnonzero(graph.adjacency[:, node])
+        weight = 1.0 / (len(out) + 1)
+        phase = Phase(
+            weight, {self.ids[j]: weight for j in out}, tuple(self.ids[j] for j in incoming)
+        )
+        # One directory shared by every assignment (agents only read it): 1,000 agents do
+        # not need 1,000 copies of it per graph change.
+        return Assignment(graph.epoch, peers, (phase,))

@@ -1,0 +1,290 @@
+"""The wireless link shaper: the channel model's verdict on each message, and shared air.
+
+:class:`WirelessLinkShaper` is the :class:`~edge.transport.base.LinkShaper` every fleet
+uses for a wireless network. It reads the time from a clock it is handed (wall clock since
+the scenario's start, or a virtual clock) and turns the channel state into a verdict for one
+message: how long it takes (access latency, jitter, then its bytes at the link's rate step
+by step, so a rate change mid-transfer is honoured, split with concurrent transfers in the
+same carrier-sense domain) and whether it is lost (decided per chunk at the step the chunk
+starts).
+
+Per-message draws come from a counter-based hash (:func:`edge.seeds.keyed_hash`) of
+``(seed, sender, receiver, step, message index, purpose)``: no generator state, the same
+verdict whichever thread or process asks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from edge.seeds import keyed_hash, splitmix64, to_unit
+from edge.transport.base import LinkVerdict
+from emulation.channel.model import ChannelModel, LinkState
+from emulation.scenario import WirelessSettings
+
+_UNIT = NormalDist()
+# Purposes of per-message draws (the last hash key).
+_JITTER, _CHUNK = 1, 16
+
+
+def _uniform(h: int, purpose: int) -> float:
+    return to_unit(splitmix64(h ^ purpose))
+
+
+class AirtimeLedger:
+    """Airtime booked in each step by each node, so that transfers in one carrier-sense
+    domain share the air.
+
+    A transfer in step ``k`` progresses at ``rate * (1 - U / dt)``, where ``U`` is the
+    airtime already booked in that step by the nodes its sender hears (itself included)
+    whose transfers are still on the air; it then books the airtime it used. In a busy
+    domain later transfers slow down or wait for the next step, and the airtime of a step
+    is never handed out twice (a fluid version of CSMA's one-at-a-time that assumes the
+    contenders' airtime is spread over the step).
+    """
+
+    def __init__(self, n: int, keep_steps: int = 64) -> None:
+        self.n = n
+        self.keep_steps = keep_steps
+        self._busy: dict[int, np.ndarray] = {}
+        #: When each node's last booked transfer ends: finished transfers do not contend.
+        self._until = np.full(n, -np.inf)
+
+    def utilisation(self, step: int, hears_row: np.ndarray, step_s: float, now: float) -> float:
+        """Share of step ``step`` booked in a node's domain (``hears_row``) by transfers
+        still on the air at ``now``."""
+        busy = self._busy.get(step)
+        if busy is None:
+            return 0.0
+        used = float(np.dot(hears_row & (self._until > now), busy))
+        return min(1.0, used / step_s)
+
+    def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
+        busy = self._busy.get(step)
+        if busy is None:
+            busy = self._busy[step] = np.zeros(self.n, dtype=np.float64)
+            for old in [s for s in self._busy if s < step - self.keep_steps]:
+                del self._busy[old]
+        busy[sender] += airtime_s
+        if until > self._until[sender]:
+            self._until[sender] = until
+
+
+@dataclass
+class LinkCounters:
+    messages: int = 0
+    bytes: int = 0
+    drops: int = 0
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    """One directed link's figures (plain data): the channel, and what a shaper planned on it.
+
+    ``sinr_db``, ``rate_bps``, ``error_rate`` (packet error of one attempt), ``bad`` (burst
+    state) and ``exists`` are the channel at ``time_s``; ``messages``, ``bytes``, ``drops``
+    and ``mean_delay_s`` count what this shaper planned on the link so far.
+    """
+
+    sender: str
+    receiver: str
+    time_s: float
+    exists: bool
+    sinr_db: float
+    rate_bps: float
+    goodput_bps: float
+    error_rate: float
+    bad: bool
+    messages: int
+    bytes: int
+    drops: int
+    mean_delay_s: float
+
+
+@dataclass(frozen=True)
+class PlannedMessage:
+    """A verdict with what it was based on (the shaper's journal)."""
+
+    sender: str
+    receiver: str
+    round: int
+    index: int
+    start_s: float
+    nbytes: int
+    drop: bool
+    delay_s: float
+
+
+class WirelessLinkShaper:
+    """Link shaper driven by a :class:`ChannelModel`.
+
+    Parameters
+    ----------
+    model:
+        The channel model (shared by every agent of this process).
+    ids:
+        Agent ids; node ``i`` of the model is ``ids[i]``.
+    clock:
+        Seconds since the scenario's t = 0 (wall or virtual).
+    ledger:
+        Shared-air bookkeeping; pass one ledger to every shaper that shares the air.
+    journal:
+        Keep every verdict in :attr:`journal` (replay logs, determinism tests).
+    """
+
+    def __init__(
+        self,
+        model: ChannelModel,
+        ids: list[str],
+        clock: Callable[[], float],
+        *,
+        ledger: AirtimeLedger | None = None,
+        journal: bool = False,
+    ) -> None:
+        self.model = model
+        self.settings: WirelessSettings = model.settings
+        self.ids = list(ids)
+        self.index_of = {agent_id: i for i, agent_id in enumerate(self.ids)}
+        self.clock = clock
+        self.ledger = ledger if ledger is not None else AirtimeLedger(model.n)
+        self.counters: dict[tuple[int, int], LinkCounters] = {}
+        self.journal: list[PlannedMessage] | None = [] if journal else None
+        self._lock = threading.Lock()
+        self._link_hash: dict[tuple[int, int], int] = {}
+        self._recent: tuple[int, LinkState] | None = None
+
+    def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
+        """Decide the fate of one message starting now on sender->receiver."""
+        i, j = self.index_of.get(sender), self.index_of.get(receiver)
+        if i is None or j is None:
+            return LinkVerdict(drop=True)
+        with self._lock:
+            start = self.clock()
+            drop, delay = self._plan(i, j, index, nbytes, start)
+            counters = self.counters.get((i, j))
+            if counters is None:
+                counters = self.counters[(i, j)] = LinkCounters()
+            counters.messages += 1
+            counters.bytes += nbytes
+            counters.drops += int(drop)
+            counters.delay_s += delay
+            if self.journal is not None:
+                self.journal.append(
+                    PlannedMessage(sender, receiver, round, index, start, nbytes, drop, delay)
+                )
+        return LinkVerdict(drop=drop, delay_s=delay)
+
+    def _plan(self, i: int, j: int, index: int, nbytes: int, start: float) -> tuple[bool, float]:
+        cfg, model = self.settings, self.model
+        link = self._link_hash.get((i, j))
+        if link is None:
+            link = self._link_hash[(i, j)] = keyed_hash(model.seed, i, j)
+        step = model.step_of(start)
+        state = self._state(step)
+        latency = float(state.latency_s[i, j])
+        message_hash = keyed_hash(step, index, start=link)
+        if cfg.jitter_ms > 0:
+            u = _uniform(message_hash, _JITTER)
+            u = min(max(u, 1e-12), 1.0 - 1e-12)
+            latency = max(0.0, latency + cfg.jitter_ms / 1000.0 * _UNIT.inv_cdf(u))
+        t = start + latency
+        chunk = cfg.chunk_bytes
+        sizes = [min(chunk, nbytes - off) for off in range(0, nbytes, chunk)] or [0]
+        for c, size in enumerate(sizes):
+            chunk_step = model.step_of(t)
+            st = self._state(chunk_step)
+            loss = st.chunk_loss(i, j, size, cfg.packet_bytes)
+            h = message_hash if chunk_step == step else keyed_hash(chunk_step, index, start=link)
+            if loss > 0 and _uniform(h, _CHUNK + c) < loss:
+                # Lost: the sender spends the chunk's airtime (when the link carries
+                # anything) and learns of the loss a retransmission timeout later.
+                if st.exists[i, j] and st.goodput_bps[i, j] > 0:
+                    t, _ = self._transfer(i, j, t, size)
+                return True, t - start + cfg.loss_timeout_ms / 1000.0
+            t, broken = self._transfer(i, j, t, size)
+            if broken:
+                return True, t - start + cfg.loss_timeout_ms / 1000.0
+        return False, t - start
+
+    def _state(self, step: int) -> LinkState:
+        """The model's state of ``step``, remembering the last one (most messages in a
+        step ask for the same)."""
+        recent = self._recent
+        if recent is not None and recent[0] == step:
+            return recent[1]
+        state = self.model.state(step)
+        self._recent = (step, state)
+        return state
+
+    def _transfer(self, i: int, j: int, t: float, nbytes: int) -> tuple[float, bool]:
+        """Move ``nbytes`` over i->j from time ``t``, step by step at each step's rate and
+        airtime share; return the end time and whether the transfer broke (the link went
+        out of range, or it stalled in a fade for more than ``max_stall_s``)."""
+        model, dt, cfg = self.model, self.model.step_s, self.settings
+        remaining = nbytes * 8.0
+        stall_from: float | None = None
+        while remaining > 0:
+            step = model.step_of(t)
+            st = self._state(step)
+            if not st.exists[i, j]:
+                return t, True
+            end = (step + 1) * dt
+            rate = float(st.goodput_bps[i, j])
+            free = 1.0
+            if rate > 0 and cfg.shared_air:
+                free = 1.0 - self.ledger.utilisation(step, st.hears[i], dt, t)
+            if rate <= 0 or free <= 1e-6:
+                stall_from = t if stall_from is None else stall_from
+                if end - stall_from > cfg.max_stall_s:
+                    return stall_from + cfg.max_stall_s, True
+                t = end
+                continue
+            stall_from = None
+            effective = rate * free
+            span = min(remaining / effective, end - t)
+            sent = effective * span
+            remaining -= sent
+            t += span
+            if cfg.shared_air:
+                self.ledger.book(i, step, sent / rate, t)
+            if remaining <= 1e-6:
+                break
+            t = max(t, end)
+        return t, False
+
+    # -- figures -------------------------------------------------------------------------------
+    def snapshot(
+        self, time_s: float | None = None, *, active_only: bool = True
+    ) -> list[LinkRecord]:
+        """Per-link figures at ``time_s`` (default: now) for links that carried traffic
+        (``active_only``) or that exist."""
+        t = self.clock() if time_s is None else time_s
+        state = self.model.at(t)
+        with self._lock:
+            counters = dict(self.counters)
+        if active_only:
+            pairs = sorted(counters)
+        else:
+            pairs = sorted({*counters, *zip(*np.nonzero(state.exists), strict=True)})
+        return [
+            link_record(state, self.ids, int(i), int(j), counters.get((i, j))) for i, j in pairs
+        ]
+
+
+def link_record(
+    state: LinkState, ids: list[str], i: int, j: int, counters: LinkCounters | None = None
+) -> LinkRecord:
+    c = counters or LinkCounters()
+    return LinkRecord(
+        sender=ids[i], receiver=ids[j], time_s=state.time_s, exists=bool(state.exists[i, j]),
+        sinr_db=float(state.sinr_db[i, j]), rate_bps=float(state.rate_bps[i, j]),
+        goodput_bps=float(state.goodput_bps[i, j]), error_rate=float(state.per[i, j]),
+        bad=bool(state.bad[i, j]), messages=c.messages, bytes=c.bytes, drops=c.drops,
+        mean_delay_s=c.delay_s / c.messages if c.messages else 0.0,
+    )  # fmt: skip

@@ -1,0 +1,216 @@
+"""The static network: the same loss, latency and bandwidth on every directed link, on a
+named topology.
+
+In the agent, :class:`BernoulliLinkShaper` applies them on the sending side; every draw
+derives from ``(seed, sender, receiver, round, message index)`` alone, so the same seed
+gives the same drops and delays whatever the thread timing, process layout or transport. In
+a kernel, the loss becomes a per-packet drop probability and the bandwidth a rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coordinator.policy import TopologySpec
+from edge.seeds import hash64
+from edge.topology import (
+    Assignment,
+    Graph,
+    TopologyError,
+    assignments_for_graph,
+    build_graph,
+    mixing_matrices,
+    second_largest_eigenvalue,
+)
+from edge.transport.base import LinkVerdict
+from emulation.config import ConfigError
+from emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
+
+
+def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:
+    """A generator private to one (link, key...) tuple, stable across runs and machines."""
+    return np.random.default_rng([seed, hash64(sender, receiver), *keys])
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One directed link's impairments.
+
+    Attributes
+    ----------
+    loss:
+        Probability that a message is lost (Bernoulli, independent per message).
+    latency_s:
+        One-way delay added to every message.
+    jitter_s:
+        Standard deviation of a normal delay added on top (clipped at zero).
+    bandwidth_bps:
+        Link rate in bits per second; 0 means unlimited.
+    """
+
+    loss: float = 0.0
+    latency_s: float = 0.0
+    jitter_s: float = 0.0
+    bandwidth_bps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.loss <= 1.0:
+            raise ValueError(f"loss must be within [0, 1], got {self.loss}")
+        if self.latency_s < 0 or self.jitter_s < 0 or self.bandwidth_bps < 0:
+            raise ValueError("latency, jitter and bandwidth must not be negative")
+
+
+class BernoulliLinkShaper:
+    """The same :class:`LinkSpec` on every directed link, or one per link.
+
+    Parameters
+    ----------
+    default:
+        Spec for links not listed in ``links``.
+    seed:
+        Root of every draw.
+    links:
+        Optional ``{(sender, receiver): LinkSpec}`` overrides.
+    """
+
+    def __init__(
+        self,
+        default: LinkSpec,
+        *,
+        seed: int = 0,
+        links: dict[tuple[str, str], LinkSpec] | None = None,
+    ) -> None:
+        self.default = default
+        self.seed = seed
+        self.links = dict(links or {})
+
+    def spec(self, sender: str, receiver: str) -> LinkSpec:
+        return self.links.get((sender, receiver), self.default)
+
+    def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
+        spec = self.spec(sender, receiver)
+        if spec.loss == 0 and spec.latency_s == 0 and spec.jitter_s == 0 and not spec.bandwidth_bps:
+            return LinkVerdict()
+        rng = link_rng(self.seed, sender, receiver, round, index)
+        drop = bool(rng.random() < spec.loss)
+        delay = spec.latency_s
+        if spec.jitter_s:
+            delay = max(0.0, delay + float(rng.normal(0.0, spec.jitter_s)))
+        if spec.bandwidth_bps:
+            delay += 8.0 * nbytes / spec.bandwidth_bps
+        return LinkVerdict(drop=drop, delay_s=delay)
+
+
+class StaticLinks(LinkRuntime):
+    """A static network in one process: one shaper, one graph for ever."""
+
+    def __init__(self, network: StaticNetwork, shaper: BernoulliLinkShaper) -> None:
+        self.network = network
+        self.shaper = shaper
+        self._graph: Graph | None = None
+
+    def assignments(self, time_s: float, addresses: dict[str, str]) -> dict[str, Assignment]:
+        if self._graph is None:
+            self._graph = self.network.first_graph()
+        return assignments_for_graph(self._graph, addresses, scheme=self.network.scheme)
+
+
+@dataclass(frozen=True)
+class StaticKernelLinks:
+    """The static links for a kernel: per-packet drops at the configured loss, the
+    configured rate and latency, on every link, from step 0 on."""
+
+    n: int
+    loss: float
+    #: 0: not limited.
+    rate_bps: float
+    latency_s: float
+    step_s: float = 3600.0
+    unapplied: tuple[str, ...] = (
+        "message loss as such: the kernel drops packets and TCP retransmits them, so the "
+        "configured loss becomes delay and a packet drop rate",
+        "jitter",
+    )
+
+    def step_of(self, time_s: float) -> int:
+        return 0
+
+    def at(self, time_s: float) -> KernelLinkState:
+        off_diagonal = ~np.eye(self.n, dtype=bool)
+        return KernelLinkState(
+            0,
+            np.where(off_diagonal, self.loss, 0.0),
+            np.where(off_diagonal, self.rate_bps or np.inf, np.inf),
+            np.where(off_diagonal, self.latency_s, 0.0),
+        )
+
+
+class StaticNetwork(Network):
+    """``[network]`` on the scenario's named topology: loss, latency, jitter and bandwidth,
+    the same on every directed link."""
+
+    kind = "static"
+    time_varying = False
+
+    def topology(self) -> TopologySpec:
+        config = self.config
+        return TopologySpec(
+            name=config.topology,
+            seed=config.seed,
+            edges=tuple(tuple(e) for e in config.edges or ()),  # type: ignore[misc]
+            p=config.edge_probability,
+            scheme=self.scheme,
+        )
+
+    def first_graph(self) -> Graph:
+        config = self.config
+        try:
+            graph = build_graph(
+                config.topology,
+                config.agents,
+                seed=config.seed,
+                edges=config.edges,
+                p=config.edge_probability,
+            )
+        except TopologyError as err:
+            raise ConfigError(str(err)) from None
+        self.check_algorithm(graph)
+        return graph
+
+    def describe(self) -> str:
+        return f"{self.config.topology} · loss {self.config.network.loss:g}"
+
+    def shaper(self) -> BernoulliLinkShaper:
+        """The in-agent shaper of these links."""
+        settings = self.config.network
+        spec = LinkSpec(
+            loss=settings.loss,
+            latency_s=settings.latency_ms / 1000,
+            jitter_s=settings.jitter_ms / 1000,
+            bandwidth_bps=settings.bandwidth_mbps * 1e6,
+        )
+        return BernoulliLinkShaper(spec, seed=self.config.seed)
+
+    def runtime(
+        self, ids: list[str], clock: Clock | None = None, *, journal: bool = False
+    ) -> StaticLinks:
+        return StaticLinks(self, self.shaper())
+
+    def kernel_links(self) -> StaticKernelLinks:
+        settings = self.config.network
+        return StaticKernelLinks(
+            self.config.agents,
+            settings.loss,
+            settings.bandwidth_mbps * 1e6,
+            settings.latency_ms / 1000,
+        )
+
+    def resolved(self, graph: Graph) -> dict[str, Any]:
+        data = self.config.model_dump(mode="json")
+        data["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph, self.scheme))
+        data["topology_period"] = graph.period
+        data["edges_per_round"] = graph.edge_count() / graph.period
+        return data

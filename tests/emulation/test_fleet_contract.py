@@ -1,0 +1,133 @@
+"""The fleet contract: a new mode is one class and one registry line, modes refuse networks
+they cannot run instead of becoming another mode, and a fleet can be stopped."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from edge.agent import build_agent
+from edge.identity import agent_ids
+from edge.stats import MemoryStatsSink, RoundRecord
+from edge.transport import InMemoryNetwork, InMemoryTransport
+from emulation.config import ConfigError, RunConfig, load_config, read_scenario
+from emulation.fleets import FLEETS, FleetProgress, Launch, preflight, run_fleet
+from emulation.fleets.base import ProgressKeeper, group_records
+from emulation.networks import LinkRuntime, Network
+from emulation.scenario import scenario_path
+
+
+class ReversedLockStep:
+    """A fifth mode written against the contract alone: every agent in this process, in
+    lock step, each round's phases run from the last agent to the first."""
+
+    mode: ClassVar[str] = "reversed"
+    summary: ClassVar[str] = "lock step, agents in reverse order (a test mode)"
+    in_process: ClassVar[bool] = True
+    serves_metrics: ClassVar[bool] = False
+
+    def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
+        self.config, self.network = config, network
+        self.keeper = ProgressKeeper(config, launch.on_progress)
+        self.sink = MemoryStatsSink()
+        self._runtime = network.runtime(agent_ids(config.agents), clock=lambda: 0.0)
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        return "mode 'reversed' has no clock" if network.time_varying else None
+
+    def run(self) -> None:
+        config, links, memory = self.config, self._runtime, InMemoryNetwork()
+        agents = [
+            build_agent(agent_id, index=i, num_agents=config.agents,
+                        settings=config.agent_settings(), stats=links.sink(self.sink),
+                        transport=InMemoryTransport(memory, agent_id, shaper=links.shaper))
+            for i, agent_id in enumerate(agent_ids(config.agents))
+        ][::-1]  # fmt: skip
+        assignments = links.assignments(0.0, {a.agent_id: a.start() for a in agents[::-1]})
+        for agent in agents:
+            agent.set_assignment(assignments[agent.agent_id])
+            agent.begin()
+        for round_index in range(1, config.rounds + 1):
+            for agent in agents:
+                agent.local_step(round_index)
+                agent.push(round_index)
+            for agent in agents:
+                agent.mix(round_index)
+                if agent.report_due(round_index):
+                    agent.report(round_index)
+            self.keeper.update(FleetProgress(config.agents, config.rounds,
+                                             config.agents, round_index, round_index))  # fmt: skip
+        for agent in agents:
+            agent.close()
+
+    def stop(self) -> None:
+        pass
+
+    def progress(self) -> FleetProgress:
+        return self.keeper.latest
+
+    def records(self) -> dict[str, list[RoundRecord]]:
+        return group_records(self.sink.records)
+
+    def clock_s(self) -> float:
+        return 0.0
+
+    @property
+    def runtime(self) -> LinkRuntime | None:
+        return self._runtime
+
+
+def test_a_fifth_mode_is_one_class_and_one_registry_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(FLEETS, ReversedLockStep.mode, ReversedLockStep)  # the registry line
+    seen: list[FleetProgress] = []
+    settings: dict[str, Any] = {"agents": 6, "rounds": 60, "task": {"name": "consensus"},
+                                "network": {"loss": 0.2}}  # fmt: skip
+    config = load_config(None, {**settings, "mode": "reversed"})
+    results = run_fleet(config, tmp_path / "reversed", on_progress=seen.append).to_json()
+    assert results["config"]["mode"] == "reversed" and results["final"]["complete"]
+    assert results["final"]["relative_error"] < 1e-6  # push-sum exact under 20% loss
+    assert results["final"]["messages_dropped"] > 0
+    assert [p.slowest_round for p in seen] == list(range(1, 61))
+    # The same run in the built-in lock-step mode: the order of agents within a round does
+    # not change what lock step computes.
+    inproc = run_fleet(load_config(None, {**settings, "mode": "inproc"}), tmp_path / "i")
+    assert inproc.final.relative_error == pytest.approx(results["final"]["relative_error"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "preset", "message"),
+    [
+        ("inproc", "wifi-indoor", "mode 'inproc' runs agents in lock step with no clock"),
+        ("virtual", None, "mode 'virtual' runs a network that changes with time"),
+        ("cloud", None, "unknown mode 'cloud'; choose one of: process, inproc, virtual"),
+    ],
+)
+def test_a_mode_that_cannot_serve_a_network_says_so(
+    mode: str, preset: str | None, message: str, tmp_path: Path
+) -> None:
+    base = read_scenario(scenario_path(preset)) if preset else None
+    config = load_config(None, {"mode": mode, "agents": 4}, base=base)
+    with pytest.raises(ConfigError, match=message):
+        preflight(config)
+    with pytest.raises(ConfigError, match=message):
+        run_fleet(config, tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_an_in_process_fleet_stops_when_asked(tmp_path: Path) -> None:
+    config = load_config(None, {"mode": "inproc", "agents": 4, "rounds": 100_000,
+                                "task": {"name": "consensus"}})  # fmt: skip
+    fleets: list[Any] = []
+
+    def stop_at_round_5(progress: FleetProgress) -> None:
+        if progress.slowest_round == 5:
+            threading.Thread(target=fleets[0].stop).start()
+
+    results = run_fleet(config, tmp_path, on_progress=stop_at_round_5, on_start=fleets.append)
+    assert 5 <= results.final.round < 100 and not results.final.complete

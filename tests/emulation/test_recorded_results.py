@@ -1,0 +1,76 @@
+"""Seeded ``inproc`` and ``virtual`` runs give the results they gave when recorded.
+
+The files under ``recorded/`` hold a run's settings and its ``results.json`` as written
+before the fleet and network contracts were introduced; any change to the code that moves a
+number of a seeded run shows up here. Timing fields are left out: the wall-clock time of a
+run and when it was launched (in the virtual mode, ``wall_s`` is virtual time and is
+compared). Counts and strings compare exactly; floats to 1e-9 relative, which allows the
+last bits of a BLAS kernel chosen for another CPU and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulation.config import load_config, read_scenario
+from emulation.fleets import run_fleet
+from emulation.scenario import scenario_path
+
+RECORDED = Path(__file__).parent / "recorded"
+TIMING = ("total_wall_s", "versions")
+
+
+def comparable(results: dict[str, Any], real_time: bool) -> dict[str, Any]:
+    results = {k: v for k, v in results.items() if k not in TIMING}
+    if results["config"].get("wireless"):
+        results["config"]["wireless"].pop("epoch_unix", None)
+    if real_time:
+        for row in [*results["rounds"], results["final"]]:
+            row.pop("wall_s")
+    return results
+
+
+def differences(expected: Any, actual: Any, where: str = "") -> list[str]:
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        out = [f"{where}.{k}: missing" for k in expected if k not in actual]
+        out += [f"{where}.{k}: not recorded" for k in actual if k not in expected]
+        for key in expected.keys() & actual.keys():
+            out += differences(expected[key], actual[key], f"{where}.{key}")
+        return out
+    if isinstance(expected, list) and isinstance(actual, list):
+        if len(expected) != len(actual):
+            return [f"{where}: {len(actual)} items, recorded {len(expected)}"]
+        return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+                for d in differences(e, a, f"{where}[{i}]")]  # fmt: skip
+    if isinstance(expected, float) and isinstance(actual, float | int):
+        if math.isclose(expected, actual, rel_tol=1e-9, abs_tol=1e-15):
+            return []
+    elif expected == actual and type(expected) is type(actual):
+        return []
+    return [f"{where}: {actual!r}, recorded {expected!r}"]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECORDED.glob("*.json")))
+def test_seeded_run_gives_its_recorded_results(name: str, tmp_path: Path) -> None:
+    recorded = json.loads((RECORDED / f"{name}.json").read_text())
+    preset = recorded["preset"]
+    base = read_scenario(scenario_path(preset)) if preset else None
+    config = load_config(None, recorded["settings"], base=base)
+    results = run_fleet(config, tmp_path).to_json()
+    real_time = config.mode == "inproc"
+    found = differences(recorded["results"], comparable(results, real_time))
+    assert not found, "\n".join(found[:20])
+
+
+def test_the_comparison_sees_a_changed_number() -> None:
+    recorded = json.loads((RECORDED / "inproc-digits.json").read_text())["results"]
+    changed = json.loads(json.dumps(recorded))
+    changed["final"]["messages_dropped"] += 1
+    changed["rounds"][2]["mean_accuracy"] *= 1 + 1e-6
+    found = differences(recorded, changed)
+    assert len(found) == 2 and any("messages_dropped" in f for f in found)

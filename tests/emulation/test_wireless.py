@@ -1,0 +1,230 @@
+"""The wireless link shaper, shared air, per-link figures, scenarios and their errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edge.metrics import AgentMetrics
+from edge.seeds import keyed_uniform
+from emulation.channel.model import ChannelModel
+from emulation.config import ConfigError, load_config, read_scenario
+from emulation.fleets import run_fleet
+from emulation.networks.shaper import WirelessLinkShaper
+from emulation.networks.wireless import WirelessLinks, WirelessRun
+from emulation.scenario import WirelessSettings, preset_names, scenario_path
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def trace_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rate.txt"
+    path.write_text(text)
+    return path
+
+
+def link_settings(tmp_path: Path, trace: str = "0 8\n1 8\n", **overrides: Any) -> WirelessSettings:
+    """Static nodes, no fading or bursts, every link's rate from a two-column trace."""
+    data: dict[str, Any] = {
+        "latency_ms": 1.0, "jitter_ms": 0.0, "activity": 0.0,
+        "fading": {"model": "none"}, "burst": {"model": "none"},
+        "mobility": {"model": "static", "positions": [[0, 0], [5, 0], [0, 5], [5, 5]]},
+        "traces": [{"file": str(trace_file(tmp_path, trace)), "format": "mbps"}],
+    }  # fmt: skip
+    data.update(overrides)
+    return WirelessSettings.model_validate(data)
+
+
+def shaper_for(
+    settings: WirelessSettings, clock: Clock, n: int = 4, **kw: Any
+) -> WirelessLinkShaper:
+    model = ChannelModel(settings, n, seed=1)
+    return WirelessLinkShaper(model, [f"agent-{i}" for i in range(n)], clock, **kw)
+
+
+def test_a_message_takes_its_size_over_the_rate(tmp_path: Path) -> None:
+    clock = Clock()
+    shaper = shaper_for(link_settings(tmp_path), clock)
+    verdict = shaper.plan("agent-0", "agent-1", 1, 0, 1_000_000)
+    latency = 1e-3 + 5.0 / 299_792_458
+    assert not verdict.drop
+    assert verdict.delay_s == pytest.approx(latency + 8e6 / 8e6, rel=1e-6)
+
+
+def test_rate_change_mid_transfer_is_honoured(tmp_path: Path) -> None:
+    clock = Clock()
+    clock.now = 0.5
+    shaper = shaper_for(link_settings(tmp_path, "0 8\n1 16\n"), clock)  # 8 Mb/s, then 16
+    verdict = shaper.plan("agent-0", "agent-1", 1, 0, 1_000_000)
+    start = 0.5 + 1e-3 + 5.0 / 299_792_458
+    first = 8e6 * (1.0 - start)  # bits sent at 8 Mb/s before the rate changes at t = 1 s
+    end = 1.0 + (8e6 - first) / 16e6
+    assert verdict.delay_s == pytest.approx(end - 0.5, rel=1e-6)
+    clock.now = 0.0
+    slow = shaper_for(link_settings(tmp_path, "0 8\n1 8\n"), clock).plan(
+        "agent-0", "agent-1", 1, 0, 1_000_000
+    )
+    assert verdict.delay_s < slow.delay_s
+
+
+def test_loss_is_decided_per_chunk(tmp_path: Path) -> None:
+    settings = link_settings(
+        tmp_path, chunk_bytes=1024, shared_air=False,
+        burst={"model": "gilbert-elliott", "p": 0.0, "r": 1.0, "loss_good": 0.3},
+    )  # fmt: skip
+    clock = Clock()
+    shaper = shaper_for(settings, clock)
+    one = np.mean([shaper.plan("agent-0", "agent-1", 1, k, 1000).drop for k in range(3000)])
+    four = np.mean([shaper.plan("agent-0", "agent-2", 1, k, 4096).drop for k in range(3000)])
+    assert one == pytest.approx(0.3, abs=0.03)
+    assert four == pytest.approx(1 - 0.7**4, abs=0.03)
+
+
+def test_same_seed_same_verdicts(tmp_path: Path) -> None:
+    settings = WirelessSettings.model_validate(
+        {"mobility": {"model": "random-waypoint", "area_m": [150, 150]}, "jitter_ms": 2.0}
+    )
+    runs = []
+    for seed in (3, 3, 4):
+        clock = Clock()
+        model = ChannelModel(settings, 6, seed=seed)
+        shaper = WirelessLinkShaper(model, [f"agent-{i}" for i in range(6)], clock, journal=True)
+        for k in range(300):
+            clock.now = k * 0.37
+            shaper.plan(f"agent-{k % 6}", f"agent-{(k * 7 + 1) % 6}", k, k // 6, 20_000)
+        assert shaper.journal is not None
+        runs.append([(e.drop, round(e.delay_s, 12)) for e in shaper.journal])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    assert any(drop for drop, _ in runs[0]) and not all(drop for drop, _ in runs[0])
+    assert keyed_uniform(1, 2, 3) == keyed_uniform(1, 2, 3) != keyed_uniform(1, 2, 4)
+
+
+def test_transfers_in_one_carrier_sense_domain_share_the_air(tmp_path: Path) -> None:
+    clock = Clock()
+    shaper = shaper_for(link_settings(tmp_path), clock)
+    first = shaper.plan("agent-0", "agent-1", 1, 0, 1_000_000)
+    second = shaper.plan("agent-2", "agent-3", 1, 0, 1_000_000)
+    assert first.delay_s == pytest.approx(1.0, abs=0.01)
+    assert second.delay_s == pytest.approx(2.0, abs=0.02)  # waits for the air, then 1 s
+    far = link_settings(
+        tmp_path, mobility={"model": "static", "positions": [[0, 0], [5, 0], [3000, 0], [3005, 0]]}
+    )
+    apart = shaper_for(far, clock)
+    a = apart.plan("agent-0", "agent-1", 1, 0, 1_000_000)
+    b = apart.plan("agent-2", "agent-3", 1, 0, 1_000_000)
+    assert a.delay_s == pytest.approx(b.delay_s, rel=1e-6)  # out of each other's hearing
+    alone = shaper_for(link_settings(tmp_path, shared_air=False), clock)
+    alone.plan("agent-0", "agent-1", 1, 0, 1_000_000)
+    assert alone.plan("agent-2", "agent-3", 1, 0, 1_000_000).delay_s == pytest.approx(1.0, abs=0.01)
+
+
+def test_messages_to_a_node_out_of_range_are_lost(tmp_path: Path) -> None:
+    settings = link_settings(
+        tmp_path, mobility={"model": "static", "positions": [[0, 0], [5, 0], [9000, 0], [5, 5]]}
+    )
+    shaper = shaper_for(settings, Clock())
+    verdict = shaper.plan("agent-0", "agent-2", 1, 0, 10_000)
+    assert verdict.drop
+    assert verdict.delay_s == pytest.approx(1e-3 + 9000 / 299_792_458 + 0.2, rel=1e-6)
+
+
+def test_link_figures_for_the_metrics_layer(tmp_path: Path) -> None:
+    clock = Clock()
+    shaper = shaper_for(link_settings(tmp_path), clock)
+    for k in range(3):
+        shaper.plan("agent-0", "agent-1", k, k, 50_000)
+    records = shaper.snapshot()
+    assert [(r.sender, r.receiver, r.messages, r.bytes) for r in records] == [
+        ("agent-0", "agent-1", 3, 150_000)
+    ]
+    r = records[0]
+    assert r.exists and not r.bad and r.goodput_bps == pytest.approx(8e6) and r.drops == 0
+    assert r.mean_delay_s > 0.05 and np.isfinite(r.sinr_db)
+    every = shaper.snapshot(active_only=False)
+    assert len(every) == 12  # all directed links among 4 close nodes
+
+
+def test_an_agent_exports_the_radio_state_of_its_out_links(tmp_path: Path) -> None:
+    ids = [f"agent-{i}" for i in range(4)]
+    links = WirelessLinks(WirelessRun(link_settings(tmp_path), ids, seed=1, clock=lambda: 0.5))
+    figures = links.link_figures(0)
+    assert [f.peer for f in figures] == ["agent-1", "agent-2", "agent-3"]  # 4 close nodes
+    state = links.run.model.at(0.5)
+    for f in figures:
+        j = ids.index(f.peer)
+        assert f.in_range and not f.burst_bad
+        assert f.sinr_db == pytest.approx(float(state.sinr_db[0, j]))
+        assert f.rate_bps == pytest.approx(float(state.rate_bps[0, j]))
+    metrics = AgentMetrics("agent-0")
+    metrics.observe_links(figures)
+    sample = metrics.registry.get_sample_value
+    assert sample("airgossip_link_in_range", {"peer": "agent-2"}) == 1.0
+    assert sample("airgossip_link_sinr_decibels", {"peer": "agent-3"}) == pytest.approx(
+        figures[2].sinr_db
+    )
+    assert sample("airgossip_link_burst_bad", {"peer": "agent-1"}) == 0.0
+
+
+def test_presets_load_and_have_links() -> None:
+    names = preset_names()
+    assert {"wifi-indoor", "wifi-outdoor-mobile", "lte-urban"} <= set(names)
+    for name in names:
+        config = load_config(None, {"agents": 12}, base=read_scenario(scenario_path(name)))
+        assert config.wireless is not None and config.wireless.name == name
+        state = ChannelModel(config.wireless, 12, 0).state(0)
+        assert state.exists.sum() >= 12, name
+
+
+@pytest.mark.parametrize(
+    ("wireless", "message"),
+    [
+        (
+            {"path_loss": {"model": "hata"}},
+            "unknown path loss model 'hata'; choose one of: log-distance",
+        ),
+        ({"mobility": {"model": "random-waypoint", "min_speed_mps": 0}}, "min_speed_mps > 0"),
+        ({"bandwidth_mhz": 30}, "wifi bandwidth_mhz must be one of 20, 40, 80, 160, got 30"),
+        ({"colour": 1}, "unknown setting 'wireless.colour'"),
+        ({"fading": {"model": "nakagami"}}, "wireless.fading.model"),
+        ({"step_s": 0}, "wireless.step_s"),
+        ({"burst": {"model": "gilbert-elliott", "p": 0, "r": 0}}, "p + r > 0"),
+    ],
+)
+def test_bad_scenarios_get_one_line_errors(wireless: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        load_config(None, {"wireless": wireless})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"mode": "virtual"}, "mode 'virtual' runs a network that changes with time"),
+        (
+            {"agents": 4, "wireless": {"mobility": {"positions": [[0, 0], [1, 1]]}}},
+            "positions lists 2 positions for 4 agents",
+        ),
+        (
+            {"agents": 3, "wireless": {"tx_power_dbm": [20, 20]}},
+            "tx_power_dbm lists 2 values for 3",
+        ),
+        ({"wireless": {"traces": [{"file": "/nonexistent/rate.txt"}]}}, "cannot read trace"),
+    ],
+)
+def test_scenarios_that_cannot_run_fail_before_anything_starts(
+    tmp_path: Path, settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        run_fleet(load_config(None, {"mode": "virtual", **settings}), tmp_path)
+    assert not (tmp_path / "results.json").exists()

@@ -1,0 +1,182 @@
+"""The dependency rules, executable: layers, rooms inside them, and no import circles.
+
+Layers import downwards only: ``protos <- edge <- coordinator <- emulation <- airgossip``.
+Inside ``emulation`` the rooms do too: the channel model imports no network or fleet code,
+networks import no fleets, and the data models (config, scenario, results) import neither.
+Every import counts, at module level or inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ["protos", "edge", "coordinator", "emulation", "airgossip"]
+#: Pure packages inside edge that touch no gRPC, protos, Prometheus or transport.
+PURE = {
+    "edge/algorithms": {"grpc", "protos", "prometheus_client", "edge.transport", "edge.agent"},
+    "edge/topology": {"grpc", "protos", "prometheus_client", "torch", "edge.transport"},
+    "edge/compression": {"grpc", "protos", "prometheus_client", "edge.transport"},
+}
+#: Rooms inside a layer and what each must not import.
+ROOMS = {
+    "emulation/channel": {"emulation.networks", "emulation.fleets", "emulation.config",
+                          "emulation.results", "coordinator", "grpc"},
+    "emulation/networks": {"emulation.fleets"},
+    "emulation/config.py": {"emulation.networks", "emulation.fleets", "emulation.channel.model"},
+    "emulation/scenario.py": {"emulation.networks", "emulation.fleets", "emulation.channel.model"},
+    "emulation/results.py": {"emulation.networks", "emulation.fleets", "emulation.config"},
+    # The codec registry is a leaf: codecs never import it.
+    "edge/compression/codec.py": {"edge.compression.registry", "edge.compression.quantize",
+                                  "edge.compression.sparsify"},
+    "edge/compression/quantize.py": {"edge.compression.registry"},
+    "edge/compression/sparsify.py": {"edge.compression.registry"},
+}  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; relative imports resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package[: len(package) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def sources(where: str) -> list[Path]:
+    target = ROOT / where
+    paths = [target] if target.suffix == ".py" else list(target.rglob("*.py"))
+    return [p for p in paths if "_pb2" not in p.name]
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for layer in LAYERS for p in sources(layer)}
+
+
+def within(name: str, prefixes: set[str]) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in prefixes)
+
+
+def test_layers_only_import_downwards() -> None:
+    violations = []
+    for rank, layer in enumerate(LAYERS):
+        forbidden = set(LAYERS[rank + 1 :])
+        for path in sources(layer):
+            for name in imports(path):
+                if name.split(".")[0] in forbidden:
+                    violations.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not violations, "layering violated:\n" + "\n".join(sorted(violations))
+
+
+def test_pure_packages_stay_pure() -> None:
+    violations = []
+    for package, banned in PURE.items():
+        for path in sources(package):
+            violations += [
+                f"{path.relative_to(ROOT)} imports {name}"
+                for name in imports(path)
+                if within(name, banned)
+            ]
+    assert not violations, "\n".join(sorted(violations))
+
+
+def test_rooms_inside_layers_keep_to_their_side() -> None:
+    violations = []
+    for room, banned in ROOMS.items():
+        for path in sources(room):
+            violations += [
+                f"{path.relative_to(ROOT)} imports {name}"
+                for name in imports(path)
+                if within(name, banned)
+            ]
+    assert not violations, "\n".join(sorted(violations))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (a package's ``__init__`` stands for the
+    package; a module importing its own parent package is not an edge)."""
+    found = project_modules()
+    graph: dict[str, set[str]] = {name: set() for name in found}
+    for name, path in found.items():
+        for target in imports(path):
+            while target and target not in found:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):
+                graph[name].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(", ".join(c) for c in found)
+
+
+def test_the_checkers_see_imports_and_circles() -> None:
+    """Guard against a walker that silently finds nothing, or a cycle finder that cannot."""
+    assert "edge.topology.mixing" in imports(ROOT / "edge/topology/assignment.py")
+    assert any("coordinator" in n for n in imports(ROOT / "emulation/fleets/process.py"))
+    graph = import_graph()
+    assert "emulation.networks.base" in graph["emulation.fleets.base"] or (
+        "emulation.networks" in graph["emulation.fleets.base"]
+    )
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
