@@ -60,8 +60,8 @@ class SwitchingSettings(BaseModel):
                 raise ValueError(f"unknown topology '{name}'; choose from: {allowed}")
         if (self.at_rounds is None) == (self.trigger is None):
             raise ValueError(
-                "switching needs at_rounds (switch by round) or trigger (switch when a fleet "
-                "figure crosses threshold), exactly one of them"
+                "give at_rounds (switch by round) or trigger (switch when a fleet figure "
+                "crosses threshold), exactly one of them"
             )
         if self.at_rounds is not None:
             rounds = self.at_rounds

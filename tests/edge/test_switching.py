@@ -30,7 +30,7 @@ def settings(**values: Any) -> SwitchingSettings:
     ("values", "message"),
     [
         ({"topologies": ["complete"], "at_rounds": []}, "option 'topologies': List should have"),
-        ({"topologies": ["complete", "ring"]}, "needs at_rounds .* or trigger"),
+        ({"topologies": ["complete", "ring"]}, "give at_rounds .* or trigger"),
         (
             {"topologies": ["complete", "ring"], "at_rounds": [5], "trigger": "loss-plateau"},
             "exactly one of them",
