@@ -1,6 +1,6 @@
 """The seed papers, one entry each, against a baseline measured in the same run.
 
-Run from the repository root (4 to 6 minutes on 2 cores)::
+Run from the repository root (5 to 8 minutes on 2 cores)::
 
     python -m benchmarks.papers                  # every entry, markdown on stdout
     python -m benchmarks.papers --only switching # one entry (ec-dnn, separable, switching,
