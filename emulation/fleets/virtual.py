@@ -175,11 +175,11 @@ class VirtualFleet:
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
-        if not network.time_varying:
+        if not network.time_varying and not network.round_driven:
             return (
-                f"mode 'virtual' runs a network that changes with time on a virtual clock; the "
-                f"{network.describe()} network does not (give --scenario NAME|FILE for a "
-                "wireless one, or use --mode inproc)"
+                f"mode 'virtual' runs a network that changes with time (or by round, with "
+                f"[switching]) on a virtual clock; the {network.describe()} network does neither "
+                "(give --scenario NAME|FILE for a wireless one, or use --mode inproc)"
             )
         return None
 

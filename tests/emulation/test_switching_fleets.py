@@ -1,20 +1,18 @@
-"""A [switching] schedule through the fleet and network layers: inproc runs it, the virtual
-fleet drives the same runtime hook, modes whose agents run in their own processes refuse it,
-and bad combinations stop at start."""
+"""A [switching] schedule through the fleet and network layers: inproc and virtual run it,
+modes whose agents run in their own processes refuse it, and bad combinations stop at
+start."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from edge.tasks.consensus import ConsensusOptions, true_average
 from emulation.config import ConfigError, load_config, read_scenario
 from emulation.fleets import preflight, run_fleet
 from emulation.fleets.virtual import VirtualFleet
-from emulation.networks import StaticNetwork, network_for
-from emulation.results import relative_error, summarise
+from emulation.networks import network_for
 from emulation.scenario import scenario_path
 
 SCHEDULE = {"topologies": ["complete", "ring", "one-peer-exponential", "exponential"],
@@ -47,24 +45,23 @@ def test_inproc_switches_when_the_consensus_distance_falls(tmp_path: Path) -> No
     assert results.final.relative_error is not None and results.final.relative_error < 1e-10
 
 
-class SwitchingOnAClock(StaticNetwork):
-    """A static network that calls itself time-varying, so the virtual fleet runs it."""
-
-    kind: ClassVar[str] = "switching-on-a-clock"
-    time_varying: ClassVar[bool] = True
-
-
-def test_the_virtual_fleet_hands_every_finished_round_to_the_runtime() -> None:
+def test_the_virtual_fleet_switches_when_its_slowest_agent_finishes_the_round(
+    tmp_path: Path,
+) -> None:
     config = load_config(None, consensus(mode="virtual", rounds=200))
-    fleet = VirtualFleet(config, SwitchingOnAClock(config))
+    results = run_fleet(config, tmp_path)
+    assert results.config["switched_at"] == [4, 8, 12]
+    assert results.final.complete
+    assert results.final.relative_error is not None and results.final.relative_error < 1e-10
+
+
+def test_the_virtual_fleet_installs_every_switch_on_every_agent() -> None:
+    config = load_config(None, consensus(mode="virtual", rounds=30))
+    fleet = VirtualFleet(config, network_for(config))
     fleet.run()
-    assert fleet.links.switched_at == [4, 8, 12]  # type: ignore[attr-defined]
     assert {a.assignment.epoch for a in fleet.agents if a.assignment} == {4}
-    estimates = [r[-1].estimate for r in fleet.records().values()]
-    reference = true_average(config.seed, config.agents, ConsensusOptions(dim=30)).numpy()
-    error = relative_error([e for e in estimates if e is not None], reference)
-    assert error is not None and error < 1e-10
-    assert summarise(fleet.records()).final.complete
+    assert len(fleet.agents[0].assignment.peers) == 15  # type: ignore[union-attr]
+    assert fleet.links.switched_at == [4, 8, 12]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("mode", ["process", "namespaces"])
