@@ -11,6 +11,7 @@ import torch
 from edge.tasks.base import Task, TaskContext, TaskError
 from edge.tasks.consensus import ConsensusTask
 from edge.tasks.digits import DigitsTask
+from edge.tasks.separable import SeparableTask
 
 TaskFactory = Callable[[TaskContext], Task]
 
@@ -18,6 +19,7 @@ TaskFactory = Callable[[TaskContext], Task]
 BUILTIN_TASKS: dict[str, TaskFactory] = {
     DigitsTask.name: DigitsTask,
     ConsensusTask.name: ConsensusTask,
+    SeparableTask.name: SeparableTask,
 }
 
 
