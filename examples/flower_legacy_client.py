@@ -62,7 +62,7 @@ class DigitsClient(NumPyClient):
                 loss = loss_fn(self.net(self.x_train[batch]), self.y_train[batch])
                 loss.backward()
                 optimizer.step()
-        return self.get_parameters({}), len(self.y_train), {"train_loss": float(loss)}
+        return self.get_parameters({}), len(self.y_train), {"train_loss": loss.item()}
 
     def evaluate(self, parameters, config):
         self.set_parameters(parameters)
