@@ -18,6 +18,7 @@ already) and no SuperLink is started.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -93,6 +94,11 @@ def _check(baseline: FlowerBaseline) -> tuple[Any, dict[str, Any]]:
         raise ConfigError(f"rounds must be at least 1, got {baseline.rounds}")
     if not baseline.client_cpus > 0:
         raise ConfigError(f"client CPUs must be positive, got {baseline.client_cpus}")
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "the Flower baseline needs Flower's simulation engine (Ray): "
+            "pip install 'airgossip[baseline]' (or 'flwr[simulation]')"
+        )
     overrides = dict(baseline.run_config)
     try:
         app = load_flower_app(baseline.app, overrides)
