@@ -3,8 +3,8 @@
 ``run`` (a whole fleet on this machine), ``agent`` (one agent, what runs on each device),
 ``coordinator`` (the optional control plane), ``topology`` and ``links`` (describe a graph
 or a wireless scenario), ``baseline`` (an app on another system's runtime: Flower's) and
-``compare`` (runs side by side). Commands import the heavy parts (torch, the fleets) only when they
-run, so ``--help`` stays fast.
+``compare`` (runs side by side). Commands import the heavy parts (torch, the fleets, Flower)
+only when they run, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
