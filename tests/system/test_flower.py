@@ -159,3 +159,14 @@ def test_bad_flower_flags_get_one_line_errors(
 )  # fmt: skip
 def test_bad_baseline_and_compare_input(args: list[str], fragments: list[str]) -> None:
     assert_one_line_error(cli(*args), *fragments)
+
+
+def test_a_flower_app_on_a_wireless_scenario_with_compressed_gossip(tmp_path: Path) -> None:
+    out = tmp_path / "wireless"
+    result = cli("run", "--flower-app", EXAMPLE, "--scenario", "wifi-indoor", "--agents", "4",
+                 "--mode", "virtual", "--rounds", "8", "--algorithm", "quantized-push-sum",
+                 "--compression", "qsgd:4", "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["compression"] == "qsgd:4" and "wireless" in results
+    assert results["final"]["complete"] and results["final"]["mean_accuracy"] >= 0.8
