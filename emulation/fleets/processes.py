@@ -82,7 +82,7 @@ class AgentProcess:
         except OSError:
             return ""
         errors = [line.strip() for line in text if line.startswith("error: ")]
-        return errors[-1] if errors else self.log_tail()
+        return errors[-1].removeprefix("error: ") if errors else self.log_tail()
 
 
 class AgentProcesses:
