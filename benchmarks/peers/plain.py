@@ -67,7 +67,7 @@ def train_epoch(
         loss = loss_fn(net(x[batch]), y[batch])
         loss.backward()
         optimizer.step()
-        total += float(loss)
+        total += loss.item()
         batches += 1
     return total / max(batches, 1)
 

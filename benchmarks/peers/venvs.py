@@ -7,7 +7,8 @@ recipes are what it takes on this kind of machine:
 
 * **hivemind 1.1.12**: torch 2.13.0 first (the CPU build; an unpinned torch resolves to a
   CUDA one), then hivemind (its wheel ships the libp2p daemon).
-* **p2pfl 0.4.4**: torch 2.13.0 first; ``opendp`` (imported at start-up),
+* **p2pfl 0.4.4**: torch 2.13.0 first; p2pfl with what its ``torch`` extra asks
+  (lightning, torchmetrics) except torchvision; ``opendp`` (imported at start-up),
   ``huggingface_hub<1`` and ``pyarrow<20`` (newer ones break its ``datasets`` pin); no
   torchvision (PyPI's wheel does not load beside the CPU torch, and p2pfl imports it only
   for its own example datasets), so a stub module that raises on use stands in for it. Ray
@@ -49,9 +50,21 @@ RECIPES = {
     ),
     "p2pfl": Recipe(
         "p2pfl",
-        "import p2pfl.node, torch, numpy, importlib.metadata as m; "
+        "import p2pfl.node, lightning, torchmetrics, torch, numpy, importlib.metadata as m; "
         "assert m.version('p2pfl') == '0.4.4'",
-        ((TORCH,), ("p2pfl==0.4.4", "opendp", "huggingface_hub<1", "pyarrow<20", "numpy")),
+        (
+            (TORCH,),
+            # p2pfl[torch] without its torchvision pin; lightning as that extra asks.
+            (
+                "p2pfl==0.4.4",
+                "lightning>=2.4,<3",
+                "torchmetrics>=1.3.1,<2",
+                "opendp",
+                "huggingface_hub<1",
+                "pyarrow<20",
+                "numpy",
+            ),
+        ),
         stub_torchvision=True,
     ),
 }
