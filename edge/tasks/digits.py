@@ -36,7 +36,7 @@ class DigitsOptions(BaseModel):
 
     partition: Literal["iid", "dirichlet"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (non-IID skew)")
-    hidden: int = Field(32, ge=1, le=4096)
+    hidden: int = Field(32, ge=1, le=65536)
     local_steps: int = Field(10, ge=1)
     local_epochs: int | None = Field(
         None,
