@@ -3,9 +3,10 @@ FedAvg over gRPC on a ring (p2pfl's own workflow: vote the train set, train, gos
 partial aggregates, finish the round).
 
 The nodes run in one process, as p2pfl's own examples run them (each node its own gRPC
-server on 127.0.0.1). Ray is off (``Settings.general.DISABLE_RAY``); the heartbeat and
-gossip settings are p2pfl's ``set_standalone_settings``. Runs inside p2pfl's own virtual
-environment::
+server on 127.0.0.1). torchvision is not installed (its wheel does not load beside the CPU
+torch); an empty module stands in for the one import p2pfl's learner makes of it. Ray is
+off (``Settings.general.DISABLE_RAY``); the heartbeat and gossip settings are p2pfl's
+``set_standalone_settings``. Runs inside p2pfl's own virtual environment::
 
     python p2pfl_peers.py SPLIT.npz EVENTS.jsonl ROUNDS
 
@@ -16,6 +17,7 @@ the rounds before) and once after the last round; each evaluation is one events 
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -27,17 +29,31 @@ import plain
 def main() -> None:
     split_path, events_path, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.set_num_threads(1)
+    from p2pfl.settings import Settings
+
+    # Before anything imports p2pfl's logger, which starts a Ray instance on import otherwise.
+    Settings.general.DISABLE_RAY = True
     import lightning as L
+
+    # p2pfl's learner imports torchvision.datasets for its MNIST helper (not used here), and
+    # PyPI's torchvision does not load beside the CPU torch: an empty module stands in, put
+    # in place only now, after lightning and torchmetrics looked for a real one.
+    stub = types.ModuleType("torchvision")
+    stub.datasets = types.ModuleType("torchvision.datasets")  # type: ignore[attr-defined]
+    sys.modules.update({"torchvision": stub, "torchvision.datasets": stub.datasets})
+    # Eight Lightning trainers in threads of one process share rich's one live display and
+    # crash tearing it down ("pop from empty list"): plain progress bars instead.
+    from lightning.pytorch.trainer.connectors import callback_connector
+
+    callback_connector._RICH_AVAILABLE = False  # type: ignore[attr-defined]
     from datasets import Dataset, DatasetDict
     from p2pfl.learning.dataset.p2pfl_dataset import P2PFLDataset
     from p2pfl.learning.frameworks.pytorch.lightning_model import LightningModel
     from p2pfl.node import Node
-    from p2pfl.settings import Settings
     from p2pfl.utils.topologies import TopologyFactory, TopologyType
     from p2pfl.utils.utils import set_standalone_settings, wait_convergence, wait_to_finish
 
     set_standalone_settings()
-    Settings.general.DISABLE_RAY = True
     Settings.general.LOG_DIR = str(Path(events_path).parent / "p2pfl-logs")
     split = plain.load_split(split_path)
     agents = split["agents"]

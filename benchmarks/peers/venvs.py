@@ -10,9 +10,12 @@ recipes are what it takes on this kind of machine:
 * **p2pfl 0.4.4**: torch 2.13.0 first; p2pfl with what its ``torch`` extra asks
   (lightning, torchmetrics) except torchvision; ``opendp`` (imported at start-up),
   ``huggingface_hub<1`` and ``pyarrow<20`` (newer ones break its ``datasets`` pin); no
-  torchvision (PyPI's wheel does not load beside the CPU torch, and p2pfl imports it only
-  for its own example datasets), so a stub module that raises on use stands in for it. Ray
-  is switched off in the driver through p2pfl's settings.
+  torchvision (PyPI's wheel does not load beside the CPU torch; p2pfl imports it only for
+  its own example datasets, which the driver does not use): the driver stubs that import
+  in ``sys.modules``, not on disk, because torchmetrics imports torchvision's submodules
+  whenever ``find_spec`` finds a ``torchvision``, so a stub package breaks ``import
+  lightning``. Ray is switched off in the driver
+  through p2pfl's settings, before p2pfl's logger (which starts Ray on import) is imported.
 """
 
 from __future__ import annotations
@@ -25,21 +28,12 @@ from pathlib import Path
 
 TORCH = "torch==2.13.0"
 
-_TORCHVISION_STUB = '''"""A stand-in for torchvision (its wheel does not load beside the CPU torch
-here): p2pfl imports it for its example datasets only."""
-
-
-def __getattr__(name):
-    raise ImportError(f"torchvision is not installed here (asked for {name!r})")
-'''
-
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
     check: str  # a Python statement that succeeds in a working environment
     packages: tuple[tuple[str, ...], ...]  # pip installs, in order
-    stub_torchvision: bool = False
 
 
 RECIPES = {
@@ -65,7 +59,6 @@ RECIPES = {
                 "numpy",
             ),
         ),
-        stub_torchvision=True,
     ),
 }
 
@@ -106,14 +99,6 @@ def ensure(name: str, root: Path, log: Path) -> Path:
             )
             if done.returncode != 0:
                 raise VenvError(f"pip install {' '.join(packages)} failed in {root / name}")
-    if recipe.stub_torchvision:
-        site = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        stub = Path(site) / "torchvision"
-        stub.mkdir(exist_ok=True)
-        (stub / "__init__.py").write_text(_TORCHVISION_STUB)
     if not works(python, recipe):
         raise VenvError(f"the {name} environment in {root / name} does not import {name}")
     return python
