@@ -54,6 +54,19 @@ def markdown(host: dict[str, object], outcomes: list[Outcome], seconds: float, q
     return "\n".join(lines) + "\n"
 
 
+def write(
+    out: Path, host: dict[str, object], outcomes: list[Outcome], seconds: float, quick: bool
+) -> str:
+    """Write ``benchmarks.md`` and ``benchmarks.json``; return the markdown."""
+    text = markdown(host, outcomes, seconds, quick)
+    (out / "benchmarks.md").write_text(text)
+    (out / "benchmarks.json").write_text(json.dumps({
+        "machine": host, "quick": quick, "seconds": round(seconds, 1),
+        "outcomes": [o.to_json() for o in outcomes],
+    }, indent=2) + "\n")  # fmt: skip
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.split("\n")[0]
@@ -77,6 +90,7 @@ def main() -> None:
     host = machine.describe()
     started = time.perf_counter()
     outcomes: list[Outcome] = []
+    text = ""
     for name in names:
         print(f"[{name}]", flush=True)
         # Each entry's runs, logs and profiles stay beside the table (out/work/NAME).
@@ -89,13 +103,8 @@ def main() -> None:
         except Exception as err:  # one entry failing must not lose the others' figures
             traceback.print_exc()
             outcomes.append(Outcome(name, "", f"the entry failed: {err!r}", None))
-    seconds = time.perf_counter() - started
-    text = markdown(host, outcomes, seconds, args.quick)
-    (out / "benchmarks.md").write_text(text)
-    (out / "benchmarks.json").write_text(json.dumps({
-        "machine": host, "quick": args.quick, "seconds": round(seconds, 1),
-        "outcomes": [o.to_json() for o in outcomes],
-    }, indent=2) + "\n")  # fmt: skip
+        # Written after every entry: an interrupted run keeps what it measured.
+        text = write(out, host, outcomes, time.perf_counter() - started, args.quick)
     print(text)
     print(f"written: {out / 'benchmarks.md'}, {out / 'benchmarks.json'}", file=sys.stderr)
 
