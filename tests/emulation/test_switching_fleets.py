@@ -33,7 +33,7 @@ def consensus(**overrides: Any) -> dict[str, Any]:
 
 
 def epochs(fleets: list[Fleet]) -> set[int]:
-    """The assignment epochs of the one in-process fleet in ``fleets``'s agents."""
+    """The assignment epochs held by the agents of the one fleet ``run_fleet`` started."""
     (fleet,) = fleets
     assert isinstance(fleet, InProcessFleet)
     return {a.assignment.epoch for a in fleet.agents if a.assignment is not None}
