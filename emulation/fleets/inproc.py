@@ -27,7 +27,11 @@ from emulation.networks import LinkRuntime, Network
 class InProcessFleet:
     """All agents in this process, in lock step: every agent's local step and push, then
     every agent's mix and report, round after round. There is no clock, so a network whose
-    links change with time cannot run here (the virtual mode runs those)."""
+    links change with time cannot run here (the virtual mode runs those).
+
+    After :meth:`run` the agents stay in :attr:`agents` (closed, their algorithms, tasks and
+    assignments readable) for checks that need more than the records.
+    """
 
     mode: ClassVar[str] = "inproc"
     summary: ClassVar[str] = "all agents in this process in lock step, deterministic"
@@ -39,6 +43,7 @@ class InProcessFleet:
         self.network = network
         self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
         self.sink = MemoryStatsSink()
+        self.agents: list[Agent] = []
         self.round = 0
         self._stop = threading.Event()
         self._seen = 0
@@ -59,7 +64,7 @@ class InProcessFleet:
         config, runtime = self.config, self._runtime
         network = InMemoryNetwork()
         sink = runtime.sink(self.sink)
-        agents = [
+        agents = self.agents = [
             build_agent(
                 agent_id,
                 index=i,
