@@ -267,6 +267,12 @@ class FleetStore:
                 [(i, a.epoch, assignment_to_json(a)) for i, a in (assignments or {}).items()],
             )
 
+    def stored_run(self) -> tuple[str, dict[str, Any]] | None:
+        """The id and scenario of the run this database holds (None: a new database)."""
+        with self._lock:
+            run_id, scenario = self._meta("run_id"), self._meta("scenario")
+        return None if run_id is None else (run_id, json.loads(scenario or "{}"))
+
     def claim_run(self, run_id: str, scenario: dict[str, Any]) -> str:
         """The id of the run this database holds (a new database records ``run_id`` and
         ``scenario``).

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from airgossip.cli.display import ProgressDisplay, console, errors, fail, summary_table
+from airgossip.cli.display import ProgressDisplay, console, fail, say, summary_table
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
 
 
@@ -124,15 +124,14 @@ def run(
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     links = network_for(cfg).describe()
-    console.print(
+    say(
         f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
-        f"{cfg.task.name} · {cfg.mode} · out {out_dir}",
-        highlight=False,
+        f"{cfg.task.name} · {cfg.mode} · out {out_dir}"
     )
     try:
         with ProgressDisplay(cfg.rounds, gossip_only=cfg.task.name == "consensus") as display:
             results = run_fleet(
-                cfg, out_dir, plan=plan, on_progress=display.update,
+                cfg, out_dir, plan=plan, on_progress=display.update, on_notice=display.notice,
                 coordinator_listen=f"127.0.0.1:{coordinator_port}",
                 coordinator_metrics_listen=(
                     f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
@@ -147,6 +146,6 @@ def run(
             fail(f"{err}; pick another --coordinator-port or 0 for any free port")
         fail(str(err), code=1)
     except KeyboardInterrupt:
-        errors.print(f"interrupted: agents stopped; partial results in {out_dir}")
+        say(f"interrupted: agents stopped; partial results in {out_dir}", err=True)
         raise typer.Exit(130) from None
     console.print(summary_table(results, out_dir, links))
