@@ -28,7 +28,8 @@ class WaitReporter:
     what:
         What is waited for (``the coordinator at 10.0.0.1:7070``).
     every_s:
-        Seconds between lines; the first comes ``every_s`` after the wait began.
+        Seconds between lines (default :data:`WAIT_REPORT_S`); the first comes ``every_s``
+        after the wait began.
     clock:
         Wall-clock seconds (the lines say since when).
     """
@@ -38,15 +39,15 @@ class WaitReporter:
         who: str,
         what: str,
         *,
-        every_s: float = WAIT_REPORT_S,
+        every_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.who = who
         self.what = what
-        self.every_s = every_s
+        self.every_s = WAIT_REPORT_S if every_s is None else every_s
         self.clock = clock
         self.since = clock()
-        self._next = self.since + every_s
+        self._next = self.since + self.every_s
         self.lines = 0
 
     def due(self) -> bool:

@@ -8,19 +8,25 @@ two cores; neither is an agent setting.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import edge.waiting
+from airgossip.agent_process import _wait_for_peers
+from coordinator.client import CoordinatorClient
 from coordinator.policy import TopologySpec
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
+from edge.topology import Assignment, Phase
 from emulation.config import load_config
 from emulation.results import RunResults
 from tests.support import ROOT, airgossip, assert_one_line_error, free_port
@@ -147,8 +153,10 @@ def test_an_agent_says_what_it_waits_for_and_leaves_on_ctrl_c(tmp_path: Path) ->
 def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -> None:
     """The run id, and a wireless scenario's t = 0, survive a restart on the same --db."""
     scenario = ROOT / "emulation" / "scenarios" / "wifi-indoor.toml"
-    args = ["coordinator", "--listen", f"127.0.0.1:{free_port()}", "--metrics-port", "0",
-            "--db", str(tmp_path / "fleet.db"), "--config", str(scenario), "--agents", "4"]  # fmt: skip
+    args = [
+        "coordinator", "--listen", f"127.0.0.1:{free_port()}", "--metrics-port", "0",
+        "--db", str(tmp_path / "fleet.db"), "--config", str(scenario), "--agents", "4",
+    ]  # fmt: skip
     heads = []
     for _ in range(2):
         coordinator = spawn(args, tmp_path)
@@ -165,3 +173,29 @@ def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -
     assert all(run_ids), heads
     assert "(new fleet)" in heads[0] and "(restored from" in heads[1]
     assert run_ids[0].group(1) == run_ids[1].group(1)  # type: ignore[union-attr]
+
+
+def test_an_agent_says_how_full_the_fleet_is_and_which_peers_do_not_answer(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(edge.waiting, "WAIT_REPORT_S", 0.3)
+    server = CoordinatorServer(expected=3, topology=TopologySpec("ring"))
+    server.start()
+    client = CoordinatorClient(server.address, "agent-0")
+    try:
+        client.register("127.0.0.1:7000", "digest")
+        with caplog.at_level(logging.INFO, logger="airgossip.agent"):
+            assert not client.wait_ready(lambda: False, 1.0)
+            silent = f"127.0.0.1:{free_port()}"
+            phase = Phase(0.5, {"agent-1": 0.5}, ("agent-1",))
+            assignment = Assignment(1, {"agent-0": "x", "agent-1": silent}, (phase,))
+            _wait_for_peers("agent-0", assignment, 1.5, threading.Event())
+    finally:
+        client.close()
+        server.stop(grace_s=0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("agent-0 waiting for the fleet to fill since" in line
+               and "1 of 3 agents registered" in line for line in lines), lines  # fmt: skip
+    peers = f"1 of 1 not answering yet: agent-1 ({silent})"
+    assert any("agent-0 waiting for its peers since" in line and peers in line for line in lines)
+    assert any("starting without hearing from: agent-1" in line for line in lines)
