@@ -289,6 +289,7 @@ def _run_agent(
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
     transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
+    client = held.client
     agent = held.agent = build_agent(
         options.agent_id,
         index=options.index,
@@ -300,6 +301,10 @@ def _run_agent(
     )
     if stop.is_set():
         return 0
+    if client is None:
+        # Static peers: the neighbours are known before the agent serves, so no push can
+        # reach it before it knows who may send one.
+        agent.set_assignment(static_assignment(network, options.agent_id, options.peers or {}))
     address = agent.start()
     advertise = options.advertise or address
     log.info("%s serving on %s (advertised as %s)", options.agent_id, address, advertise)
@@ -314,7 +319,6 @@ def _run_agent(
         )
         metrics_address = options.metrics_advertise or f"{host}:{exporter.port}"
         log.info("%s metrics on http://%s/metrics", options.agent_id, metrics_address)
-    client = held.client
     if client is not None:
         try:
             client.register(
@@ -335,9 +339,8 @@ def _run_agent(
             log.error("no neighbour assignment within %.0f s", options.ready_timeout_s)
             return 3
     else:
-        assignment = static_assignment(network, options.agent_id, options.peers or {})
-        agent.set_assignment(assignment)
-        _wait_for_peers(options.agent_id, assignment, options.ready_timeout_s, stop)
+        assert agent.assignment is not None
+        _wait_for_peers(options.agent_id, agent.assignment, options.ready_timeout_s, stop)
     if stop.is_set():
         return 0
     assert agent.assignment is not None
