@@ -244,7 +244,16 @@ class CoordinatorClient:
                 request = coordinator_pb2.ReportRequest(
                     agent_id=self.agent_id, token=self.token, rounds=batch
                 )
-                self._stub.Report(request, timeout=max(5.0, self.heartbeat_interval_s))
+                try:
+                    self._stub.Report(request, timeout=max(5.0, self.heartbeat_interval_s))
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                        raise
+                    # Refused as it is: sending it again would block every later report.
+                    log.warning(
+                        "%s: the coordinator refused %d round reports: %s", self.agent_id,
+                        len(batch), err.details(),
+                    )  # fmt: skip
                 with self._pending_lock:
                     for _ in batch:
                         self._pending.popleft()

@@ -103,8 +103,8 @@ def record_to_proto(record: RoundRecord, *, estimate_limit: int) -> coordinator_
     report = coordinator_pb2.RoundReport(
         round=record.round,
         wall_s=record.wall_s,
-        metrics=record.metrics,
-        scalars=record.scalars,
+        metrics=_numbers(record.metrics),
+        scalars=_numbers(record.scalars),
         final=record.final,
     )
     for name, value in record.counters.as_dict().items():
@@ -115,6 +115,15 @@ def record_to_proto(record: RoundRecord, *, estimate_limit: int) -> coordinator_
         ).astype("<f8", copy=False)
         report.estimate = probe.tobytes()
     return report
+
+
+def _numbers(figures: dict[str, float]) -> dict[str, float]:
+    """The figures that are numbers (a user's task may report anything)."""
+    return {
+        k: float(v)
+        for k, v in figures.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> RoundRecord:

@@ -3,6 +3,7 @@ and reports over real gRPC."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -103,12 +104,12 @@ def test_disagreements_name_each_setting() -> None:
 
 
 @pytest.fixture
-def server() -> CoordinatorServer:
+def server() -> Iterator[CoordinatorServer]:
     server = CoordinatorServer(
         expected=2, topology=TopologySpec("ring"), token="t", run=RunSpec("run-x", SCENARIO, 4)
     )
     server.start()
-    yield server  # type: ignore[misc]
+    yield server
     server.stop(grace_s=0)
 
 
@@ -125,10 +126,19 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "agents = 16 here, 3 in the fleet" in info.value.reason
         client.register("127.0.0.1:7001", "digest")
+        # A report the coordinator refuses as it is (too many figures) is dropped, with a
+        # warning, instead of blocking every later one; a figure that is no number is left out.
+        crowded = record("agent-0", 9)
+        crowded.metrics = {f"m{i}": 1.0 for i in range(70)}
+        client.record(crowded)
+        client.send_reports()
+        assert client.pending_reports() == 0 and "agent-0" not in server.fleet.log.records()
         # A large model travels as a sketch of at most REPORT_ESTIMATE_LIMIT values.
         big = record("agent-0", 1)
         big.estimate = np.arange(4 * REPORT_ESTIMATE_LIMIT, dtype=np.float64)
-        for r in (record("agent-0", 0), big, record("agent-0", 2, final=True)):
+        odd = record("agent-0", 0)
+        odd.metrics["note"] = "fine"  # type: ignore[assignment]
+        for r in (odd, big, record("agent-0", 2, final=True)):
             client.record(r)
         client.send_reports()
         assert client.pending_reports() == 0
@@ -136,6 +146,7 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
         assert [r.round for r in held] == [0, 1, 2]
         assert held[1].estimate is not None and held[1].estimate.size == REPORT_ESTIMATE_LIMIT
         assert held[2].metrics == {"accuracy": pytest.approx(0.7)}
+        assert held[0].metrics == {"accuracy": pytest.approx(0.5)}
         assert server.fleet.members["agent-0"].record.state == FINISHED
     finally:
         client.close()

@@ -42,6 +42,7 @@ def spawn(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # five processes that each import torch: 23 s on an idle 2-core machine
 @pytest.mark.timeout(300)
 def test_agents_started_by_hand_are_one_run_with_results(tmp_path: Path) -> None:
     coordinator_dir = tmp_path / "coordinator"
