@@ -91,6 +91,11 @@ class ProgressDisplay:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def task_label(task: dict[str, Any]) -> str:
+    """A run's task for people: its name, or the Flower app it runs."""
+    return f"flower app {task.get('app')}" if task.get("name") == "flower" else str(task["name"])
+
+
 def summary_table(
     results: RunResults, out_dir: Path, links: str, *, title: str = "airgossip run"
 ) -> Table:
@@ -109,7 +114,7 @@ def summary_table(
             + ("" if config["compression"] == "none" else f"{config['compression']} · ")
             + f"{config['mode']}",
         ),
-        ("task", config["task"]["name"]),
+        ("task", task_label(config["task"])),
         ("mixing |λ2|", fmt(config["lambda2"], 3)),
         ("rounds", f"{final.round} of {config['rounds']}"),
         *_agent_rows(results),

@@ -39,12 +39,30 @@ ACCEPTS = {
     "links": [("scenario", preset_names())],
 }  # fmt: skip
 #: Commands that take no mode, topology or other name from a registry.
-NAMES_NOTHING = {"agent"}
+NAMES_NOTHING = {"agent", "baseline", "compare"}
 BRACKETED = re.compile(r"\[[^\]]+\]")
 
 
-def rendered_help(command: str) -> str:
-    result = cli(command, "--help")
+def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and subcommand (``baseline flower``), as the words that name it."""
+    paths = []
+    for name, command in sorted(group.commands.items()):
+        paths.append((*prefix, name))
+        if isinstance(command, click.Group):
+            paths += command_paths(command, (*prefix, name))
+    return paths
+
+
+def find(path: tuple[str, ...]) -> click.Command:
+    command: click.Command = COMMAND
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    return command
+
+
+def rendered_help(*command: str) -> str:
+    result = cli(*command, "--help")
     assert result.returncode == 0, result.stdout
     # One line per option even in a narrow panel: join rich's wrapped lines back up.
     return " ".join(line.strip(" │") for line in result.stdout.splitlines())
@@ -66,11 +84,12 @@ def test_help_lists_every_mode_and_topology_a_command_accepts(command: str) -> N
         assert all(value in shown for value in accepted), (command, name)
 
 
-@pytest.mark.parametrize("command", sorted(COMMAND.commands))
-def test_help_prints_its_bracketed_words(command: str) -> None:
-    shown = re.sub(r"\s+", " ", rendered_help(command))
-    group = COMMAND.commands[command]
-    texts = [group.help or ""] + [getattr(p, "help", None) or "" for p in group.params]
+@pytest.mark.parametrize("path", command_paths(COMMAND), ids=" ".join)
+def test_help_prints_its_bracketed_words(path: tuple[str, ...]) -> None:
+    shown = re.sub(r"\s+", " ", rendered_help(*path))
+    command = " ".join(path)
+    found = find(path)
+    texts = [found.help or ""] + [getattr(p, "help", None) or "" for p in found.params]
     for text in texts:
         for word in BRACKETED.findall(text.replace("\\[", "[")):
             assert re.sub(r"\s+", " ", word) in shown, f"{command}: {word!r} is not printed"
