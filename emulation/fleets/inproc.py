@@ -10,7 +10,7 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.identity import agent_ids
-from edge.stats import MemoryStatsSink, RoundRecord
+from edge.stats import Counters, MemoryStatsSink, RoundRecord
 from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -48,6 +48,7 @@ class InProcessFleet:
         self._stop = threading.Event()
         self._seen = 0
         self._accuracy: dict[str, float] = {}
+        self._counters: dict[str, Counters] = {}
         self._runtime = network.runtime(agent_ids(config.agents), clock=lambda: 0.0)
 
     @classmethod
@@ -110,12 +111,17 @@ class InProcessFleet:
         for record in records[self._seen :]:
             if "accuracy" in record.metrics:
                 self._accuracy[record.agent_id] = record.metrics["accuracy"]
+            self._counters[record.agent_id] = record.counters
         self._seen = len(records)
         final = self.round == self.config.rounds
+        # The counts of the agents' latest records, which the summary is made of too.
         states = [
-            AgentProgress(self.round, final, self._accuracy.get(a.agent_id), a.counters())
+            AgentProgress(
+                self.round, final, self._accuracy.get(a.agent_id),
+                self._counters.get(a.agent_id, Counters()),
+            )
             for a in agents
-        ]
+        ]  # fmt: skip
         self.keeper.update(fleet_progress(self.config, states, len(agents)))
 
     def stop(self) -> None:
