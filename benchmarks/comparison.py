@@ -243,7 +243,7 @@ def run(ctx: Context) -> list[Outcome]:
         with Stamper(contender.folder, contender.pattern) as stamps:
             try:
                 cost: TreeCost | None = run_watched(
-                    contender.command, log_path=log, env=contender.env, cwd=ROOT, timeout_s=600
+                    contender.command, log_path=log, env=contender.env, cwd=ctx.work, timeout_s=600
                 )
             except TimeoutError as err:
                 cost = None
