@@ -110,8 +110,8 @@ class AgentMetrics:
         )
         self.rejected = Counter(
             "airgossip_agent_messages_rejected",
-            "Incoming messages refused, by gRPC code.",
-            ["code"],
+            "Incoming messages refused, by gRPC code and reason.",
+            ["code", "reason"],
             registry=r,
         )
         self.push_latency = Histogram(
@@ -199,7 +199,8 @@ class AgentMetrics:
             self.received.labels(event.sender).inc()
             self.received_bytes.labels(event.sender).inc(event.payload_bytes)
         else:
-            self.rejected.labels(event.code or "UNKNOWN").inc()
+            code = event.code or "UNKNOWN"
+            self.rejected.labels(code, event.reason or code.lower()).inc()
 
 
 #: A route answers with (status, content type, body); it gets the request's Accept header.

@@ -14,7 +14,9 @@ of real agent processes driven step by step, and a pure-algorithm fleet on a hos
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import random
@@ -24,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -38,7 +41,9 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.algorithms import GossipAlgorithm, Payload, PushSum, algorithm_class, create_algorithm
+from edge.certificates import throwaway_fleet
 from edge.compression import decode_blocks, get_codec, raw_codec_for
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
 from edge.settings import AgentSettings
 from edge.stats import RoundRecord, read_records
 from edge.telemetry import ReceiveEvent, SendEvent, StepEvent
@@ -443,12 +448,32 @@ def promtool_check(text: str) -> None:
     )
 
 
-def grpc_pair(settings: AgentSettings) -> Iterator[tuple[Agent, Agent]]:
-    """Two agents serving real gRPC on loopback, neighbours of each other (fixture body)."""
+#: Identities the tests' certificate authority has certificates for.
+TEST_IDENTITIES = (*(f"agent-{i}" for i in range(16)), COORDINATOR_IDENTITY, "mallory")
+
+
+@functools.cache
+def test_credentials_folder() -> Path:
+    """One throwaway CA for the whole test session, with a certificate for each of
+    :data:`TEST_IDENTITIES` (the folder is removed when the session ends)."""
+    folder = Path(tempfile.mkdtemp(prefix="airgossip-test-certs-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return throwaway_fleet(folder, TEST_IDENTITIES)
+
+
+def credentials(identity: str) -> TlsCredentials:
+    """The test CA's credentials of ``identity``."""
+    return TlsCredentials.load(test_credentials_folder(), identity)
+
+
+def grpc_pair(settings: AgentSettings, *, secure: bool = True) -> Iterator[tuple[Agent, Agent]]:
+    """Two agents serving real gRPC (mutual TLS unless ``secure`` is False) on loopback,
+    neighbours of each other (fixture body)."""
+    security = {f"agent-{i}": credentials(f"agent-{i}") if secure else None for i in range(2)}
     agents = [
-        build_agent(f"agent-{i}", index=i, num_agents=2, settings=settings,
-                    transport=GrpcTransport(f"agent-{i}"))
-        for i in range(2)
+        build_agent(a, index=i, num_agents=2, settings=settings, fleet=fleet_of(security[a]),
+                    transport=GrpcTransport(a, security=security[a]))
+        for i, a in enumerate(security)
     ]  # fmt: skip
     addresses = {a.agent_id: a.start() for a in agents}
     assignments = assignments_for_graph(build_graph("complete", 2), addresses)
@@ -476,14 +501,28 @@ def assert_pair_reaches_average(pair: tuple[Agent, Agent], timeout_s: float) -> 
         assert agent.counters().messages_rejected == 0
 
 
-def push(agent: Agent, message: GossipMessage) -> gossip_pb2.PushAck:
-    with grpc.insecure_channel(agent.address) as channel:
+def agent_channel(agent: Agent, identity: str | None = None) -> grpc.Channel:
+    """A channel to ``agent`` as the transport would dial it: with TLS (if the agent serves
+    it) under the certificate of ``identity`` (default: the agent's first in-neighbour)."""
+    if getattr(agent.transport, "security", None) is None:
+        return grpc.insecure_channel(agent.address)
+    if identity is None:
+        identity = next(iter(agent.assignment.phase(1).in_neighbours))  # type: ignore[union-attr]
+    return dial(agent.address, agent.agent_id, credentials(identity))
+
+
+def push(
+    agent: Agent, message: GossipMessage, *, identity: str | None = None
+) -> gossip_pb2.PushAck:
+    """Push ``message`` to ``agent`` over a fresh channel, with the certificate of
+    ``identity`` (default: the message's sender)."""
+    with agent_channel(agent, identity or message.header.sender) as channel:
         return gossip_pb2_grpc.GossipStub(channel).Push(to_chunks(message, 16), timeout=5)
 
 
-def refused(agent: Agent, message: GossipMessage) -> grpc.RpcError:
+def refused(agent: Agent, message: GossipMessage, *, identity: str | None = None) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
-        push(agent, message)
+        push(agent, message, identity=identity)
     return info.value
 
 
