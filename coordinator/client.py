@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from coordinator.convert import assignment_from_proto, snapshot_to_proto
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial
 from edge.telemetry import AgentSnapshot
 from edge.topology import Assignment
 from protos import coordinator_pb2, coordinator_pb2_grpc
@@ -69,13 +70,22 @@ class CoordinatorClient:
         This agent's id.
     token:
         Join token.
+    security:
+        This agent's TLS credentials (the coordinator must prove it is ``coordinator``);
+        None dials in plaintext.
     backoff_cap_s:
         Longest pause between retries while the coordinator is unreachable (lowered to a
         quarter of the heartbeat timeout the coordinator announces).
     """
 
     def __init__(
-        self, address: str, agent_id: str, *, token: str = "", backoff_cap_s: float = 5.0
+        self,
+        address: str,
+        agent_id: str,
+        *,
+        token: str = "",
+        security: TlsCredentials | None = None,
+        backoff_cap_s: float = 5.0,
     ) -> None:
         self.address = address
         self.agent_id = agent_id
@@ -83,7 +93,7 @@ class CoordinatorClient:
         self.backoff_cap_s = backoff_cap_s
         self.heartbeat_interval_s = 2.0
         self.heartbeat_timeout_s = 10.0
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = dial(address, COORDINATOR_IDENTITY, security, CHANNEL_OPTIONS)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -11,6 +11,9 @@ Shared by the agent's gossip server and the coordinator:
 * :func:`raw_unary`, :func:`raw_unary_stream`, :func:`raw_stream_unary`: method handlers
   that take the request's raw bytes. Handlers parse them themselves: gRPC's own deserialiser
   keeps about 16 KB per call that fails to parse, and logs a traceback for each;
+* :func:`parsed_service`: a whole service on raw bytes, each request parsed here and handed
+  to the servicer's method as usual (an undecodable one is refused and counted);
+* :class:`RefusalCounts`: refused calls by method and reason, for a metrics collector;
 * :class:`HealthService`: the standard health check (``Check`` only) on raw bytes.
 """
 
@@ -25,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
@@ -279,6 +284,62 @@ def raw_stream_unary(
     return grpc.stream_unary_rpc_method_handler(
         behaviour, request_deserializer=_identity, response_serializer=serializer
     )
+
+
+class RefusalCounts:
+    """Refused calls by (method, reason): plain counts a metrics collector reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def add(self, method: str, reason: str) -> None:
+        with self._lock:
+            key = (method, reason)
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+def parsed_service(
+    service: ServiceDescriptor,
+    servicer: object,
+    on_undecodable: Callable[[str], None],
+) -> grpc.GenericRpcHandler:
+    """Serve every method of ``service`` from raw bytes: each request is parsed here and
+    passed to ``servicer.<Method>(request, context)`` as gRPC's generated code would.
+
+    A request that does not parse is refused (``INVALID_ARGUMENT``) after
+    ``on_undecodable(method)``. Only unary and server-streaming methods (what a control plane
+    has); a client-streaming method raises ``ValueError`` here.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        if method.client_streaming:
+            raise ValueError(f"{method.full_name}: client streams are not parsed here")
+        request_type = message_factory.GetMessageClass(method.input_type)
+        reply_type = message_factory.GetMessageClass(method.output_type)
+        behaviour = getattr(servicer, method.name)
+
+        def parsed(
+            data: bytes,
+            context: grpc.ServicerContext,
+            name: str = method.name,
+            request_type: Any = request_type,
+            behaviour: Callable[[Any, grpc.ServicerContext], Any] = behaviour,
+        ) -> Any:
+            try:
+                request = request_type.FromString(data)
+            except (DecodeError, ValueError):
+                on_undecodable(name)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid {name} request")
+            return behaviour(request, context)
+
+        wrap = raw_unary_stream if method.server_streaming else raw_unary
+        handlers[method.name] = wrap(parsed, reply_type.SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 class HealthService:
