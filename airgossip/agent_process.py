@@ -25,8 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient, CoordinatorError
 from edge.agent import Agent, build_agent
+from edge.checkpoints import CheckpointStore
 from edge.identity import agent_ids, natural_order
 from edge.metrics import AgentMetrics, MetricsServer
+from edge.security import TlsCredentials, dial, fleet_of
 from edge.settings import AgentSettings
 from edge.stats import FileStatsSink
 from edge.telemetry import LatestStats, Telemetry
@@ -94,6 +96,11 @@ class AgentProcessOptions:
     metrics_advertise: str | None = None
     #: Shape the links in the agent (off where a kernel shapes them).
     shape_links: bool = True
+    #: Folder of the agent's TLS credentials (ca.pem, <id>.pem, <id>.key); None: plaintext.
+    certs: Path | None = None
+    #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
+    checkpoint_dir: Path | None = None
+    checkpoint_interval_s: float = 5.0
 
 
 def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) -> Assignment:
@@ -109,13 +116,18 @@ def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) ->
     return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=network.scheme)[agent_id]
 
 
-def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Event) -> None:
+def _wait_for_peers(
+    assignment: Assignment,
+    timeout_s: float,
+    stop: threading.Event,
+    security: TlsCredentials | None = None,
+) -> None:
     """Wait until every peer answers the gRPC health check (bounded by ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     pending = dict(assignment.peers)
     while pending and time.monotonic() < deadline and not stop.is_set():
         for peer, address in list(pending.items()):
-            with grpc.insecure_channel(address) as channel:
+            with dial(address, peer, security) as channel:
                 try:
                     reply = health_pb2_grpc.HealthStub(channel).Check(
                         health_pb2.HealthCheckRequest(service=""), timeout=1.0
@@ -152,7 +164,15 @@ def run_agent_process(
     shaper = links.shaper if options.shape_links else None
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
-    transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
+    security = TlsCredentials.load(options.certs, options.agent_id) if options.certs else None
+    transport = GrpcTransport(
+        options.agent_id, listen=options.listen, shaper=shaper, security=security
+    )
+    checkpoints = (
+        CheckpointStore(options.checkpoint_dir, options.agent_id)
+        if options.checkpoint_dir is not None
+        else None
+    )
     agent: Agent = build_agent(
         options.agent_id,
         index=options.index,
@@ -161,7 +181,11 @@ def run_agent_process(
         transport=transport,
         stats=stats,
         observer=telemetry,
+        fleet=fleet_of(security),
+        checkpoints=checkpoints,
+        checkpoint_interval_s=options.checkpoint_interval_s,
     )
+    agent.resume()  # from the newest intact checkpoint, if it keeps any
 
     client: CoordinatorClient | None = None
 
@@ -195,7 +219,9 @@ def run_agent_process(
         log.info("%s metrics on http://%s/metrics", options.agent_id, metrics_address)
     try:
         if options.coordinator:
-            client = CoordinatorClient(options.coordinator, options.agent_id, token=options.token)
+            client = CoordinatorClient(
+                options.coordinator, options.agent_id, token=options.token, security=security
+            )
             try:
                 client.register(
                     advertise,
@@ -217,7 +243,7 @@ def run_agent_process(
         else:
             assignment = static_assignment(network, options.agent_id, options.peers or {})
             agent.set_assignment(assignment)
-            _wait_for_peers(assignment, options.ready_timeout_s, stop)
+            _wait_for_peers(assignment, options.ready_timeout_s, stop, security)
         assert agent.assignment is not None
         # A network whose graph changes with time installs it from now on; the radio figures
         # of the agent's out-links go to its metrics.

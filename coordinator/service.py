@@ -91,9 +91,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def refuse(
         self, context: grpc.ServicerContext, method: str, code: str, reason: str, kind: str
     ) -> NoReturn:
-        """Count, log (rate-limited) and end the call with ``code`` and ``reason``."""
+        """Count, log (rate-limited) and end the call with ``code`` and ``reason``.
+
+        ``NOT_FOUND`` is counted but not logged: it is how an agent that was declared dead or
+        left learns to register again, part of the protocol rather than bad input.
+        """
         self.refusals.add(method, kind)
-        self._log.note(kind, f"{method}: {code}: {reason}")
+        if code != "NOT_FOUND":
+            self._log.note(kind, f"{method}: {code}: {reason}")
         context.abort(getattr(grpc.StatusCode, code), reason)
         raise AssertionError("context.abort always raises")
 

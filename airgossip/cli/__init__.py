@@ -2,19 +2,26 @@
 
 ``run`` (a whole fleet on this machine), ``agent`` (one agent, what runs on each device),
 ``coordinator`` (the optional control plane), ``topology`` and ``links`` (describe a graph
-or a wireless scenario). Commands import the heavy parts (torch, the fleets) only when they
-run, so ``--help`` stays fast.
+or a wireless scenario), ``certs`` (a fleet's TLS certificates). Commands import the heavy
+parts (torch, the fleets) only when they run, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from airgossip.cli.agent import agent
+from airgossip.cli.certs import certs_app
 from airgossip.cli.coordinator import coordinator
 from airgossip.cli.links import links_command
 from airgossip.cli.run import run
 from airgossip.cli.topology import topology_info
+
+# gRPC's core logs every refused TLS handshake at INFO: a line per connection attempt of
+# whoever knocks without a valid certificate. Commands import grpc only when they run.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 app = typer.Typer(
     name="airgossip",
@@ -28,6 +35,7 @@ app.command("agent")(agent)
 app.command("coordinator")(coordinator)
 app.command("topology")(topology_info)
 app.command("links")(links_command)
+app.add_typer(certs_app)
 
 
 def main() -> None:

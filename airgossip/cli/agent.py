@@ -57,6 +57,23 @@ def agent(
             "already shapes them)."
         ),
     ] = True,
+    certs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder with ca.pem, <id>.pem and <id>.key (airgossip certs): mutual TLS with "
+            "peers and the coordinator."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Plaintext gRPC, no certificates (trusted networks).")
+    ] = False,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(help="Keep checkpoints here and resume from the newest at start."),
+    ] = None,
+    checkpoint_interval_s: Annotated[
+        float, typer.Option(help="Seconds between two checkpoints.")
+    ] = 5.0,
 ) -> None:
     """Run one edge agent over real gRPC (what runs on each device)."""
     from airgossip.agent_process import (
@@ -72,6 +89,13 @@ def agent(
         die_with_parent(parent_pid)
     if (coordinator is None) == (peers is None):
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    if (certs is None) == (not insecure):
+        fail(
+            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
+            "(plaintext)"
+        )
+    if not checkpoint_interval_s > 0:
+        fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
     try:
         if config is not None and config.suffix == ".json":
             try:
@@ -99,7 +123,8 @@ def agent(
         metrics_listen=None if metrics_listen == "off" else (
             metrics_listen or f"{listen.rpartition(':')[0]}:0"
         ),
-        metrics_advertise=metrics_advertise, shape_links=link_shaping,
+        metrics_advertise=metrics_advertise, shape_links=link_shaping, certs=certs,
+        checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
     from coordinator.client import CoordinatorError
     from edge.tasks import TaskError

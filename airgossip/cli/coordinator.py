@@ -49,6 +49,16 @@ def coordinator(
     heartbeat_timeout_s: Annotated[
         float, typer.Option(help="Silence after which an agent is declared dead.")
     ] = 10.0,
+    certs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder with ca.pem, coordinator.pem and coordinator.key (airgossip certs): "
+            "mutual TLS, each agent may act only for itself."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Plaintext gRPC, no certificates (trusted networks).")
+    ] = False,
 ) -> None:
     """Run the coordinator: membership, neighbour assignment, metrics and service discovery."""
     import logging
@@ -58,10 +68,16 @@ def coordinator(
     from coordinator.service import CoordinatorServer
     from coordinator.store import StoreError
     from edge.algorithms import algorithm_class
+    from edge.security import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
     from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
     from emulation.networks import network_for
 
+    if (certs is None) == (not insecure):
+        fail(
+            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
+            "(plaintext)"
+        )
     if topology is not None and topology not in POLICIES:
         fail(f"unknown topology '{topology}'; choose one of: {', '.join(POLICIES)}")
     if not 0 <= metrics_port <= 65535:
@@ -90,21 +106,24 @@ def coordinator(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        security = TlsCredentials.load(certs, COORDINATOR_IDENTITY) if certs else None
         server = CoordinatorServer(
             expected=cfg.agents,
             topology=spec,
             listen=listen,
             token=token,
+            security=security,
             db=db,
             liveness=liveness,
             metrics_listen=f"{host}:{metrics_port}",
         )
-    except (OSError, StoreError, TopologyError) as err:
+    except (OSError, StoreError, TopologyError, SecurityError) as err:
         fail(str(err))
     address = server.start()
     restored = "restored from " + str(db) if server.fleet.restored else "new fleet"
     console.print(
-        f"coordinator on {address} ({restored}): {cfg.agents} agents, {spec.name}; "
+        f"coordinator on {address} ({restored}, {'mutual TLS' if certs else 'plaintext'}): "
+        f"{cfg.agents} agents, {spec.name}; "
         f"heartbeats every {liveness.heartbeat_interval_s:g} s, timeout "
         f"{liveness.heartbeat_timeout_s:g} s; metrics, service discovery and fleet at "
         f"http://{server.metrics_address}/metrics, /sd, /fleet",

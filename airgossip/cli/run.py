@@ -87,6 +87,14 @@ def run(
     record: Annotated[
         bool, typer.Option("--record", help="Write replay logs of link states (wireless).")
     ] = False,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Agent processes talk plaintext gRPC (default: mutual TLS with a throwaway "
+            "certificate authority in the run folder).",
+        ),
+    ] = False,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
@@ -137,6 +145,7 @@ def run(
                 coordinator_metrics_listen=(
                     f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
                 ),
+                insecure=insecure,
             )  # fmt: skip
     except ConfigError as err:
         fail(str(err))

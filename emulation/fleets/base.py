@@ -96,6 +96,9 @@ class Launch:
         ``host:port`` of an embedded coordinator (fleets that start one).
     coordinator_metrics_listen:
         ``host:port`` of the embedded coordinator's ``/metrics``, ``/sd`` and ``/fleet``.
+    insecure:
+        Agents that talk over the network do so in plaintext (default: mutual TLS with a
+        throwaway certificate authority in ``out_dir``).
     """
 
     out_dir: Path
@@ -103,6 +106,7 @@ class Launch:
     on_progress: ProgressCallback | None = None
     coordinator_listen: str = "127.0.0.1:0"
     coordinator_metrics_listen: str | None = None
+    insecure: bool = False
 
 
 class Fleet(Protocol):

@@ -28,7 +28,9 @@ class ProcessFleet:
         self.network = network
         self.launch = launch
         self.keeper = ProgressKeeper(config, launch.on_progress)
-        self.agents = AgentProcesses(config, launch.out_dir, launch.config_path, self.keeper)
+        self.agents = AgentProcesses(
+            config, launch.out_dir, launch.config_path, self.keeper, insecure=launch.insecure
+        )
         self._clock = network.wall_clock()
 
     @classmethod
@@ -41,6 +43,7 @@ class ProcessFleet:
             topology=self.network.topology(),
             listen=self.launch.coordinator_listen,
             metrics_listen=self.launch.coordinator_metrics_listen,
+            security=self.agents.coordinator_credentials(),
         )
         address = server.start()
         try:

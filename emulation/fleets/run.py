@@ -87,13 +87,16 @@ def run_fleet(
     coordinator_metrics_listen: str | None = None,
     on_start: Callable[[Fleet], None] | None = None,
     plan: Plan | None = None,
+    insecure: bool = False,
 ) -> RunResults:
     """Run a fleet to the end; write ``results.json`` and ``results.png`` into ``out_dir``.
 
     ``on_start`` gets the fleet once it is built (to stop it from elsewhere, say). On
     Ctrl-C the agents are stopped, whatever was recorded so far is written with
     ``"interrupted": true``, and ``KeyboardInterrupt`` propagates. ``plan``: the
-    :func:`preflight` of ``config`` when the caller already made it.
+    :func:`preflight` of ``config`` when the caller already made it. ``insecure``: agents
+    that talk over the network do so in plaintext (default: mutual TLS, see
+    :class:`~emulation.fleets.base.Launch`).
     """
     plan = plan if plan is not None and plan.config == config else preflight(config)
     refuse_used_out_dir(out_dir)
@@ -103,8 +106,9 @@ def run_fleet(
     config_path = out_dir / "config.json"
     config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     launch = Launch(
-        out_dir, config_path, on_progress, coordinator_listen, coordinator_metrics_listen
-    )
+        out_dir, config_path, on_progress, coordinator_listen, coordinator_metrics_listen,
+        insecure,
+    )  # fmt: skip
     started = time.monotonic()
     fleet = plan.fleet(config, network, launch)
     if on_start is not None:
