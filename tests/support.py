@@ -199,6 +199,7 @@ class LocalFleet:
                 "coordinator", "--listen", f"127.0.0.1:{self.grpc_port}",
                 "--metrics-port", str(self.metrics_port), "--db", str(self.db),
                 "--token", self.token, "--config", str(self.scenario), *self.topology,
+                "--certs", str(credentials_folder()),
                 "--heartbeat-interval-s", str(self.interval),
                 "--heartbeat-timeout-s", str(self.timeout),
             ],
@@ -223,7 +224,7 @@ class LocalFleet:
                 "agent", "--config", str(self.scenario), "--index", str(index),
                 "--coordinator", f"127.0.0.1:{self.grpc_port}", "--token", self.token,
                 "--stats-dir", str(self.stats_dir(index)), "--parent-pid", str(os.getpid()),
-                "--threads", "1",
+                "--threads", "1", "--certs", str(credentials_folder()),
             ],
             f"agent-{index}.log",
         )  # fmt: skip
@@ -453,7 +454,7 @@ TEST_IDENTITIES = (*(f"agent-{i}" for i in range(16)), COORDINATOR_IDENTITY, "ma
 
 
 @functools.cache
-def test_credentials_folder() -> Path:
+def credentials_folder() -> Path:
     """One throwaway CA for the whole test session, with a certificate for each of
     :data:`TEST_IDENTITIES` (the folder is removed when the session ends)."""
     folder = Path(tempfile.mkdtemp(prefix="airgossip-test-certs-"))
@@ -463,7 +464,7 @@ def test_credentials_folder() -> Path:
 
 def credentials(identity: str) -> TlsCredentials:
     """The test CA's credentials of ``identity``."""
-    return TlsCredentials.load(test_credentials_folder(), identity)
+    return TlsCredentials.load(credentials_folder(), identity)
 
 
 def grpc_pair(settings: AgentSettings, *, secure: bool = True) -> Iterator[tuple[Agent, Agent]]:
