@@ -652,7 +652,8 @@ def _all_finite(vector: torch.Tensor) -> bool:
     # infinity or an overflow of finite values) needs the element-wise check. numpy's dot is
     # the cheapest pass over a small vector.
     array = vector.numpy()
-    return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
+    with np.errstate(over="ignore"):  # huge finite values overflow the sum: checked below
+        return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
 
 
 def build_agent(

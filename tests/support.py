@@ -594,3 +594,55 @@ def run_push_sum(fleet: PushSumFleet, rounds: int, *, loss: float = 0.0, duplica
             x, y = fleet.total_mass()
             torch.testing.assert_close(x, check_mass, rtol=0, atol=1e-10)
             assert y == pytest.approx(n, abs=1e-10)
+
+
+class TlsFleet:
+    """A consensus fleet of agents in this process, each serving real gRPC with mutual TLS
+    (the test CA's certificates), on the exponential graph. Tests attack it, then
+    :meth:`run_to_end` and check :meth:`relative_error`."""
+
+    def __init__(self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5) -> None:
+        from edge.settings import TaskSettings
+
+        self.settings = AgentSettings(
+            task=TaskSettings(name="consensus", dim=dim), rounds=rounds, wait_timeout_s=0.5,
+            seed=seed,
+        )  # fmt: skip
+        self.dim = dim
+        self.ids = [f"agent-{i}" for i in range(n)]
+        self.agents: list[Agent] = []
+        for i, agent_id in enumerate(self.ids):
+            security = credentials(agent_id)
+            transport = GrpcTransport(agent_id, security=security)
+            self.agents.append(
+                build_agent(agent_id, index=i, num_agents=n, settings=self.settings,
+                            transport=transport, fleet=fleet_of(security))
+            )  # fmt: skip
+        addresses = {a.agent_id: a.start() for a in self.agents}
+        assignments = assignments_for_graph(build_graph("exponential", n), addresses)
+        for agent in self.agents:
+            agent.set_assignment(assignments[agent.agent_id])
+
+    def __getitem__(self, agent_id: str) -> Agent:
+        return self.agents[self.ids.index(agent_id)]
+
+    def run_to_end(self, timeout_s: float = 120) -> None:
+        threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=timeout_s)
+        assert not any(t.is_alive() for t in threads), "the fleet did not finish in time"
+
+    def relative_error(self) -> float:
+        """Largest relative error of an agent's estimate against the exact average."""
+        from edge.tasks.consensus import ConsensusOptions, true_average
+
+        target = true_average(self.settings.seed, len(self.ids), ConsensusOptions(dim=self.dim))
+        return max(
+            float((a.algorithm.estimate() - target).norm() / target.norm()) for a in self.agents
+        )
+
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.close()

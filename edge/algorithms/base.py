@@ -113,6 +113,19 @@ def check_absorption(x: torch.Tensor, y: float, sender: str) -> None:
         )
 
 
+def check_message(vector: torch.Tensor, y: float, sender: str) -> None:
+    """:class:`InvalidPayload` unless a message's own mass is one an agent could have sent:
+    every element of ``vector`` within :data:`MAX_MAGNITUDE` times its weight ``y`` (a
+    running sum of shares of bounded estimates is)."""
+    largest = float(vector.abs().max()) if vector.numel() else 0.0
+    if not largest <= MAX_MAGNITUDE * y:
+        raise InvalidPayload(
+            f"message from '{sender}' carries values up to {largest:.3g} for a weight of {y:g} "
+            f"(allowed: within {MAX_MAGNITUDE:g} times the weight)",
+            reason="out_of_bounds",
+        )
+
+
 def check_sequence(sender: str, seq: int, last: int | None) -> None:
     """:class:`InvalidPayload` for a sequence number too far ahead of the edge's ``last``
     (None: the edge has no state yet, so only :data:`SEQ_LIMIT` bounds it)."""

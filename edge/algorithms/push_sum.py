@@ -38,6 +38,7 @@ from edge.algorithms.base import (
     Payload,
     ProtocolError,
     check_absorption,
+    check_message,
     check_sequence,
     check_weight,
     refuse_amplifying_codec,
@@ -295,6 +296,7 @@ class PushSum(PushSumCore):
             return Ack(last_seq, base_seq, absorbed=False, durable_seq=self._durable(edge))
         check_sequence(sender, payload.seq, last_seq if edge else None)
         vector = self._received_vector(sender, payload)
+        check_message(vector, y, sender)
         # The pending mass after this message, computed before anything changes (in the order
         # the in-place update always used, so that results do not move by a bit).
         if payload.base_seq == base_seq:
@@ -436,7 +438,9 @@ class PlainPushSum(PushSumCore):
     def receive(self, sender: str, payload: Payload) -> Ack:
         # Zero is a probe's weight (a share kept home); each message is absorbed as it comes.
         y = _weight_of(sender, payload, positive=False)
-        pending_x = self._pending_x + self._received_vector(sender, payload)
+        vector = self._received_vector(sender, payload)
+        check_message(vector, y, sender)
+        pending_x = self._pending_x + vector
         pending_y = self._pending_y + y
         self._check_pending(sender, pending_x, pending_y)
         self._pending_x, self._pending_y = pending_x, pending_y
