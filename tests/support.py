@@ -157,11 +157,15 @@ class LocalFleet:
         heartbeat_interval_s: float = 0.5,
         heartbeat_timeout_s: float = 4.0,
         token: str = "fleet-token",
+        scenario: str | None = None,
+        checkpoint_interval_s: float | None = None,
     ) -> None:
         self.tmp = tmp
         self.count = agents
         self.scenario = tmp / "scenario.toml"
-        self.scenario.write_text(SCENARIO.format(agents=agents))
+        self.scenario.write_text(scenario or SCENARIO.format(agents=agents))
+        #: Agents keep checkpoints (one folder each, kept across restarts) when set.
+        self.checkpoint_interval_s = checkpoint_interval_s
         self.topology = topology
         self.interval = heartbeat_interval_s
         self.timeout = heartbeat_timeout_s
@@ -225,9 +229,18 @@ class LocalFleet:
                 "--coordinator", f"127.0.0.1:{self.grpc_port}", "--token", self.token,
                 "--stats-dir", str(self.stats_dir(index)), "--parent-pid", str(os.getpid()),
                 "--threads", "1", "--certs", str(credentials_folder()),
+                *self.checkpoint_args(index),
             ],
             f"agent-{index}.log",
         )  # fmt: skip
+
+    def checkpoint_args(self, index: int) -> list[str]:
+        if self.checkpoint_interval_s is None:
+            return []
+        return [
+            "--checkpoint-dir", str(self.tmp / "checkpoints" / f"agent-{index}"),
+            "--checkpoint-interval-s", str(self.checkpoint_interval_s), "--linger-s", "120",
+        ]  # fmt: skip
 
     def kill_agent(self, index: int) -> float:
         killed = time.time()
