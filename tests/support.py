@@ -639,13 +639,20 @@ class TlsFleet:
     def __getitem__(self, agent_id: str) -> Agent:
         return self.agents[self.ids.index(agent_id)]
 
-    def run_to_end(self, timeout_s: float = 120) -> None:
-        threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
-        for thread in threads:
+    def start_running(self) -> None:
+        """Run every agent in a thread of its own (see :meth:`join`)."""
+        self._threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
+        for thread in self._threads:
             thread.start()
-        for thread in threads:
+
+    def join(self, timeout_s: float = 120) -> None:
+        for thread in self._threads:
             thread.join(timeout=timeout_s)
-        assert not any(t.is_alive() for t in threads), "the fleet did not finish in time"
+        assert not any(t.is_alive() for t in self._threads), "the fleet did not finish in time"
+
+    def run_to_end(self, timeout_s: float = 120) -> None:
+        self.start_running()
+        self.join(timeout_s)
 
     def relative_error(self) -> float:
         """Largest relative error of an agent's estimate against the exact average."""
