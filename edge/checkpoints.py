@@ -34,8 +34,19 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used (corrupt, truncated, or another agent's)."""
 
 
+#: The tensor types a checkpoint may hold, by the name it stores.
+DTYPES = {
+    str(t).removeprefix("torch."): t
+    for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+}  # fmt: skip
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise TypeError(f"cannot checkpoint a tensor of {dtype}")
+    return name
 
 
 def encode_state(state: dict[str, Any]) -> bytes:
@@ -95,7 +106,9 @@ def decode_state(data: bytes) -> dict[str, Any]:
         if isinstance(node, dict):
             if "__tensor__" in node:
                 begin, end = offsets[node["__tensor__"]]
-                dtype = getattr(torch, node["dtype"])
+                dtype = DTYPES[node["dtype"]]
+                if end == begin:
+                    return torch.zeros(node["shape"], dtype=dtype)
                 raw = np.frombuffer(body, dtype=np.uint8, count=end - begin, offset=begin)
                 flat = torch.from_numpy(raw.copy()).view(dtype)
                 return flat.reshape(node["shape"])
@@ -107,7 +120,10 @@ def decode_state(data: bytes) -> dict[str, Any]:
             return [value(v) for v in node]
         return node
 
-    state = value(head["state"])
+    try:
+        state = value(head["state"])
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"inconsistent contents ({err})") from None
     if not isinstance(state, dict):
         raise CheckpointError("the state is not a mapping")
     return state
