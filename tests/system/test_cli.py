@@ -150,3 +150,22 @@ def test_agent_refuses_a_busy_metrics_port(tmp_path: Path) -> None:
             "--metrics-listen", f"127.0.0.1:{port}", "--ready-timeout-s", "5", timeout=120,
         )  # fmt: skip
     assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{port}", "in use")
+
+
+def test_plaintext_is_only_ever_explicit() -> None:
+    for command in (["agent", "--coordinator", "127.0.0.1:1"], ["coordinator"]):
+        assert_one_line_error(cli(*command), "--certs DIR", "--insecure")
+
+
+def test_certificates_are_made_and_checked_with_one_line_errors(tmp_path: Path) -> None:
+    folder = tmp_path / "ca"
+    assert cli("certs", "init", "--dir", str(folder)).returncode == 0
+    assert cli("certs", "issue", "coordinator", "--dir", str(folder)).returncode == 0
+    assert_one_line_error(cli("certs", "init", "--dir", str(folder)), "already exists")
+    assert_one_line_error(cli("certs", "issue", "a b", "--dir", str(folder)), "identity")
+    assert_one_line_error(cli("certs", "issue", "x", "--dir", str(tmp_path)), "certs init")
+    result = airgossip(
+        "agent", "--coordinator", "127.0.0.1:1", "--certs", str(folder), "--id", "agent-7",
+        "--ready-timeout-s", "5", timeout=120,
+    )  # fmt: skip
+    assert_one_line_error(result, "agent-7.pem does not exist")
