@@ -99,6 +99,12 @@ def ensure_bindable(listen: str) -> None:
             raise PortInUseError(f"cannot listen on {listen}: {reason}") from None
 
 
+def _internal(err: Exception) -> Rejected:
+    return Rejected(
+        RejectCode.INTERNAL, f"{type(err).__name__}: {str(err)[:200]}", kind="internal_error"
+    )
+
+
 class _GossipServer:
     """The ``Push`` method: checks, reassembles and hands one message to the agent."""
 
@@ -141,7 +147,7 @@ class _GossipServer:
             what = (
                 f"a push from {identity} is already in progress"
                 if busy == "busy_edge"
-                else ("too many pushes in progress")
+                else "too many pushes in progress"
             )
             self._refuse(context, Rejected(RejectCode.RESOURCE_EXHAUSTED, what, kind=busy))
         slot = [identity]  # what the slot is held under (plaintext: the sender, once known)
@@ -197,6 +203,8 @@ class _GossipServer:
                 self._handler.admit(header)
             except Rejected as err:
                 self._refuse(context, err, counted=True)
+            except Exception as err:  # a bug an input found: one line, never a traceback
+                raise _internal(err) from None
             watch.extend(self._watchdog.deadline_s + header.payload_bytes * SECONDS_PER_BYTE)
             assembler.begin()
             for raw in requests:
@@ -211,6 +219,8 @@ class _GossipServer:
             ack = self._handler.deliver(message)
         except Rejected as err:
             self._refuse(context, err, counted=True)
+        except Exception as err:  # a bug an input found: one line, never a traceback
+            self._refuse(context, _internal(err))
         return gossip_pb2.PushAck(
             round=ack.round, last_seq=ack.last_seq, base_seq=ack.base_seq, absorbed=ack.absorbed,
             durable_seq=ack.durable,
