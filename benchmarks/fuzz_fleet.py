@@ -369,12 +369,17 @@ def summarise(
         f"| fleet rounds/s: undisturbed, during, after | {baseline:.1f}, {during:.1f} "
         f"({during / baseline:.2f}x), {after:.1f} ({after / baseline:.2f}x) |",
     ]
+    lines.append(
+        "| per process: RSS MB at the start, after the first 1,000 streams, at the end; "
+        "threads at the start, most, at the end | |"
+    )
     for name, points in samples.items():
-        rss = [p[0] for p in points]
+        rss = [p[0] for p in points]  # sampled every 500 streams
         threads = [p[1] for p in points]
+        warm = rss[min(2, len(rss) - 1)]
         lines.append(
-            f"| {name}: RSS MB start, max, end; threads start, max, end | {rss[0]:.1f}, "
-            f"{max(rss):.1f}, {rss[-1]:.1f}; {threads[0]}, {max(threads)}, {threads[-1]} |"
+            f"| {name} | {rss[0]:.1f}, {warm:.1f}, {rss[-1]:.1f} MB; {threads[0]}, "
+            f"{max(threads)}, {threads[-1]} threads |"
         )
     return "\n".join(lines)
 
