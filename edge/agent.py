@@ -544,21 +544,25 @@ class Agent:
         if self.observer is not None:
             self.observer.on_receive(ReceiveEvent(False, code=error.code.value, reason=error.kind))
 
+    def _hears(self, sender: str) -> bool:
+        """``sender`` is an in-neighbour, or was one within ``FORMER_ROUNDS`` rounds (it may
+        still deliver what its edge owes)."""
+        if sender in self._in_neighbours:
+            return True
+        left = self._former.get(sender)
+        return left is not None and self.round - left <= FORMER_ROUNDS
+
     def accepts(self, sender: str) -> None:
         if self._assignment is None:
             raise self._reject(
                 RejectCode.UNAVAILABLE, f"{self.agent_id} has no neighbours yet", "no_neighbours"
             )
-        if sender in self._in_neighbours:
-            return
-        left = self._former.get(sender)
-        if left is not None and self.round - left <= FORMER_ROUNDS:
-            return  # it may still deliver what its edge owes
-        raise self._reject(
-            RejectCode.PERMISSION_DENIED,
-            f"sender {sender[:64]!r} is not an in-neighbour of {self.agent_id}",
-            "not_in_neighbour",
-        )
+        if not self._hears(sender):
+            raise self._reject(
+                RejectCode.PERMISSION_DENIED,
+                f"sender {sender[:64]!r} is not an in-neighbour of {self.agent_id}",
+                "not_in_neighbour",
+            )
 
     def admit(self, header: MessageHeader) -> None:
         if header.receiver != self.agent_id:
@@ -573,7 +577,15 @@ class Agent:
                 f"message of fleet {header.fleet[:64]!r}; this agent is in fleet {self.fleet!r}",
                 "wrong_fleet",
             )
-        self.accepts(header.sender)
+        assignment = self._assignment
+        if assignment is not None and not self._hears(header.sender):
+            raise self._reject(
+                RejectCode.PERMISSION_DENIED,
+                f"sender {header.sender[:64]!r} is not an in-neighbour of {self.agent_id} "
+                f"(its assignment epoch {header.epoch}, ours {assignment.epoch})",
+                "not_in_neighbour",
+            )
+        self.accepts(header.sender)  # no neighbours yet
         if header.algorithm != self.algorithm.name:
             raise self._reject(
                 RejectCode.FAILED_PRECONDITION,
