@@ -124,9 +124,9 @@ class CrashingFleet:
 )
 def test_rollbacks_to_checkpoints_conserve_the_fleets_mass(name: str, compression: str) -> None:
     fleet = CrashingFleet.build(name, 8, seed=1, compression=compression)
-    fleet.run(400, loss=0.2, max_delay=2, ack_loss=0.2, crash=0.15, every=5, seed=2)
+    fleet.run(300, loss=0.2, max_delay=2, ack_loss=0.2, crash=0.2, every=5, seed=2)
     assert fleet.crashes > 40
-    fleet.run(600, loss=0.0, max_delay=0, ack_loss=0.0, crash=0.0, every=5, seed=3)
+    fleet.run(400, loss=0.0, max_delay=0, ack_loss=0.0, crash=0.0, every=5, seed=3)
     assert fleet.error() < 1e-10
 
 
