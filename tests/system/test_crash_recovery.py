@@ -81,9 +81,9 @@ def run(
     if kill_at is not None:
         fleet.wait(lambda: all(fleet.round_of(i) >= kill_at for i in everyone), 300,
                    f"every agent to reach round {kill_at}")  # fmt: skip
-        lost = {i: fleet.round_of(i) for i in VICTIMS}
         for i in VICTIMS:
             fleet.kill_agent(i)
+        lost = {i: fleet.round_of(i) for i in VICTIMS}  # the last round each reported
         time.sleep(2.0)
         for i in VICTIMS:
             fleet.start_agent(i)
@@ -93,7 +93,8 @@ def run(
             120, "the victims to report again",
         )  # fmt: skip
         print(f"killed at rounds {lost}; resumed from checkpoints at rounds {resumed}")
-        assert all(0 < resumed[i] <= lost[i] for i in VICTIMS), (lost, resumed)
+        # from a checkpoint, not from scratch (digits reports every 5th round only)
+        assert all(0 < resumed[i] < lost[i] + 5 for i in VICTIMS), (lost, resumed)
     fleet.wait(
         lambda: all((r := fleet.latest(i)) is not None and r.final for i in everyone),
         600, "every agent to finish",
