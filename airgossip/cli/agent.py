@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import fail
 
 
@@ -64,9 +65,7 @@ def agent(
             "peers and the coordinator."
         ),
     ] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", help="Plaintext gRPC, no certificates (trusted networks).")
-    ] = False,
+    insecure: InsecureOption = False,
     checkpoint_dir: Annotated[
         Path | None,
         typer.Option(help="Keep checkpoints here and resume from the newest at start."),
@@ -89,11 +88,7 @@ def agent(
         die_with_parent(parent_pid)
     if (coordinator is None) == (peers is None):
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
-    if (certs is None) == (not insecure):
-        fail(
-            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
-            "(plaintext)"
-        )
+    require_transport_choice(certs, insecure)
     if not checkpoint_interval_s > 0:
         fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
     try:

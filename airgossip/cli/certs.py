@@ -24,6 +24,20 @@ certs_app = typer.Typer(
 FolderOption = Annotated[
     Path, typer.Option("--dir", help="Folder of the certificate authority (ca.pem, ca.key).")
 ]
+#: ``--insecure`` of the commands that serve or dial gRPC.
+InsecureOption = Annotated[
+    bool, typer.Option("--insecure", help="Plaintext gRPC, no certificates (trusted networks).")
+]
+
+
+def require_transport_choice(certs: Path | None, insecure: bool) -> None:
+    """One-line error unless exactly one of ``--certs`` or ``--insecure`` was given: plaintext
+    is never what a command falls back to."""
+    if (certs is None) == (not insecure):
+        fail(
+            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
+            "(plaintext)"
+        )
 
 
 @certs_app.command("init")

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import console, fail
 from airgossip.cli.scenario import flag_overrides
 
@@ -56,9 +57,7 @@ def coordinator(
             "mutual TLS, each agent may act only for itself."
         ),
     ] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", help="Plaintext gRPC, no certificates (trusted networks).")
-    ] = False,
+    insecure: InsecureOption = False,
 ) -> None:
     """Run the coordinator: membership, neighbour assignment, metrics and service discovery."""
     import logging
@@ -73,11 +72,7 @@ def coordinator(
     from emulation.config import ConfigError, load_config
     from emulation.networks import network_for
 
-    if (certs is None) == (not insecure):
-        fail(
-            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
-            "(plaintext)"
-        )
+    require_transport_choice(certs, insecure)
     if topology is not None and topology not in POLICIES:
         fail(f"unknown topology '{topology}'; choose one of: {', '.join(POLICIES)}")
     if not 0 <= metrics_port <= 65535:

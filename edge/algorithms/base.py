@@ -162,6 +162,34 @@ def parse_algorithm_options(
     return validate_options(model, options, f"algorithm '{name}'")
 
 
+class ModelNumbers:
+    """Sequence numbers per peer of messages that each carry a whole model (the newest makes
+    the older ones stale): one more per message, but never :data:`SEQ_SLACK` past what the
+    peer acknowledged (the latest number again), and past whatever the peer reports holding
+    (after this agent resumed from a checkpoint)."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        self.acked: dict[str, int] = {}
+
+    def next(self, peer: str) -> int:
+        seq = self.sent.get(peer, 0)
+        if seq - self.acked.get(peer, 0) < SEQ_SLACK:
+            seq = self.sent[peer] = seq + 1
+        return seq
+
+    def on_ack(self, peer: str, last_seq: int) -> None:
+        self.acked[peer] = max(self.acked.get(peer, 0), last_seq)
+        self.sent[peer] = max(self.sent.get(peer, 0), last_seq)
+
+    def state(self) -> dict[str, Any]:
+        return {"sent": dict(self.sent), "acked": dict(self.acked)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.sent = {p: int(v) for p, v in state["sent"].items()}
+        self.acked = {p: int(v) for p, v in state["acked"].items()}
+
+
 @dataclass(frozen=True)
 class Payload:
     """What one out-neighbour gets this round.

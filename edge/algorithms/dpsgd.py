@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from edge.algorithms.base import (
-    SEQ_SLACK,
     Ack,
     GossipAlgorithm,
     InvalidPayload,
+    ModelNumbers,
     Payload,
     check_absorption,
     check_sequence,
@@ -51,8 +51,7 @@ class DPSGD(GossipAlgorithm):
         super().__init__(initial, **kwargs)
         self._x = initial.detach().to(device="cpu", dtype=self.dtype).clone()
         self._latest: dict[str, tuple[int, torch.Tensor]] = {}
-        self._seq: dict[str, int] = {}
-        self._acked: dict[str, int] = {}
+        self._numbers = ModelNumbers()
         self._phase: Phase | None = None
 
     @property
@@ -70,17 +69,13 @@ class DPSGD(GossipAlgorithm):
         payloads = {}
         for peer in phase.out_weights:
             if peer in ready:
-                seq = self._seq.get(peer, 0)
-                if seq - self._acked.get(peer, 0) < SEQ_SLACK:  # else reuse: see SEQ_SLACK
-                    seq = self._seq[peer] = seq + 1
+                seq = self._numbers.next(peer)
                 encoded, decoded = self.encode(self._x, peer)
                 payloads[peer] = Payload(decoded, {}, seq, 0, encoded=encoded)
         return payloads
 
     def on_ack(self, peer: str, ack: Ack) -> None:
-        self._acked[peer] = max(self._acked.get(peer, 0), ack.last_seq)
-        # A restarted sender numbers past what the receiver has seen.
-        self._seq[peer] = max(self._seq.get(peer, 0), ack.last_seq)
+        self._numbers.on_ack(peer, ack.last_seq)
 
     def receive(self, sender: str, payload: Payload) -> Ack:
         if payload.vector.numel() != self.numel:
@@ -99,8 +94,7 @@ class DPSGD(GossipAlgorithm):
             **super().state_dict(),
             "x": self._x.clone(),
             "latest": {p: {"seq": s, "x": x} for p, (s, x) in self._latest.items()},
-            "seq": dict(self._seq),
-            "acked": dict(self._acked),
+            "numbers": self._numbers.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -109,8 +103,7 @@ class DPSGD(GossipAlgorithm):
         self._latest = {
             p: (int(v["seq"]), v["x"].to(self.dtype)) for p, v in state["latest"].items()
         }
-        self._seq = {p: int(v) for p, v in state["seq"].items()}
-        self._acked = {p: int(v) for p, v in state["acked"].items()}
+        self._numbers.load(state["numbers"])
 
     def mix(self) -> None:
         phase = self._phase

@@ -27,10 +27,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.algorithms.base import (
-    SEQ_SLACK,
     Ack,
     GossipAlgorithm,
     InvalidPayload,
+    ModelNumbers,
     Payload,
     check_absorption,
     check_sequence,
@@ -66,8 +66,7 @@ class EnsembleCompression(GossipAlgorithm):
         assert isinstance(self.options, EnsembleOptions)
         self.period = self.options.period
         self._x = initial.detach().to(device="cpu", dtype=self.dtype).clone()
-        self._seq: dict[str, int] = {}
-        self._acked: dict[str, int] = {}
+        self._numbers = ModelNumbers()
         self._latest: dict[str, int] = {}  # sender -> seq of the model in `_fresh` or absorbed
         self._fresh: dict[str, torch.Tensor] = {}  # received since the last combination
         self._combining = False
@@ -91,9 +90,7 @@ class EnsembleCompression(GossipAlgorithm):
         payloads = {}
         for peer in phase.out_weights:
             if peer in ready:
-                seq = self._seq.get(peer, 0)
-                if seq - self._acked.get(peer, 0) < SEQ_SLACK:  # else reuse: see SEQ_SLACK
-                    seq = self._seq[peer] = seq + 1
+                seq = self._numbers.next(peer)
                 encoded, decoded = self.encode(self._x, peer)
                 payloads[peer] = Payload(decoded, {}, seq, 0, encoded=encoded)
         return payloads
@@ -112,8 +109,7 @@ class EnsembleCompression(GossipAlgorithm):
         return Ack(payload.seq, 0, absorbed=True)
 
     def on_ack(self, peer: str, ack: Ack) -> None:
-        self._acked[peer] = max(self._acked.get(peer, 0), ack.last_seq)
-        self._seq[peer] = max(self._seq.get(peer, 0), ack.last_seq)  # past a restart
+        self._numbers.on_ack(peer, ack.last_seq)
 
     def mix(self) -> None:
         if not self._combining:
@@ -134,7 +130,7 @@ class EnsembleCompression(GossipAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),
-            "x": self._x.clone(), "seq": dict(self._seq), "acked": dict(self._acked),
+            "x": self._x.clone(), "numbers": self._numbers.state(),
             "latest": dict(self._latest), "fresh": dict(self._fresh),
             "combining": self._combining,
         }  # fmt: skip
@@ -142,8 +138,7 @@ class EnsembleCompression(GossipAlgorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._x = state["x"].to(self.dtype).clone()
-        self._seq = {p: int(v) for p, v in state["seq"].items()}
-        self._acked = {p: int(v) for p, v in state["acked"].items()}
+        self._numbers.load(state["numbers"])
         self._latest = {p: int(v) for p, v in state["latest"].items()}
         self._fresh = {p: v.to(self.dtype) for p, v in state["fresh"].items()}
         self._combining = bool(state["combining"])
