@@ -14,6 +14,7 @@ line at a bounded rate, never a traceback.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -25,10 +26,17 @@ from typing import NoReturn
 import grpc
 from grpc_health.v1 import health_pb2
 
-from coordinator.convert import assignment_to_proto, snapshot_from_proto
-from coordinator.membership import Fleet, FleetView, LivenessSettings, Refusal
+from coordinator.convert import assignment_to_proto, record_from_proto, snapshot_from_proto
+from coordinator.membership import FINISHED, Fleet, FleetView, LivenessSettings, Refusal
 from coordinator.observability import metrics_server
 from coordinator.policy import TopologySpec, make_policy
+from coordinator.run import (
+    MAX_DECLARED_CHARS,
+    MAX_REPORTS_PER_CALL,
+    RunSpec,
+    check_estimate,
+    disagreements,
+)
 from coordinator.store import FleetStore
 from edge.metrics import MetricsServer
 from edge.security import TlsCredentials, add_port, peer_identity
@@ -201,7 +209,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 member = fleet.members[request.agent_id]
                 if member.watch_generation != generation:
                     return
-                if not member.alive:
+                if not member.alive and member.record.state != FINISHED:
                     self.refuse(
                         context, "WatchNeighbours", "NOT_FOUND",
                         f"agent '{request.agent_id}' was declared {member.record.state}; "
@@ -220,8 +228,80 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.LeaveRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.LeaveReply:
         self._check_caller("Leave", request.agent_id, request.token, context)
-        self.fleet.leave(request.agent_id)
+        self.fleet.leave(request.agent_id, request.reason[:64])
         return coordinator_pb2.LeaveReply()
+
+    # -- the run --------------------------------------------------------------------------------
+    def GetRun(
+        self, request: coordinator_pb2.RunRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.RunReply:
+        self._check_caller("GetRun", request.agent_id, request.token, context)
+        run = self.fleet.run
+        if request.declared_json and run.scenario:
+            self._check_declared(request.agent_id, request.declared_json, context)
+        status = self.fleet.status()
+        return coordinator_pb2.RunReply(
+            run_id=run.run_id,
+            scenario_json=json.dumps(dict(run.scenario)) if run.scenario else "",
+            expected_agents=self.fleet.expected,
+            rounds=run.rounds,
+            started_unix=status.started_unix or 0.0,
+            registered_agents=status.registered,
+            finished_agents=status.finished,
+            complete=status.complete,
+        )
+
+    def _check_declared(
+        self, agent_id: str, declared_json: str, context: grpc.ServicerContext
+    ) -> None:
+        """The settings an agent was started with agree with the fleet's scenario."""
+
+        def invalid(reason: str) -> NoReturn:
+            self.refuse(context, "GetRun", "INVALID_ARGUMENT", reason, "declared")
+
+        if len(declared_json) > MAX_DECLARED_CHARS:
+            invalid(f"declared_json holds more than {MAX_DECLARED_CHARS} characters")
+        try:
+            declared = json.loads(declared_json)
+        except (json.JSONDecodeError, RecursionError) as err:
+            invalid(f"declared_json: {str(err)[:200]}")
+        if not isinstance(declared, dict):
+            invalid("declared_json is not an object")
+        try:
+            differ = disagreements(self.fleet.run.scenario or {}, declared)
+        except RecursionError:
+            invalid("declared_json nests too deep")
+        if differ:
+            self.refuse(
+                context, "GetRun", "FAILED_PRECONDITION",
+                f"{agent_id}'s settings disagree with the fleet's: {'; '.join(differ)} (start "
+                "it with only the coordinator's address, the token and its index, and it runs "
+                "the fleet's scenario)",
+                "settings",
+            )  # fmt: skip
+
+    def Report(
+        self, request: coordinator_pb2.ReportRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.ReportReply:
+        self._check_caller("Report", request.agent_id, request.token, context)
+        if len(request.rounds) > MAX_REPORTS_PER_CALL:
+            self.refuse(
+                context, "Report", "INVALID_ARGUMENT",
+                f"{len(request.rounds)} round reports in one call; at most {MAX_REPORTS_PER_CALL}",
+                "reports",
+            )  # fmt: skip
+        try:
+            records = [record_from_proto(request.agent_id, r) for r in request.rounds]
+            for record in records:
+                if record.estimate is not None:
+                    check_estimate(record.estimate)
+        except ValueError as err:
+            self.refuse(context, "Report", "INVALID_ARGUMENT", str(err)[:300], "reports")
+        try:
+            held = self.fleet.report(request.agent_id, records)
+        except Refusal as refusal:
+            self._abort(context, "Report", refusal)
+        return coordinator_pb2.ReportReply(rounds_held=held)
 
     def _wake(self) -> None:
         with self.fleet.changed:
@@ -255,6 +335,9 @@ class CoordinatorServer:
         ``host:port`` for ``/metrics``, ``/sd`` and ``/fleet`` (None: no HTTP port).
     max_agents:
         Most agents the coordinator accepts (each holds a stream and a server thread).
+    run:
+        The run: its id, the scenario it hands every agent, its rounds (default: a new id,
+        no scenario; agents bring their own).
 
     Raises
     ------
@@ -278,6 +361,7 @@ class CoordinatorServer:
         liveness: LivenessSettings | None = None,
         metrics_listen: str | None = None,
         max_agents: int = 1024,
+        run: RunSpec | None = None,
     ) -> None:
         policy = make_policy(topology)
         ensure_bindable(listen)
@@ -291,6 +375,7 @@ class CoordinatorServer:
                 store=self.store,
                 liveness=liveness,
                 max_agents=max(max_agents, expected),
+                run=run,
             )
             self.metrics: MetricsServer | None = (
                 metrics_server(self.fleet.view, metrics_listen, refusals=refusals.snapshot)

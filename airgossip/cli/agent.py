@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import fail
@@ -15,12 +16,18 @@ from airgossip.cli.display import fail
 def agent(
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="Scenario file (TOML, or the config.json of a run)."),
+        typer.Option(
+            "--config",
+            help="Scenario file (TOML, or the config.json of a run). With --coordinator the "
+            "agent runs the fleet's scenario and needs none; one given must agree with it.",
+        ),
     ] = None,
     agent_id: Annotated[
         str | None, typer.Option("--id", help="Agent id (default: agent-<index>).")
     ] = None,
-    index: Annotated[int, typer.Option(help="Index of this agent (picks its data shard).")] = 0,
+    index: Annotated[
+        int, typer.Option(help="Index of this agent in the fleet (picks its data shard).")
+    ] = 0,
     listen: Annotated[str, typer.Option(help="host:port to serve gossip on.")] = "127.0.0.1:0",
     advertise: Annotated[
         str | None, typer.Option(help="host:port peers should dial (default: the listen address).")
@@ -28,7 +35,9 @@ def agent(
     coordinator: Annotated[str | None, typer.Option(help="Coordinator host:port.")] = None,
     peers: Annotated[
         Path | None,
-        typer.Option(help='TOML file with a [peers] table of id = "host:port" (no coordinator).'),
+        typer.Option(
+            help=escape('TOML file with a [peers] table of id = "host:port" (no coordinator).')
+        ),
     ] = None,
     token: Annotated[
         str, typer.Option(help="Join token of the coordinator.", envvar="AIRGOSSIP_TOKEN")
@@ -46,9 +55,16 @@ def agent(
     ] = None,
     stats_dir: Annotated[Path | None, typer.Option(help="Write round records here.")] = None,
     linger_s: Annotated[
-        float, typer.Option(help="Keep serving this long after the last round.")
+        float,
+        typer.Option(
+            help="Keep serving after the last round until every agent has finished, at most "
+            "this long (with static peers: this long)."
+        ),
     ] = 10.0,
-    ready_timeout_s: Annotated[float, typer.Option(help="Longest wait for neighbours.")] = 120.0,
+    ready_timeout_s: Annotated[
+        float,
+        typer.Option(help="Longest wait for the coordinator, the fleet to fill or the peers."),
+    ] = 120.0,
     parent_pid: Annotated[int | None, typer.Option(help="Exit when this process dies.")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
     link_shaping: Annotated[
@@ -74,7 +90,12 @@ def agent(
         float, typer.Option(help="Seconds between two checkpoints.")
     ] = 5.0,
 ) -> None:
-    """Run one edge agent over real gRPC (what runs on each device)."""
+    """Run one edge agent over real gRPC (what runs on each device).
+
+    On a device: --coordinator HOST:PORT --token TOKEN --index N is all it needs; the fleet's
+    size and scenario come from the coordinator. Links are real: nothing is emulated unless
+    the scenario's network table asks.
+    """
     from airgossip.agent_process import (
         AgentProcessOptions,
         configure_process,
@@ -91,15 +112,22 @@ def agent(
     require_transport_choice(certs, insecure)
     if not checkpoint_interval_s > 0:
         fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
+    if peers is not None and config is None:
+        fail("--peers needs --config (the scenario every agent of the list runs)")
+    declared: dict[str, Any] | None = None
+    cfg = None
     try:
         if config is not None and config.suffix == ".json":
             try:
-                data = json.loads(config.read_text())
+                declared = json.loads(config.read_text())
             except (OSError, json.JSONDecodeError) as err:
                 fail(f"cannot read config {config}: {err}")
-            cfg = load_config(None, data)
-        else:
-            cfg = load_config(config)
+            if not isinstance(declared, dict):
+                fail(f"config {config} is not a JSON object of settings")
+            cfg = load_config(None, declared)
+        elif config is not None:
+            declared = read_scenario(config)
+            cfg = load_config(config, real_links=True)
         peer_table: dict[str, str] | None = None
         if peers is not None:
             table = read_scenario(peers).get("peers")
@@ -108,8 +136,8 @@ def agent(
             peer_table = {str(k): str(v) for k, v in table.items()}
     except ConfigError as err:
         fail(str(err))
-    if not 0 <= index < cfg.agents:
-        fail(f"--index {index} is outside the fleet of {cfg.agents} agents (0..{cfg.agents - 1})")
+    if index < 0:
+        fail(f"--index must be 0 or more, got {index}")
     configure_process(threads)
     options = AgentProcessOptions(
         agent_id=agent_id or default_id(index), index=index, listen=listen, advertise=advertise,
@@ -118,8 +146,8 @@ def agent(
         metrics_listen=None if metrics_listen == "off" else (
             metrics_listen or f"{listen.rpartition(':')[0]}:0"
         ),
-        metrics_advertise=metrics_advertise, shape_links=link_shaping, certs=certs,
-        checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
+        metrics_advertise=metrics_advertise, shape_links=link_shaping, declared=declared,
+        certs=certs, checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
     from coordinator.client import CoordinatorError
     from edge.tasks import TaskError
