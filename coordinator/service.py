@@ -33,6 +33,7 @@ from coordinator.policy import TopologySpec, make_policy
 from coordinator.run import (
     MAX_DECLARED_CHARS,
     MAX_REPORTS_PER_CALL,
+    MAX_REQUEST_BYTES,
     RunSpec,
     check_estimate,
     disagreements,
@@ -54,8 +55,6 @@ AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 #: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
 #: never queue behind streams.
 SPARE_THREADS = 32
-#: Largest request the coordinator reads: a heartbeat of 1,024 links is about 60 KB.
-MAX_REQUEST_BYTES = 1 << 20
 #: Server keepalive: notice a watcher whose device vanished without closing its connection.
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 20_000),
