@@ -30,7 +30,13 @@ from typing import Any, TypeVar
 import grpc
 
 from coordinator.convert import assignment_from_proto, record_to_proto, snapshot_to_proto
-from coordinator.run import MAX_REPORTS_PER_CALL, REASON_FINISHED, REPORT_ESTIMATE_LIMIT
+from coordinator.run import (
+    MAX_REPORTS_PER_CALL,
+    REASON_FINISHED,
+    REPORT_BATCH_BYTES,
+    REPORT_ESTIMATE_LIMIT,
+)
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial
 from edge.stats import RoundRecord
 from edge.telemetry import AgentSnapshot
 from edge.topology import Assignment
@@ -56,8 +62,6 @@ CHANNEL_OPTIONS = [
 
 #: Round reports an agent keeps while the coordinator cannot be reached (the oldest go first).
 MAX_PENDING_REPORTS = 10_000
-#: Estimate bytes one ``Report`` call carries at most (gRPC's default message limit is 4 MiB).
-REPORT_BATCH_BYTES = 2 << 20
 
 T = TypeVar("T")
 
@@ -118,13 +122,22 @@ class CoordinatorClient:
         This agent's id.
     token:
         Join token.
+    security:
+        This agent's TLS credentials (the coordinator must prove it is ``coordinator``);
+        None dials in plaintext.
     backoff_cap_s:
         Longest pause between retries while the coordinator is unreachable (lowered to a
         quarter of the heartbeat timeout the coordinator announces).
     """
 
     def __init__(
-        self, address: str, agent_id: str, *, token: str = "", backoff_cap_s: float = 5.0
+        self,
+        address: str,
+        agent_id: str,
+        *,
+        token: str = "",
+        security: TlsCredentials | None = None,
+        backoff_cap_s: float = 5.0,
     ) -> None:
         self.address = address
         self.agent_id = agent_id
@@ -132,7 +145,7 @@ class CoordinatorClient:
         self.backoff_cap_s = backoff_cap_s
         self.heartbeat_interval_s = 2.0
         self.heartbeat_timeout_s = 10.0
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = dial(address, COORDINATOR_IDENTITY, security, CHANNEL_OPTIONS)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

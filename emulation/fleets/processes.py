@@ -5,6 +5,10 @@ fleet and the namespace fleet each hold one (composition), differing only in how
 finds its peers and what wraps its command (``ip netns exec``, say). Each agent writes its
 round records as JSON lines under ``agents/`` and its log under ``logs/``; the group tails
 the records for progress and reads them back at the end.
+
+Unless the run is ``insecure``, the group makes a throwaway certificate authority under
+``certs/`` with a certificate for every agent and the coordinator, and every agent speaks
+mutual TLS. Each agent keeps its checkpoints under ``checkpoints/<id>/``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge.certificates import throwaway_fleet
+from edge.identity import agent_ids
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials
 from edge.stats import RoundRecord, read_records
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -98,18 +105,37 @@ class AgentProcesses:
         The config file every agent reads.
     progress:
         Where progress goes as records arrive.
+    insecure:
+        Plaintext gRPC, no certificates.
     """
 
     def __init__(
-        self, config: RunConfig, out_dir: Path, config_path: Path, progress: ProgressKeeper
+        self,
+        config: RunConfig,
+        out_dir: Path,
+        config_path: Path,
+        progress: ProgressKeeper,
+        *,
+        insecure: bool = False,
     ) -> None:
         self.config = config
         self.config_path = config_path
         self.stats_dir = out_dir / "agents"
         self.logs_dir = out_dir / "logs"
+        self.checkpoints_dir = out_dir / "checkpoints"
+        self.certs_dir: Path | None = None
+        if not insecure:
+            ids = [*agent_ids(config.agents), COORDINATOR_IDENTITY]
+            self.certs_dir = throwaway_fleet(out_dir / "certs", ids)
         self.progress = progress
         self.agents: list[AgentProcess] = []
         self.stopping = threading.Event()
+
+    def coordinator_credentials(self) -> TlsCredentials | None:
+        """The embedded coordinator's credentials (None for an insecure run)."""
+        if self.certs_dir is None:
+            return None
+        return TlsCredentials.load(self.certs_dir, COORDINATOR_IDENTITY)
 
     def spawn(
         self,
@@ -140,6 +166,8 @@ class AgentProcesses:
             "--parent-pid", str(os.getpid()),
             "--linger-s", "3600",
             "--threads", "1",
+            *(["--certs", str(self.certs_dir)] if self.certs_dir else ["--insecure"]),
+            "--checkpoint-dir", str(self.checkpoints_dir / agent_id),
             *extra,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
