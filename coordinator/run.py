@@ -149,6 +149,12 @@ class RunLog:
         with self._lock:
             return {a: [rs[r] for r in sorted(rs)] for a, rs in self._records.items()}
 
+    def at_round(self, round_index: int) -> dict[str, RoundRecord]:
+        """Every agent's record of ``round_index``, by agent (agents that did not report it
+        are missing)."""
+        with self._lock:
+            return {a: rs[round_index] for a, rs in self._records.items() if round_index in rs}
+
     def latest_round(self, agent_id: str) -> int | None:
         with self._lock:
             held = self._records.get(agent_id)

@@ -41,6 +41,7 @@ from coordinator.run import (
 from coordinator.store import FleetStore
 from edge.metrics import MetricsServer
 from edge.security import TlsCredentials, add_port, peer_identity
+from edge.topology import TopologySwitcher
 from edge.transport.grpc_transport import ensure_bindable
 from edge.transport.guard import HealthService, RefusalCounts, RefusalLog, parsed_service
 from protos import coordinator_pb2, coordinator_pb2_grpc
@@ -337,6 +338,9 @@ class CoordinatorServer:
     run:
         The run: its id, the scenario it hands every agent, its rounds (default: a new id,
         no scenario; agents bring their own).
+    switcher:
+        A ``[switching]`` schedule the fleet follows, from ``topology`` (its first graph) on,
+        driven by the agents' round reports (None: the graph changes only with membership).
 
     Raises
     ------
@@ -361,8 +365,9 @@ class CoordinatorServer:
         metrics_listen: str | None = None,
         max_agents: int = 1024,
         run: RunSpec | None = None,
+        switcher: TopologySwitcher | None = None,
     ) -> None:
-        policy = make_policy(topology)
+        policy = make_policy(topology, switcher)
         ensure_bindable(listen)
         refusals = RefusalCounts()
         self.store = FleetStore(db)
