@@ -304,6 +304,8 @@ class AgentProcesses:
         for agent in self.agents:
             if agent.process.poll() is None:
                 agent.process.send_signal(signal.SIGTERM)
+        if self.fork_server is not None:
+            self.fork_server.shutdown()  # it exits as soon as its last agent has
         deadline = time.monotonic() + grace_s
         for agent in self.agents:
             try:

@@ -120,7 +120,7 @@ def test_closing_the_server_stops_its_children(server: ForkServer, tmp_path: Pat
     children = [probe(server, tmp_path, f"agent-{i}", "sleep") for i in range(2)]
     for _, log in children:
         reported(log)
-    server.close(grace_s=5)
+    server.close()
     for child, _ in children:
         assert child.wait(30) == -signal.SIGTERM  # type: ignore[attr-defined]
     assert wait_until_gone(str(tmp_path)) == []
