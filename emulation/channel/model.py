@@ -42,6 +42,14 @@ from emulation.channel.mobility import (
 from emulation.channel.traces import RateTrace, read_trace
 from emulation.scenario import WirelessSettings
 
+#: Bytes per directed link of one computed step (the n x n arrays of a LinkState).
+LINK_STATE_BYTES = 35
+#: What the cache of computed steps may hold by default: eight steps of a 1,000-node fleet
+#: (35 MB each), the minimum of two of a 10,000-node one (3.5 GB each). An evicted step is
+#: recomputed from step 0 when asked again (the same values, slowly); the drivers ask in time
+#: order, looking ahead only as long as a message is on the air.
+CACHE_BYTES = 1 << 29
+
 # Streams of random draws (the second key of every generator).
 _MOBILITY, _SHADOW, _LOS, _FADING, _BURST, _ACTIVE = 1, 2, 3, 4, 5, 6
 
@@ -109,10 +117,13 @@ class ChannelModel:
     seed:
         Root of every draw.
     cache_steps:
-        How many computed steps to keep.
+        How many computed steps to keep (at least 2); by default as many as fit in
+        :data:`CACHE_BYTES`, at most 8.
     """
 
-    def __init__(self, settings: WirelessSettings, n: int, seed: int, cache_steps: int = 8) -> None:
+    def __init__(
+        self, settings: WirelessSettings, n: int, seed: int, cache_steps: int | None = None
+    ) -> None:
         self.settings = settings
         self.n = n
         self.seed = seed
@@ -157,6 +168,8 @@ class ChannelModel:
         )
         self.trace_links = self._traces()
         self._cache: OrderedDict[int, LinkState] = OrderedDict()
+        if cache_steps is None:
+            cache_steps = min(8, CACHE_BYTES // max(1, LINK_STATE_BYTES * n * n))
         self._cache_steps = max(2, cache_steps)
         self._internal: _Internal | None = None
         self._cursor = -1
