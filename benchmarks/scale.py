@@ -23,10 +23,11 @@ from benchmarks.suite import Context, Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Bytes per directed link the dense channel model holds at its peak once its cache is down
-#: to two steps (from 3,000 nodes on): two steps of LinkState arrays (35 bytes each), its own
-#: state (16) and what computing a step by row blocks adds (measured: 97 at 3,000 nodes).
-CHANNEL_BYTES_PER_LINK = 97
+#: Bytes per directed link a large virtual-clock run holds at its peak: the dense channel model
+#: with its cache down to two steps (35 bytes a link each), its own state (16), what computing
+#: a step adds, and the agents. Measured: the model alone 97 at 3,000 nodes; the whole
+#: 10,000-agent process 13.4 GB of maximum RSS (134) before it was stopped in round 1.
+CHANNEL_BYTES_PER_LINK = 134
 
 
 def dense_channel_bytes(n: int) -> int:
