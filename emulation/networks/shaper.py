@@ -46,6 +46,9 @@ class AirtimeLedger:
     domain later transfers slow down or wait for the next step, and the airtime of a step
     is never handed out twice (a fluid version of CSMA's one-at-a-time that assumes the
     contenders' airtime is spread over the step).
+
+    Not thread-safe: shapers that share one ledger must serialise their calls into it (a
+    shaper holds its own lock around each verdict).
     """
 
     def __init__(self, n: int, keep_steps: int = 64) -> None:
