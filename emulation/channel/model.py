@@ -244,7 +244,6 @@ class ChannelModel:
             # Make room first: the evicted step's arrays are freed before the new ones exist.
             while len(self._cache) >= self._cache_steps:
                 self._cache.popitem(last=False)
-            result = None
             result = self._advance(self._cursor)
             self._cache[self._cursor] = result
         assert result is not None
