@@ -15,7 +15,9 @@ the handler (metrics and a rate-limited log line), none leaves a traceback.
 Both ends frame the chunks themselves (:func:`~edge.transport.wire.frames`, no serializer
 on ``Push``): a chunk leaves as one copy of its slice of the flat buffer, and arrives as a
 view of gRPC's bytes copied once into a payload buffer that is reused once the agent has
-let go of the previous message (:class:`~edge.transport.wire.PayloadBuffers`).
+let go of the previous message (:class:`~edge.transport.wire.PayloadBuffers`). The C
+allocator keeps the megabyte buffers gRPC and the frames go through in its heap
+(:mod:`edge.transport.allocator`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from grpc_health.v1 import health_pb2
 
 from edge.algorithms.base import Ack
 from edge.security import TlsCredentials, add_port, dial, peer_identity
+from edge.transport.allocator import settle_allocator
 from edge.transport.base import (
     GossipMessage,
     InboundHandler,
@@ -277,6 +280,7 @@ class GrpcTransport:
         stream_deadline_s: float = 60.0,
         progress_timeout_s: float = 10.0,
     ) -> None:
+        settle_allocator()  # before gRPC's threads start allocating
         self.agent_id = agent_id
         self.listen = listen
         self.security = security

@@ -11,6 +11,8 @@ refused by the receiver costs no payload buffer.
 
 from __future__ import annotations
 
+import ctypes.util
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -22,6 +24,7 @@ import torch
 from edge.algorithms.base import Ack
 from edge.security import TlsCredentials, dial
 from edge.transport import GossipMessage, MessageHeader, Rejected
+from edge.transport.allocator import settle_allocator
 from edge.transport.base import RejectCode, SendOutcome
 from edge.transport.grpc_transport import SERVICE_NAME, GrpcTransport
 from edge.transport.wire import CHUNK_BYTES, MAX_HEADER_BYTES, PayloadBuffers, frames
@@ -199,3 +202,9 @@ def test_bent_frames_are_refused_with_a_clear_reason(
     good_push = GossipMessage(header(2, size), bytes(size))
     assert send(sender, address, good_push).delivered
     assert bytes(keeper.messages[0].data) == bytes(size)
+
+
+def test_the_allocator_is_settled_once_where_glibc_runs() -> None:
+    glibc = sys.platform.startswith("linux") and "musl" not in (ctypes.util.find_library("c") or "")
+    assert settle_allocator() is glibc
+    assert settle_allocator() is glibc  # once per process: the same answer, nothing redone
