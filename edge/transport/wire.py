@@ -164,14 +164,15 @@ def parse_chunk(data: bytes) -> Chunk:
     return Chunk(chunk.header if chunk.HasField("header") else None, chunk.data)
 
 
-def _holders(buffer: bytearray) -> int:
-    return sys.getrefcount(buffer)
+def _holders(buffers: list[bytearray], index: int) -> int:
+    """References to ``buffers[index]``, counted the same way wherever it is asked."""
+    return sys.getrefcount(buffers[index])
 
 
-_PROBE = [bytearray(1)]
-#: What :func:`_holders` says of a buffer held by nothing but one list entry (measured, so
-#: that it holds whatever the interpreter's own count of a call's references).
-_HELD_BY_LIST_ONLY = _holders(_PROBE[0])
+#: What :func:`_holders` says of a buffer nothing but its list holds: measured through the
+#: very call that checks the pool's buffers, so that it holds whatever the interpreter
+#: counts of a call's own references.
+_HELD_BY_LIST_ONLY = _holders([bytearray(1)], 0)
 
 
 class PayloadBuffers:
@@ -200,7 +201,7 @@ class PayloadBuffers:
             unused = [
                 i
                 for i in range(len(self._buffers))
-                if _holders(self._buffers[i]) == _HELD_BY_LIST_ONLY
+                if _holders(self._buffers, i) == _HELD_BY_LIST_ONLY
             ]
             for i in unused:
                 if len(self._buffers[i]) == size:
