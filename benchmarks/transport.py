@@ -12,6 +12,8 @@ Four ways in the same run, each the median of several pushes of the same buffer:
 
 The first three take turns push by push (gRPC, raw TCP, gRPC over TLS, gRPC, ...), so a
 change of the machine's load during the run weighs on each alike; gloo runs after them.
+Beside MB/s, the CPU each push cost (this process's, the sender's, plus the receiver
+process's): on a busy machine throughput follows it, and it moves far less with the load.
 
 Target: GrpcTransport >= 60% of raw TCP's MB/s.
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.proctree import cpu_seconds
 from benchmarks.suite import Context, Outcome
 
 NUMEL = 10_000_000
@@ -61,7 +64,16 @@ def _receiver(
     return process, _wait_for_file(ready)
 
 
-Push = Callable[[], float]
+#: One push: its wall seconds and the CPU seconds it cost sender and receiver together.
+Push = Callable[[], tuple[float, float]]
+
+
+def _timed(send: Callable[[], None], receiver: int) -> tuple[float, float]:
+    cpu = time.process_time() + (cpu_seconds(receiver) or 0.0)
+    began = time.perf_counter()
+    send()
+    seconds = time.perf_counter() - began
+    return seconds, time.process_time() + (cpu_seconds(receiver) or 0.0) - cpu
 
 
 @contextmanager
@@ -83,7 +95,7 @@ def grpc_sender(ctx: Context, secure: bool) -> Iterator[Push]:
     transport = GrpcTransport("bench-sender", security=security, send_timeout_s=120.0)
     seq = 0
 
-    def push() -> float:
+    def send() -> None:
         nonlocal seq
         seq += 1
         header = MessageHeader(
@@ -97,17 +109,14 @@ def grpc_sender(ctx: Context, secure: bool) -> Iterator[Push]:
             outcome.append(o)
             done.set()
 
-        began = time.perf_counter()
         transport.send("bench-receiver", address, GossipMessage(header, data), finished)
         done.wait()
-        seconds = time.perf_counter() - began
         if not outcome[0].delivered:
             raise RuntimeError(f"push failed: {outcome[0].error}")
         assert isinstance(outcome[0].ack, Ack)
-        return seconds
 
     try:
-        yield push
+        yield lambda: _timed(send, process.pid)
     finally:
         transport.close()
         process.terminate()
@@ -122,23 +131,24 @@ def tcp_sender(ctx: Context) -> Iterator[Push]:
         with socket.create_connection(("127.0.0.1", int(port))) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def push() -> float:
-                began = time.perf_counter()
+            def send() -> None:
                 sock.sendall(memoryview(payload).cast("B"))
                 if sock.recv(1) != b"k":
                     raise RuntimeError("raw TCP receiver did not acknowledge")
-                return time.perf_counter() - began
 
-            yield push
+            yield lambda: _timed(send, process.pid)
     finally:
         process.terminate()
         process.wait()
 
 
-def interleaved_rates(ctx: Context, pushes: int) -> dict[str, list[float]]:
-    """MB/s of each push of plaintext gRPC, raw TCP and gRPC over TLS, taking turns (the
-    first push of each opens its connection and is not counted)."""
+def interleaved_rates(
+    ctx: Context, pushes: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """MB/s and CPU milliseconds of each push of plaintext gRPC, raw TCP and gRPC over TLS,
+    taking turns (the first push of each opens its connection and is not counted)."""
     rates: dict[str, list[float]] = {"grpc": [], "tcp": [], "grpc_tls": []}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
     with (
         grpc_sender(ctx, secure=False) as grpc_push,
         tcp_sender(ctx) as tcp_push,
@@ -147,10 +157,11 @@ def interleaved_rates(ctx: Context, pushes: int) -> dict[str, list[float]]:
         ways = {"grpc": grpc_push, "tcp": tcp_push, "grpc_tls": tls_push}
         for turn in range(pushes + 1):
             for name, push in ways.items():
-                seconds = push()
+                seconds, cpu = push()
                 if turn:
                     rates[name].append(NBYTES / seconds / 1e6)
-    return rates
+                    cpu_ms[name].append(1e3 * cpu)
+    return rates, cpu_ms
 
 
 def gloo_rates(ctx: Context, pushes: int) -> list[float]:
@@ -238,7 +249,7 @@ def serve_gloo(ready: Path, port: str, pushes: str) -> None:
 def run(ctx: Context) -> list[Outcome]:
     pushes = 3 if ctx.quick else 8
     figures: dict[str, object] = {"bytes": NBYTES, "pushes": pushes}
-    rates = interleaved_rates(ctx, pushes)
+    rates, cpu_ms = interleaved_rates(ctx, pushes)
     try:
         rates["gloo"] = gloo_rates(ctx, pushes)
     except Exception as err:  # gloo may be missing from a torch build
@@ -247,15 +258,22 @@ def run(ctx: Context) -> list[Outcome]:
     for name, r in rates.items():
         figures[f"{name}_mb_s"] = [round(x) for x in r]
         print(f"  {name}: median {median[name]:.0f} MB/s", flush=True)
+    cpu = {name: statistics.median(ms) for name, ms in cpu_ms.items()}
+    for name, ms in cpu_ms.items():
+        figures[f"{name}_cpu_ms"] = [round(x, 1) for x in ms]
+        print(f"  {name}: median {cpu[name]:.1f} ms of CPU a push", flush=True)
     grpc, tcp, tls = median["grpc"], median["tcp"], median["grpc_tls"]
     share = grpc / tcp
     figures.update(
         grpc_median=round(grpc), tcp_median=round(tcp), share_of_tcp=round(share, 3),
         grpc_tls_median=round(tls), tls_share_of_tcp=round(tls / tcp, 3),
+        grpc_cpu_ms_median=round(cpu["grpc"], 1), tcp_cpu_ms_median=round(cpu["tcp"], 1),
+        grpc_tls_cpu_ms_median=round(cpu["grpc_tls"], 1),
     )  # fmt: skip
     measured = (
         f"GrpcTransport {grpc:.0f} MB/s = {100 * share:.0f}% of raw TCP {tcp:.0f} MB/s "
-        f"(over mutual TLS {tls:.0f} MB/s = {100 * tls / tcp:.0f}%)"
+        f"(over mutual TLS {tls:.0f} MB/s = {100 * tls / tcp:.0f}%); CPU a push "
+        f"{cpu['grpc']:.0f} ms against raw TCP's {cpu['tcp']:.0f} ms (TLS {cpu['grpc_tls']:.0f} ms)"
     )
     gloo = median.get("gloo")
     if gloo is not None:
