@@ -11,6 +11,13 @@ at once); at most one push per edge at a time and a bounded number in all, so th
 left for health checks; a deadline and a progress timeout on every push; requests parsed
 from raw bytes (:mod:`edge.transport.wire`). Every refusal has its gRPC status and goes to
 the handler (metrics and a rate-limited log line), none leaves a traceback.
+
+Both ends frame the chunks themselves (:func:`~edge.transport.wire.frames`, no serializer
+on ``Push``): a chunk leaves as one copy of its slice of the flat buffer, and arrives as a
+view of gRPC's bytes copied once into a payload buffer that is reused once the agent has
+let go of the previous message (:class:`~edge.transport.wire.PayloadBuffers`). The C
+allocator keeps the megabyte buffers gRPC and the frames go through in its heap
+(:mod:`edge.transport.allocator`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from grpc_health.v1 import health_pb2
 
 from edge.algorithms.base import Ack
 from edge.security import TlsCredentials, add_port, dial, peer_identity
+from edge.transport.allocator import settle_allocator
 from edge.transport.base import (
     GossipMessage,
     InboundHandler,
@@ -47,12 +55,13 @@ from edge.transport.guard import (
 from edge.transport.wire import (
     CHUNK_BYTES,
     MAX_HEADER_BYTES,
+    PayloadBuffers,
     PushAssembler,
+    frames,
     parse_chunk,
-    to_chunks,
     wire_bytes,
 )
-from protos import gossip_pb2, gossip_pb2_grpc
+from protos import gossip_pb2
 
 SERVICE_NAME = "airgossip.v1.Gossip"
 log = logging.getLogger(__name__)
@@ -115,11 +124,13 @@ class _GossipServer:
         secure: bool,
         slots: StreamSlots,
         watchdog: StreamWatchdog,
+        buffers: PayloadBuffers,
     ) -> None:
         self._handler = handler
         self._secure = secure
         self._slots = slots
         self._watchdog = watchdog
+        self._buffers = buffers
 
     def _refuse(
         self, context: grpc.ServicerContext, err: Rejected, *, counted: bool = False
@@ -206,7 +217,7 @@ class _GossipServer:
             except Exception as err:  # a bug an input found: one line, never a traceback
                 raise _internal(err) from None
             watch.extend(self._watchdog.deadline_s + header.payload_bytes * SECONDS_PER_BYTE)
-            assembler.begin()
+            assembler.begin(self._buffers.take)
             for raw in requests:
                 watch.progress()
                 assembler.add(parse_chunk(raw))
@@ -269,6 +280,7 @@ class GrpcTransport:
         stream_deadline_s: float = 60.0,
         progress_timeout_s: float = 10.0,
     ) -> None:
+        settle_allocator()  # before gRPC's threads start allocating
         self.agent_id = agent_id
         self.listen = listen
         self.security = security
@@ -282,9 +294,11 @@ class GrpcTransport:
             deadline_s=stream_deadline_s, progress_timeout_s=progress_timeout_s
         )
         self.slots = StreamSlots(max_workers - min(RESERVED_THREADS, max_workers // 2))
+        #: Where inbound payloads are received (reused once the agent let go of them).
+        self.buffers = PayloadBuffers()
         self._senders = futures.ThreadPoolExecutor(max_workers, thread_name_prefix="gossip-send")
         self._channels: dict[tuple[str, str], grpc.Channel] = {}
-        self._stubs: dict[tuple[str, str], gossip_pb2_grpc.GossipStub] = {}
+        self._pushes: dict[tuple[str, str], grpc.StreamUnaryMultiCallable] = {}
         self._counters: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -309,7 +323,11 @@ class GrpcTransport:
             ],
         )
         gossip = _GossipServer(
-            handler, secure=self.security is not None, slots=self.slots, watchdog=self._watchdog
+            handler,
+            secure=self.security is not None,
+            slots=self.slots,
+            watchdog=self._watchdog,
+            buffers=self.buffers,
         )
         self._health = HealthService()
         server.add_generic_rpc_handlers((gossip.handler(), self._health.handler()))
@@ -331,16 +349,22 @@ class GrpcTransport:
         return self.address
 
     # -- sending -----------------------------------------------------------------------------
-    def _stub(self, peer: str, address: str) -> gossip_pb2_grpc.GossipStub:
+    def _push(self, peer: str, address: str) -> grpc.StreamUnaryMultiCallable:
+        """``Push`` to ``peer``, sending chunks as the bytes :func:`frames` made (no
+        serializer: gRPC takes them as they are)."""
         key = (peer, address)
         with self._lock:
-            stub = self._stubs.get(key)
-            if stub is None:
+            push = self._pushes.get(key)
+            if push is None:
                 limit = ("grpc.max_send_message_length", self.chunk_bytes + MAX_HEADER_BYTES)
                 channel = dial(address, peer, self.security, [limit])
                 self._channels[key] = channel
-                stub = self._stubs[key] = gossip_pb2_grpc.GossipStub(channel)
-            return stub
+                push = self._pushes[key] = channel.stream_unary(
+                    f"/{SERVICE_NAME}/Push",
+                    request_serializer=None,
+                    response_deserializer=gossip_pb2.PushAck.FromString,
+                )
+            return push
 
     def send(self, peer: str, address: str, message: GossipMessage, done: SendCallback) -> None:
         with self._lock:
@@ -365,8 +389,8 @@ class GrpcTransport:
                 if verdict.drop:
                     done(SendOutcome(False, nbytes, dropped=True))
                     return
-            call = self._stub(peer, address).Push.future(
-                to_chunks(message, self.chunk_bytes), timeout=self.send_timeout_s
+            call = self._push(peer, address).future(
+                frames(message, self.chunk_bytes), timeout=self.send_timeout_s
             )
             with self._lock:
                 self._calls.add(call)
@@ -417,4 +441,4 @@ class GrpcTransport:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
-            self._stubs.clear()
+            self._pushes.clear()

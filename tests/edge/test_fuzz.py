@@ -1,7 +1,10 @@
 """Property tests (hypothesis) of what an agent reads from the wire.
 
 * chunk decoding: any bytes either parse as a chunk or are refused (``Rejected``), nothing
-  else escapes;
+  else escapes, and exactly as protobuf would parse or refuse them (the transport splits
+  chunks in the shape it writes itself, without protobuf: same result);
+* framing: the bytes the transport sends are the serialized protobuf chunks, and their size
+  is what ``wire_bytes`` counts;
 * reassembly: any sequence of chunks is either refused or gives exactly the announced
   payload;
 * headers survive the round trip to protobuf and back, whatever their values;
@@ -13,8 +16,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +29,17 @@ from edge.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage, MessageHeader, Rejected
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport
-from edge.transport.wire import PushAssembler, header_from_proto, header_to_proto, parse_chunk
+from edge.transport.wire import (
+    GRPC_FRAME_BYTES,
+    Chunk,
+    PushAssembler,
+    frames,
+    header_from_proto,
+    header_to_proto,
+    parse_chunk,
+    to_chunks,
+    wire_bytes,
+)
 from protos import gossip_pb2
 
 PROPERTIES = settings(
@@ -34,17 +49,6 @@ U64 = st.integers(0, 2**64 - 1)
 TEXT = st.text(max_size=40)
 
 
-@PROPERTIES
-@given(st.binary(max_size=512))
-def test_any_bytes_parse_as_a_chunk_or_are_refused(data: bytes) -> None:
-    try:
-        chunk = parse_chunk(data)
-    except Rejected as err:
-        assert err.kind == "undecodable"
-        return
-    assert isinstance(chunk, gossip_pb2.PushChunk)
-
-
 headers = st.builds(
     MessageHeader,
     sender=TEXT, round=U64, seq=U64, base_seq=U64, algorithm=TEXT, codec=TEXT,
@@ -52,6 +56,68 @@ headers = st.builds(
     scalars=st.dictionaries(TEXT, st.floats(allow_nan=False), max_size=4),
     fleet_digest=TEXT, codec_meta=st.binary(max_size=64), receiver=TEXT, fleet=TEXT, epoch=U64,
 )  # fmt: skip
+
+
+def protobuf_reading(data: bytes) -> Chunk | None:
+    """What protobuf itself makes of ``data`` (None: refused)."""
+    try:
+        chunk = gossip_pb2.PushChunk.FromString(data)
+    except DecodeError:
+        return None
+    return Chunk(chunk.header if chunk.HasField("header") else None, chunk.data)
+
+
+@st.composite
+def near_frames(draw: st.DrawFn) -> bytes:
+    """A frame the transport writes, then bent: cut short, extended, one byte changed."""
+    header = draw(headers)
+    data = draw(st.binary(max_size=300))
+    message = GossipMessage(replace(header, payload_bytes=len(data)), data)
+    chunk = draw(st.sampled_from(list(frames(message, draw(st.integers(1, 400))))))
+    bend = draw(st.sampled_from(["none", "cut", "extend", "flip"]))
+    if bend == "cut" and chunk:
+        chunk = chunk[: draw(st.integers(0, len(chunk) - 1))]
+    elif bend == "extend":
+        chunk += draw(st.binary(min_size=1, max_size=8))
+    elif bend == "flip" and chunk:
+        at = draw(st.integers(0, len(chunk) - 1))
+        chunk = chunk[:at] + bytes([draw(st.integers(0, 255))]) + chunk[at + 1 :]
+    return chunk
+
+
+@PROPERTIES
+@given(st.one_of(st.binary(max_size=512), near_frames()))
+def test_any_bytes_parse_as_protobuf_parses_them_or_are_refused(data: bytes) -> None:
+    expected = protobuf_reading(data)
+    try:
+        chunk = parse_chunk(data)
+    except Rejected as err:
+        assert err.kind == "undecodable"
+        assert expected is None
+        return
+    assert expected is not None
+    assert isinstance(chunk, Chunk)
+    assert chunk.header == expected.header
+    assert bytes(chunk.data) == expected.data
+
+
+@PROPERTIES
+@given(headers, st.binary(max_size=2000), st.integers(1, 700))
+def test_frames_are_the_serialized_chunks_and_wire_bytes_counts_them(
+    header: MessageHeader, data: bytes, chunk_bytes: int
+) -> None:
+    message = GossipMessage(replace(header, payload_bytes=len(data)), memoryview(data))
+    sent = list(frames(message, chunk_bytes))
+    assert sent == [
+        c.SerializeToString(deterministic=True) for c in to_chunks(message, chunk_bytes)
+    ]
+    assert wire_bytes(message, chunk_bytes) == sum(GRPC_FRAME_BYTES + len(f) for f in sent)
+    assembler = PushAssembler(parse_chunk(sent[0]))
+    assembler.begin()
+    for frame in sent[1:]:
+        assembler.add(parse_chunk(frame))
+    assert bytes(assembler.message().data) == data
+    assert assembler.header == message.header
 
 
 @PROPERTIES
