@@ -9,6 +9,7 @@ pushes still land.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -34,6 +35,7 @@ from edge.topology import Assignment, TopologyError, assignments_for_graph
 from edge.transport.grpc_transport import GrpcTransport
 from emulation.config import ConfigError, RunConfig
 from emulation.networks import Network, network_for
+from emulation.networks.kernel import AgentKernelLinks, KernelUnavailable
 
 log = logging.getLogger("airgossip.agent")
 
@@ -94,6 +96,9 @@ class AgentProcessOptions:
     metrics_advertise: str | None = None
     #: Shape the links in the agent (off where a kernel shapes them).
     shape_links: bool = True
+    #: Shape this agent's links in the kernel on this interface of its own network
+    #: namespace (a container with NET_ADMIN); in the agent where that is refused.
+    kernel_device: str | None = None
 
 
 def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) -> Assignment:
@@ -130,6 +135,44 @@ def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Ev
         log.warning("starting without hearing from: %s", ", ".join(pending))
 
 
+def kernel_links(
+    network: Network, ids: list[str], options: AgentProcessOptions, metrics: AgentMetrics | None
+) -> AgentKernelLinks | None:
+    """This agent's links shaped by the kernel on ``options.kernel_device``, or None (and a
+    line in the log, and the reason in ``<id>.kernel.json``) where the kernel refuses."""
+    assert options.kernel_device is not None
+    if options.agent_id not in ids:
+        raise ConfigError(
+            f"--kernel-links needs one of the fleet's agent ids ({ids[0]} to {ids[-1]}), "
+            f"not '{options.agent_id}'"
+        )
+    links = AgentKernelLinks(
+        network.kernel_links(), ids.index(options.agent_id), ids, network.wall_clock(),
+        device=options.kernel_device,
+        on_packets=metrics.observe_link_packets if metrics is not None else None,
+    )  # fmt: skip
+    try:
+        links.start()
+    except KernelUnavailable as err:
+        log.warning(
+            "%s cannot shape its links in the kernel: %s; shaping them in the agent instead",
+            options.agent_id,
+            err,
+        )
+        report = {"agent": options.agent_id, "kernel": False, "reason": str(err)}
+        write_kernel_report(options, report)
+        return None
+    log.info("%s shapes its links in the kernel on %s", options.agent_id, options.kernel_device)
+    return links
+
+
+def write_kernel_report(options: AgentProcessOptions, report: dict[str, object]) -> None:
+    """``<id>.kernel.json`` beside the agent's records (the container fleet gathers them)."""
+    if options.stats_dir is not None:
+        path = options.stats_dir / f"{options.agent_id}.kernel.json"
+        path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def run_agent_process(
     config: RunConfig, options: AgentProcessOptions, stop: threading.Event | None = None
 ) -> int:
@@ -149,7 +192,8 @@ def run_agent_process(
         metrics,
         latest,
     )
-    shaper = links.shaper if options.shape_links else None
+    kernel = kernel_links(network, list(ids), options, metrics) if options.kernel_device else None
+    shaper = links.shaper if options.shape_links and kernel is None else None
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
     transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
@@ -219,6 +263,8 @@ def run_agent_process(
             agent.set_assignment(assignment)
             _wait_for_peers(assignment, options.ready_timeout_s, stop)
         assert agent.assignment is not None
+        if kernel is not None:
+            kernel.follow(lambda: agent.assignment.peers if agent.assignment else {})
         # A network whose graph changes with time installs it from now on; the radio figures
         # of the agent's out-links go to its metrics.
         links.follow(agent, stop, metrics.observe_links if metrics is not None else None)
@@ -239,6 +285,8 @@ def run_agent_process(
                 client.leave()  # told to stop: leave so the coordinator repairs the graph now
             client.close()
         agent.close()
+        if kernel is not None:
+            write_kernel_report(options, {"kernel": True, **kernel.close()})
         if exporter is not None:
             exporter.stop()
 

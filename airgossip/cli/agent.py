@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from airgossip.cli.display import fail
+from airgossip.cli.scenario import flag_overrides
 
 
 def agent(
@@ -57,6 +58,17 @@ def agent(
             "already shapes them)."
         ),
     ] = True,
+    kernel_links: Annotated[
+        str | None,
+        typer.Option(
+            help="Emulate this agent's links with the kernel (tc, iptables) on this interface "
+            "of its own network namespace, e.g. eth0 in a container (needs NET_ADMIN; in the "
+            "agent where refused)."
+        ),
+    ] = None,
+    agents: Annotated[
+        int | None, typer.Option(help="Fleet size (default: from the config).")
+    ] = None,
 ) -> None:
     """Run one edge agent over real gRPC (what runs on each device)."""
     from airgossip.agent_process import (
@@ -66,21 +78,24 @@ def agent(
         run_agent_process,
     )
     from edge.identity import agent_id as default_id
-    from emulation.config import ConfigError, load_config, read_scenario
+    from emulation.config import ConfigError, load_config, merge, read_scenario
 
     if parent_pid is not None:
         die_with_parent(parent_pid)
     if (coordinator is None) == (peers is None):
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    if kernel_links is not None and not link_shaping:
+        fail("--kernel-links shapes the links: it cannot go with --no-link-shaping")
+    overrides = flag_overrides(agents=agents)
     try:
         if config is not None and config.suffix == ".json":
             try:
                 data = json.loads(config.read_text())
             except (OSError, json.JSONDecodeError) as err:
                 fail(f"cannot read config {config}: {err}")
-            cfg = load_config(None, data)
+            cfg = load_config(None, merge(data, overrides))
         else:
-            cfg = load_config(config)
+            cfg = load_config(config, overrides)
         peer_table: dict[str, str] | None = None
         if peers is not None:
             table = read_scenario(peers).get("peers")
@@ -100,6 +115,7 @@ def agent(
             metrics_listen or f"{listen.rpartition(':')[0]}:0"
         ),
         metrics_advertise=metrics_advertise, shape_links=link_shaping,
+        kernel_device=kernel_links,
     )  # fmt: skip
     from coordinator.client import CoordinatorError
     from edge.tasks import TaskError
