@@ -1,10 +1,11 @@
 """Agents as OS processes: start them, follow their records, stop them.
 
-:class:`AgentProcesses` is the one way fleets run ``python -m airgossip agent``: the process
-fleet and the namespace fleet each hold one (composition), differing only in how an agent
-finds its peers and what wraps its command (``ip netns exec``, say). Each agent writes its
-round records as JSON lines under ``agents/`` and its log under ``logs/``; the group tails
-the records for progress and reads them back at the end.
+:class:`AgentProcesses` is the one way fleets run ``airgossip agent``: the process, namespace
+and container fleets each hold one (composition), differing only in how an agent finds its
+peers, what wraps its command (``ip netns exec``, ``docker run``) and where the agent sees
+the run's folder (:class:`AgentHost`). Each agent writes its round records as JSON lines
+under ``agents/`` and its log under ``logs/``; the group tails the records for progress and
+reads them back at the end.
 """
 
 from __future__ import annotations
@@ -76,6 +77,28 @@ class AgentProcess:
         return " | ".join(text[-lines:])
 
 
+@dataclass(frozen=True)
+class AgentHost:
+    """Where agent commands run: how the ``airgossip`` command is called there and where
+    the run's folder is seen.
+
+    Attributes
+    ----------
+    command:
+        What runs ``airgossip`` (this Python by default; nothing inside an image whose
+        entry point it is).
+    run_dir:
+        The run's output folder as the agent sees it (None: the launcher's own path).
+    parent_pid:
+        Pass ``--parent-pid`` so the agent never outlives the launcher (only where both
+        share a process namespace).
+    """
+
+    command: tuple[str, ...] = (sys.executable, "-m", "airgossip")
+    run_dir: Path | None = None
+    parent_pid: bool = True
+
+
 class AgentProcesses:
     """The agent processes of one fleet, under one output folder.
 
@@ -89,13 +112,22 @@ class AgentProcesses:
         The config file every agent reads.
     progress:
         Where progress goes as records arrive.
+    host:
+        Where the agent commands run (this machine by default).
     """
 
     def __init__(
-        self, config: RunConfig, out_dir: Path, config_path: Path, progress: ProgressKeeper
+        self,
+        config: RunConfig,
+        out_dir: Path,
+        config_path: Path,
+        progress: ProgressKeeper,
+        host: AgentHost | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
+        self.out_dir = out_dir
+        self.host = host or AgentHost()
         self.stats_dir = out_dir / "agents"
         self.logs_dir = out_dir / "logs"
         self.progress = progress
@@ -120,15 +152,16 @@ class AgentProcesses:
         self.stats_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.logs_dir / f"{agent_id}.log"
+        parent = ["--parent-pid", str(os.getpid())] if self.host.parent_pid else []
         command = [
             *prefix,
-            sys.executable, "-m", "airgossip", "agent",
-            "--config", str(self.config_path),
+            *self.host.command, "agent",
+            "--config", self.seen(self.config_path),
             "--id", agent_id,
             "--index", str(index),
             *peering,
-            "--stats-dir", str(self.stats_dir),
-            "--parent-pid", str(os.getpid()),
+            "--stats-dir", self.seen(self.stats_dir),
+            *parent,
             "--linger-s", "3600",
             "--threads", "1",
             *extra,
@@ -149,6 +182,12 @@ class AgentProcesses:
         )
         self.agents.append(agent)
         return agent
+
+    def seen(self, path: Path) -> str:
+        """``path`` (inside the run's folder) as the agents see it."""
+        if self.host.run_dir is None:
+            return str(path)
+        return str(self.host.run_dir / path.relative_to(self.out_dir))
 
     def _poll(self) -> None:
         for agent in self.agents:
