@@ -2,8 +2,8 @@
 
 ``run`` (a whole fleet on this machine), ``agent`` (one agent, what runs on each device),
 ``coordinator`` (the optional control plane), ``topology`` and ``links`` (describe a graph
-or a wireless scenario). Commands import the heavy parts (torch, the fleets) only when they
-run, so ``--help`` stays fast.
+or a wireless scenario), ``compose`` (a compose file for a fleet in containers). Commands
+import the heavy parts (torch, the fleets) only when they run, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from airgossip.cli.agent import agent
+from airgossip.cli.compose import compose
 from airgossip.cli.coordinator import coordinator
 from airgossip.cli.links import links_command
 from airgossip.cli.run import run
@@ -28,6 +29,7 @@ app.command("agent")(agent)
 app.command("coordinator")(coordinator)
 app.command("topology")(topology_info)
 app.command("links")(links_command)
+app.command("compose")(compose)
 
 
 def main() -> None:
