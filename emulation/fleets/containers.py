@@ -31,8 +31,9 @@ from emulation.fleets.base import FleetError, FleetProgress, Launch, ProgressKee
 from emulation.fleets.processes import AgentHost, AgentProcesses
 from emulation.networks import LinkRuntime, Network
 
-#: Where an agent container sees the run's folder.
+#: Where an agent container sees the run's folder, and its working directory (the image's).
 RUN_DIR = Path("/airgossip/run")
+WORKDIR = Path("/var/lib/airgossip")
 #: The port agents serve gossip on inside their containers, and their metrics.
 AGENT_PORT = 7000
 METRICS_PORT = 9100
@@ -149,11 +150,17 @@ class ContainerFleet:
             user = ["--cap-add", "NET_ADMIN", "--user", "0:0"]
         else:
             user = ["--user", f"{os.getuid()}:{os.getgid()}"]
+        # A wireless scenario's rate traces, where the agents' config names them.
+        traces = []
+        if self.config.wireless is not None:
+            for trace in self.config.wireless.traces:
+                inside = trace.file if trace.file.is_absolute() else WORKDIR / trace.file
+                traces += ["--volume", f"{trace.file.resolve()}:{inside}:ro"]
         return [
             self.engine.docker, "run", "--rm", "--init", "--name", name,
             "--network", f"airgossip-{self.tag}", "--label", f"{LABEL}={self.tag}",
             *user,
-            "--volume", f"{self.out_dir}:{RUN_DIR}",
+            "--volume", f"{self.out_dir}:{RUN_DIR}", *traces,
             "--env", "HOME=/tmp", "--env", "OMP_NUM_THREADS=1", "--env", "PYTHONUNBUFFERED=1",
             "--env", f"AIRGOSSIP_ADVERTISE_PORT={AGENT_PORT}",
             self.settings.image,
