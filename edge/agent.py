@@ -32,13 +32,14 @@ from edge.algorithms import (
     InvalidPayload,
     Payload,
     ProtocolError,
+    algorithm_class,
     create_algorithm,
 )
 from edge.compression import Codec, DecodeError, Encoded, decode_blocks, get_codec
 from edge.seeds import derive_seed
 from edge.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
 from edge.stats import Counters, RoundRecord, StatsSink, probe_estimate
-from edge.tasks import Task, TaskContext, TrainConfig, load_task
+from edge.tasks import Distiller, Task, TaskContext, TrainConfig, load_task
 from edge.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
 from edge.topology import Assignment, Phase
 from edge.transport.base import (
@@ -238,10 +239,11 @@ class Agent:
             start = self.algorithm.estimate().to(torch.float32)
         with torch.enable_grad():  # whatever the caller's mode: drivers gossip under no_grad
             result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
-        if result.parameters is not start:  # a task that trains nothing returns its input
-            delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start
-            with self._lock:
+        with self._lock:
+            if result.parameters is not start:  # a task that trains nothing returns its input
+                delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start
                 self.algorithm.apply_update(delta)
+            self.algorithm.on_local_step(round_index, result.metrics)
         self._last_metrics.update(result.metrics)
         if self.observer is not None:
             self.observer.on_step(StepEvent(round_index, self.clock() - began))
@@ -364,6 +366,23 @@ class Agent:
                 change = torch.linalg.vector_norm(self.algorithm.estimate() - before)
                 scale = torch.linalg.vector_norm(before)
                 self._disagreement = float(change / scale) if scale > 0 else float(change)
+            teachers = self.algorithm.teachers()
+            if teachers:
+                start = self.algorithm.estimate().to(torch.float32)
+        if teachers:
+            self._distill(round_index, start, teachers)
+
+    def _distill(self, round_index: int, start: torch.Tensor, teachers: list[torch.Tensor]) -> None:
+        """Ensemble compression: train the model towards its teachers' averaged outputs."""
+        task = self.task
+        assert isinstance(task, Distiller)  # build_agent refuses tasks that cannot distil
+        models = [t.to(torch.float32) for t in teachers]
+        with torch.enable_grad():
+            result = task.distill(start, models, TrainConfig(round_index, self.settings.rounds))
+        delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start
+        with self._lock:
+            self.algorithm.apply_update(delta)
+        self._last_metrics.update(result.metrics)
 
     def report(self, round_index: int, *, final: bool = False) -> RoundRecord:
         """Evaluate the current estimate and hand a record to the stats sink."""
@@ -512,6 +531,15 @@ def _all_finite(vector: torch.Tensor) -> bool:
     return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
 
 
+def check_task_fits(algorithm: str, task: Task) -> None:
+    """``ValueError`` when the algorithm needs something of the task it lacks (distillation)."""
+    if algorithm_class(algorithm).needs_distillation and not isinstance(task, Distiller):
+        raise ValueError(
+            f"algorithm '{algorithm}' combines models by distillation, and task '{task.name}' "
+            "cannot distil (a task needs distill(parameters, teachers, config): digits has it)"
+        )
+
+
 def build_agent(
     agent_id: str,
     *,
@@ -536,6 +564,7 @@ def build_agent(
     task = load_task(settings.task.name, context)
     initial = task.initial_parameters()
     dtype = gossip_dtype(settings, task.gossip_dtype)
+    check_task_fits(settings.algorithm, task)
     algorithm = create_algorithm(
         settings.algorithm,
         initial,

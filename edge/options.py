@@ -21,9 +21,12 @@ def validate_options(
         allowed = ", ".join(model.model_fields) or "none"
         problems = []
         for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "options"
+            where = ".".join(str(p) for p in e["loc"])
+            message = str(e["msg"]).removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
                 problems.append(f"unknown option '{where}' (allowed: {allowed})")
+            elif not where:  # a rule across options: its message names them
+                problems.append(message)
             else:
-                problems.append(f"option '{where}': {e['msg']} (got {e.get('input')!r})")
+                problems.append(f"option '{where}': {message} (got {e.get('input')!r})")
         raise ValueError(f"{owner}: " + "; ".join(problems)) from None

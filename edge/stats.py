@@ -7,6 +7,7 @@ fleet figures such as the consensus distance, which needs every agent's estimate
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from dataclasses import asdict, dataclass, field, fields
@@ -49,10 +50,10 @@ class Counters:
         return cls(**{name: int(getattr(source, name)) for name in cls.names()})
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return dict(vars(self))
 
     def copy(self) -> Counters:
-        return Counters(**asdict(self))
+        return copy.copy(self)
 
     @property
     def messages_lost(self) -> int:

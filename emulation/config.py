@@ -20,6 +20,10 @@ Example scenario (every key optional)::
     [network]
     loss = 0.1
     latency_ms = 5
+
+    [switching]            # optional: change the graph during the run
+    topologies = ["complete", "ring"]
+    at_rounds = [33]       # or: trigger = "loss-plateau", threshold = 0.05
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edge.settings import AgentSettings
-from edge.topology import TOPOLOGIES
+from edge.topology import TOPOLOGIES, SwitchingSettings
 from emulation.scenario import WirelessSettings
 
 if sys.version_info >= (3, 11):
@@ -88,6 +92,9 @@ class RunConfig(AgentSettings):
         None, description="wireless channel model; replaces [network] and the topology"
     )
     mode: str = Field("process", description="how agents run: a fleet mode (emulation.fleets)")
+    switching: SwitchingSettings | None = Field(
+        None, description="change the gossip graph during the run (its first graph is the topology)"
+    )
     containers: ContainerSettings = Field(default_factory=ContainerSettings)
     out: Path | None = None
 
@@ -97,6 +104,40 @@ class RunConfig(AgentSettings):
         if value not in TOPOLOGIES:
             raise ValueError(f"unknown topology '{value}'; choose one of: {', '.join(TOPOLOGIES)}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topology_from_switching(cls, data: Any) -> Any:
+        """With ``[switching]`` and no ``topology``, the run's topology is the schedule's
+        first (so every consumer of ``topology`` sees the graph the run starts on)."""
+        if not isinstance(data, dict) or "topology" in data:
+            return data
+        switching = data.get("switching")
+        if isinstance(switching, SwitchingSettings):
+            first: Any = switching.topologies[0]
+        elif isinstance(switching, dict) and isinstance(switching.get("topologies"), list):
+            first = switching["topologies"][0] if switching["topologies"] else None
+        else:
+            return data
+        return {**data, "topology": first} if isinstance(first, str) else data
+
+    @model_validator(mode="after")
+    def _one_first_graph(self) -> RunConfig:
+        switching = self.switching
+        if switching is None:
+            return self
+        if self.wireless is not None:
+            raise ValueError(
+                "[switching] needs [network] links: a wireless network's graph comes from its "
+                "channel model"
+            )
+        first = switching.topologies[0]
+        if self.topology != first:
+            raise ValueError(
+                f"the run starts on the first topology of [switching], '{first}', and topology "
+                f"says '{self.topology}'; leave topology out or make them agree"
+            )
+        return self
 
     @property
     def network_kind(self) -> str:

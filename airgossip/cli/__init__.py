@@ -2,8 +2,10 @@
 
 ``run`` (a whole fleet on this machine), ``agent`` (one agent, what runs on each device),
 ``coordinator`` (the optional control plane), ``topology`` and ``links`` (describe a graph
-or a wireless scenario), ``compose`` (a compose file for a fleet in containers). Commands
-import the heavy parts (torch, the fleets) only when they run, so ``--help`` stays fast.
+or a wireless scenario), ``baseline`` (an app on another system's runtime: Flower's),
+``compare`` (runs side by side) and ``compose`` (a compose file for a fleet in containers).
+Commands import the heavy parts (torch, the fleets, Flower) only when they run, so
+``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import typer
 
 from airgossip.cli.agent import agent
+from airgossip.cli.baseline import baseline_app
+from airgossip.cli.compare import compare
 from airgossip.cli.compose import compose
 from airgossip.cli.coordinator import coordinator
 from airgossip.cli.links import links_command
@@ -29,6 +33,8 @@ app.command("agent")(agent)
 app.command("coordinator")(coordinator)
 app.command("topology")(topology_info)
 app.command("links")(links_command)
+app.add_typer(baseline_app, name="baseline")
+app.command("compare")(compare)
 app.command("compose")(compose)
 
 

@@ -74,6 +74,11 @@ class ProgressDisplay:
             console.print(f"{description}: round {p.slowest_round}/{p.rounds_total} {status}")
 
 
+def task_label(task: dict[str, Any]) -> str:
+    """A run's task for people: its name, or the Flower app it runs."""
+    return f"flower app {task.get('app')}" if task.get("name") == "flower" else str(task["name"])
+
+
 def summary_table(results: RunResults, out_dir: Path, links: str) -> Table:
     """The end-of-run table: fleet, figures, messages, output. ``links``: what the links
     were (``link loss 0.1``, ``wireless lte-urban``)."""
@@ -88,7 +93,7 @@ def summary_table(results: RunResults, out_dir: Path, links: str) -> Table:
             + ("" if config["compression"] == "none" else f"{config['compression']} · ")
             + f"{config['mode']}",
         ),
-        ("task", config["task"]["name"]),
+        ("task", task_label(config["task"])),
         ("mixing |λ2|", fmt(config["lambda2"], 3)),
         ("rounds", f"{final.round} of {config['rounds']}"),
     ]

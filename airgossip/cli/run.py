@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from airgossip.cli.display import ProgressDisplay, console, errors, fail, summary_table
+from airgossip.cli.display import (
+    ProgressDisplay,
+    console,
+    errors,
+    fail,
+    summary_table,
+    task_label,
+)
+from airgossip.cli.flower import contain_flower, flower_overrides, with_flower_rounds
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
 
 
@@ -87,6 +95,25 @@ def run(
     record: Annotated[
         bool, typer.Option("--record", help="Write replay logs of link states (wireless).")
     ] = False,
+    flower_app: Annotated[
+        str | None,
+        typer.Option(
+            help="Run an unchanged Flower app as the task: its project folder (pyproject.toml) "
+            "or module:attr of its ClientApp; its num-server-rounds sets --rounds."
+        ),
+    ] = None,
+    run_config: Annotated[
+        str | None,
+        typer.Option(help="Flower app: run config overrides, as flwr run takes them ('k=v ...')."),
+    ] = None,
+    accuracy_metric: Annotated[
+        str | None,
+        typer.Option(help="Flower app: its accuracy metric (default: accuracy, else eval_acc)."),
+    ] = None,
+    loss_metric: Annotated[
+        str | None,
+        typer.Option(help="Flower app: its loss metric (default: loss, else eval_loss)."),
+    ] = None,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
@@ -101,9 +128,14 @@ def run(
         fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
     if metrics_port is not None and not 0 < metrics_port <= 65535:
         fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
+    if flower_app is not None and task is not None:
+        fail("give either --task or --flower-app, not both")
+    flower = flower_overrides(flower_app, run_config, accuracy_metric, loss_metric)
+    if flower:
+        overrides["task"] = {**overrides.get("task", {}), **flower}
     try:
         base = scenario_base(scenario) if scenario is not None else None
-        cfg = load_config(config, overrides, base=base)
+        cfg = with_flower_rounds(load_config(config, overrides, base=base), flower)
         if record:
             if cfg.wireless is None:
                 fail("--record needs a wireless scenario (--scenario NAME|FILE)")
@@ -114,6 +146,8 @@ def run(
         refuse_used_out_dir(out_dir)
     except ConfigError as err:
         fail(str(err))
+    if cfg.task.name == "flower":
+        contain_flower(out_dir)
     if metrics_port is not None and not plan.fleet.serves_metrics:
         serving = ", ".join(m for m, f in FLEETS.items() if f.serves_metrics)
         fail(f"--metrics-port needs a mode whose agents serve metrics ({serving}), not {cfg.mode}")
@@ -126,7 +160,7 @@ def run(
     links = network_for(cfg).describe()
     console.print(
         f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
-        f"{cfg.task.name} · {cfg.mode} · out {out_dir}",
+        f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}",
         highlight=False,
     )
     try:

@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
 from edge.algorithms.base import (
     Ack,
     GossipAlgorithm,
@@ -14,6 +15,7 @@ from edge.algorithms.base import (
     parse_algorithm_options,
 )
 from edge.algorithms.dpsgd import DPSGD
+from edge.algorithms.ensemble import EnsembleCompression
 from edge.algorithms.gradient_tracking import GradientTracking
 from edge.algorithms.local_sgd import LocalSGD
 from edge.algorithms.push_sum import PlainPushSum, PushSum
@@ -27,10 +29,12 @@ ALGORITHMS: dict[str, type[GossipAlgorithm]] = {
         PushSum,
         PlainPushSum,
         DPSGD,
+        AdaptiveConsensusDPSGD,
         QuantizedPushSum,
         Choco,
         GradientTracking,
         LocalSGD,
+        EnsembleCompression,
     )
 }
 
@@ -70,7 +74,9 @@ __all__ = [
     "ALGORITHMS",
     "DPSGD",
     "Ack",
+    "AdaptiveConsensusDPSGD",
     "Choco",
+    "EnsembleCompression",
     "GossipAlgorithm",
     "GradientTracking",
     "InvalidPayload",

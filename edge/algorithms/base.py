@@ -134,6 +134,9 @@ class GossipAlgorithm(ABC):
     max_blocks: ClassVar[int] = 1
     #: Validates ``[algorithm_options]``.
     options_model: ClassVar[type[BaseModel]] = NoOptions
+    #: Combines models by distillation (:meth:`teachers`): the task must implement
+    #: :class:`~edge.tasks.base.Distiller`.
+    needs_distillation: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -219,6 +222,15 @@ class GossipAlgorithm(ABC):
     @abstractmethod
     def mix(self) -> None:
         """Fold everything received since the last call into the state."""
+
+    def on_local_step(self, round_index: int, metrics: Mapping[str, float]) -> None:  # noqa: B027
+        """The task trained for ``round_index``; ``metrics`` are its figures (its learning
+        rate as ``lr``, when it reports one). Called after :meth:`apply_update`."""
+
+    def teachers(self) -> list[torch.Tensor]:
+        """Models to distil into this agent's model right after :meth:`mix` (ensemble
+        compression), handed over once; none for algorithms that average parameters."""
+        return []
 
     def on_ack(self, peer: str, ack: Ack) -> None:  # noqa: B027 - optional hook
         """The receiver ``peer`` acknowledged our latest message to it."""

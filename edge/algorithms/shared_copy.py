@@ -55,7 +55,15 @@ from edge.algorithms.base import (
     refuse_amplifying_codec,
 )
 from edge.algorithms.push_sum import PushSumCore
-from edge.compression import Codec, Encoded, QSGDCodec, RandomKCodec, TopKCodec, join_blocks
+from edge.compression import (
+    Codec,
+    Encoded,
+    QSGDCodec,
+    RandomKCodec,
+    SlimCodec,
+    TopKCodec,
+    join_blocks,
+)
 from edge.topology.mixing import Phase
 
 #: Most unacknowledged blocks an edge keeps (and one message carries).
@@ -79,7 +87,7 @@ def default_gamma(codec: Codec) -> float:
     pure consensus from scratch with a sparsifier may need ``gamma`` near ``FRACTION``, as
     CHOCO's analysis asks.
     """
-    if isinstance(codec, TopKCodec | RandomKCodec):
+    if isinstance(codec, TopKCodec | RandomKCodec | SlimCodec):
         return min(1.0, math.sqrt(codec.fraction))
     if isinstance(codec, QSGDCodec) and codec.bits <= 2:
         return 0.5

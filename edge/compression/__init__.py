@@ -11,7 +11,7 @@ from edge.compression.codec import (
 )
 from edge.compression.quantize import QSGD_BUCKET, QSGDCodec
 from edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
-from edge.compression.sparsify import RandomKCodec, TopKCodec, random_indices
+from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec, random_indices
 
 __all__ = [
     "CODECS",
@@ -23,6 +23,7 @@ __all__ = [
     "QSGDCodec",
     "RandomKCodec",
     "RawCodec",
+    "SlimCodec",
     "TopKCodec",
     "decode_blocks",
     "encode_blocks",

@@ -14,7 +14,7 @@ import torch
 
 from edge.compression.codec import RAW_DTYPES, Codec, RawCodec
 from edge.compression.quantize import QSGDCodec
-from edge.compression.sparsify import RandomKCodec, TopKCodec
+from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec
 
 #: Builds a codec from the argument after the colon (None when the spec has none).
 CodecFactory = Callable[[str | None], Codec]
@@ -35,6 +35,7 @@ _REGISTERED: tuple[tuple[str, str, CodecFactory], ...] = (
     ("qsgd", "qsgd:BITS", QSGDCodec.from_argument),
     ("topk", "topk:FRACTION", TopKCodec.from_argument),
     ("randomk", "randomk:FRACTION", RandomKCodec.from_argument),
+    ("slim", "slim:FRACTION:EXPLORE", SlimCodec.from_argument),
 )
 
 #: Codecs by name; parametrised ones take ``name:ARGUMENT``.

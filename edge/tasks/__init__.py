@@ -1,10 +1,19 @@
 """Tasks: the Task protocol, built-in tasks and loading users' own."""
 
-from edge.tasks.base import EvalResult, Task, TaskContext, TaskError, TrainConfig, TrainResult
+from edge.tasks.base import (
+    Distiller,
+    EvalResult,
+    Task,
+    TaskContext,
+    TaskError,
+    TrainConfig,
+    TrainResult,
+)
 from edge.tasks.registry import BUILTIN_TASKS, load_task, resolve_task_factory
 
 __all__ = [
     "BUILTIN_TASKS",
+    "Distiller",
     "EvalResult",
     "Task",
     "TaskContext",

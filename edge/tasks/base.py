@@ -7,7 +7,7 @@ device to compute. The agent owns everything else (gossip state, transport, cloc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -79,6 +79,18 @@ class Task(Protocol):
 
     def evaluate(self, parameters: torch.Tensor) -> EvalResult:
         """Evaluate ``parameters``; ``metrics`` may hold ``accuracy`` and ``loss``."""
+        ...
+
+
+@runtime_checkable
+class Distiller(Protocol):
+    """A task that can compress an ensemble into its model (ensemble compression, EC-DNN)."""
+
+    def distill(
+        self, parameters: torch.Tensor, teachers: Sequence[torch.Tensor], config: TrainConfig
+    ) -> TrainResult:
+        """Train ``parameters`` on local data towards the averaged outputs of ``teachers``
+        (flat parameter vectors of the same model); return the new flat vector."""
         ...
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,6 +43,13 @@ class DigitsOptions(BaseModel):
     momentum: float = Field(0.0, ge=0, lt=1)
     lr_decay_at: float = Field(0.75, gt=0, le=1, description="fraction of rounds where lr /= 10")
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    init: Literal["shared", "independent"] = Field(
+        "shared", description="every agent starts from the same model, or from its own"
+    )
+    distill_steps: int = Field(20, ge=1, description="SGD steps of one distillation")
+    distill_weight: float = Field(
+        0.5, ge=0, le=1, description="share of the distillation loss on the ensemble's outputs"
+    )
 
 
 @lru_cache(maxsize=1)
@@ -94,10 +102,14 @@ def _mlp(hidden: int) -> nn.Module:
 
 
 class DigitsTask:
-    """MLP 64-hidden-10 trained with minibatch SGD on this agent's shard."""
+    """MLP 64-hidden-10 trained with minibatch SGD on this agent's shard.
+
+    With ``init = "independent"`` every agent draws its own initial model (from the fleet
+    seed and its index): parameter averaging then destroys accuracy, and ensemble
+    compression (:meth:`distill`) is the way to combine the models.
+    """
 
     name = "digits"
-    shared_initialisation = True
     gossip_dtype = torch.float32
 
     def __init__(self, context: TaskContext) -> None:
@@ -111,8 +123,14 @@ class DigitsTask:
         self._y_train = torch.from_numpy(y[own]).to(self.device)
         self._x_test = torch.from_numpy(x[test]).to(self.device)
         self._y_test = torch.from_numpy(y[test]).to(self.device)
+        self.shared_initialisation = self.options.init == "shared"
+        init_seed = context.seed
+        if not self.shared_initialisation:
+            init_seed = int(
+                np.random.default_rng([context.seed, context.agent_index]).integers(2**62)
+            )
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(context.seed)
+            torch.manual_seed(init_seed)
             self.model = _mlp(self.options.hidden)
         self.model.to(self.device)
         self._initial = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
@@ -127,23 +145,26 @@ class DigitsTask:
     def _load(self, parameters: torch.Tensor) -> None:
         load_flat(self.model, parameters)
 
-    def train(self, parameters: torch.Tensor, config: TrainConfig) -> TrainResult:
+    def _lr(self, config: TrainConfig) -> float:
         opts = self.options
-        self._load(parameters)
         decay = config.round >= opts.lr_decay_at * config.total_rounds and opts.lr_decay_at < 1
-        lr = opts.lr * (0.1 if decay else 1.0)
+        return opts.lr * (0.1 if decay else 1.0)
+
+    def _sgd(self, steps: int, lr: float, loss_of: Callable[[torch.Tensor], Any]) -> float:
+        """``steps`` minibatch SGD steps on ``loss_of(batch indices)``; the mean loss."""
+        opts = self.options
         params = list(self.model.parameters())
         # Plain SGD by hand: torch.optim's first use imports torch._dynamo (~2 s per process).
         velocity = [torch.zeros_like(p) for p in params] if opts.momentum else []
         self.model.train()
         total = 0.0
-        for _ in range(opts.local_steps):
+        for _ in range(steps):
             batch = torch.randint(
                 0, self.num_train, (opts.batch_size,), generator=self._batches
             ).to(self.device)
             for p in params:
                 p.grad = None
-            loss = self._loss(self.model(self._x_train[batch]), self._y_train[batch])
+            loss = loss_of(batch)
             loss.backward()
             with torch.no_grad():
                 for i, p in enumerate(params):
@@ -154,10 +175,59 @@ class DigitsTask:
                         step = velocity[i].mul_(opts.momentum).add_(step)
                     p.add_(step, alpha=-lr)
             total += float(loss.detach())
+        return total / steps
+
+    def train(self, parameters: torch.Tensor, config: TrainConfig) -> TrainResult:
+        opts = self.options
+        self._load(parameters)
+        lr = self._lr(config)
+        x, y = self._x_train, self._y_train
+        loss = self._sgd(opts.local_steps, lr, lambda b: self._loss(self.model(x[b]), y[b]))
         new = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
-        return TrainResult(
-            new, {"train_loss": total / opts.local_steps}, opts.local_steps * opts.batch_size
-        )
+        return TrainResult(new, {"train_loss": loss, "lr": lr}, opts.local_steps * opts.batch_size)
+
+    @torch.no_grad()
+    def _ensemble_probabilities(
+        self, teachers: Sequence[torch.Tensor], x: torch.Tensor
+    ) -> torch.Tensor:
+        """The averaged softmax outputs of ``teachers`` (flat parameter vectors) on ``x``."""
+        self.model.eval()
+        total = torch.zeros(len(x), 10, device=self.device)
+        for teacher in teachers:
+            self._load(teacher)
+            total += torch.softmax(self.model(x), dim=1)
+        return total / len(teachers)
+
+    def distill(
+        self, parameters: torch.Tensor, teachers: Sequence[torch.Tensor], config: TrainConfig
+    ) -> TrainResult:
+        """Ensemble compression (EC-DNN): SGD on this agent's shard towards the ensemble's
+        averaged outputs (share ``distill_weight`` of the loss, cross-entropy to the soft
+        targets) and the labels (the rest)."""
+        if not teachers:
+            raise ValueError("distillation needs at least one teacher model")
+        opts = self.options
+        x, y = self._x_train, self._y_train
+        targets = self._ensemble_probabilities(teachers, x)
+        self._load(parameters)
+        weight = opts.distill_weight
+
+        def loss_of(batch: torch.Tensor) -> Any:
+            logits = self.model(x[batch])
+            soft = -(targets[batch] * torch.log_softmax(logits, dim=1)).sum(dim=1).mean()
+            return weight * soft + (1 - weight) * self._loss(logits, y[batch])
+
+        loss = self._sgd(opts.distill_steps, self._lr(config), loss_of)
+        new = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
+        metrics = {"distill_loss": loss, "teachers": float(len(teachers))}
+        return TrainResult(new, metrics, opts.distill_steps * opts.batch_size)
+
+    def evaluate_ensemble(self, members: Sequence[torch.Tensor]) -> EvalResult:
+        """Test accuracy and loss of the output ensemble of ``members`` (averaged softmax)."""
+        probabilities = self._ensemble_probabilities(members, self._x_test)
+        loss = float(nn.functional.nll_loss(torch.log(probabilities + 1e-12), self._y_test))
+        accuracy = float((probabilities.argmax(dim=1) == self._y_test).float().mean())
+        return EvalResult({"accuracy": accuracy, "loss": loss}, len(self._y_test))
 
     @torch.no_grad()
     def evaluate(self, parameters: torch.Tensor) -> EvalResult:

@@ -11,13 +11,24 @@ import torch
 from edge.tasks.base import Task, TaskContext, TaskError
 from edge.tasks.consensus import ConsensusTask
 from edge.tasks.digits import DigitsTask
+from edge.tasks.separable import SeparableTask
 
 TaskFactory = Callable[[TaskContext], Task]
 
-#: Tasks by the name users pick with ``--task``.
+
+def _flower_task(context: TaskContext) -> Task:
+    """A Flower ClientApp (``edge.tasks.flower``; Flower is imported only for it)."""
+    from edge.tasks.flower import FlowerTask
+
+    return FlowerTask(context)
+
+
+#: Tasks by the name users pick with ``--task`` (``flower``: with ``--flower-app``).
 BUILTIN_TASKS: dict[str, TaskFactory] = {
     DigitsTask.name: DigitsTask,
     ConsensusTask.name: ConsensusTask,
+    SeparableTask.name: SeparableTask,
+    "flower": _flower_task,
 }
 
 

@@ -16,13 +16,23 @@ from edge.topology.mixing import (
     node_phases,
     second_largest_eigenvalue,
 )
+from edge.topology.switching import (
+    FleetFigures,
+    SwitchingSettings,
+    TopologySwitcher,
+    parse_switching,
+    switched_assignments,
+)
 
 __all__ = [
     "TOPOLOGIES",
     "Assignment",
+    "FleetFigures",
     "Graph",
     "Phase",
+    "SwitchingSettings",
     "TopologyError",
+    "TopologySwitcher",
     "assignments_for_graph",
     "build_graph",
     "column_stochastic",
@@ -30,6 +40,8 @@ __all__ = [
     "metropolis_hastings",
     "mixing_matrices",
     "node_phases",
+    "parse_switching",
     "second_largest_eigenvalue",
+    "switched_assignments",
     "transition",
 ]

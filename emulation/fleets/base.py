@@ -174,3 +174,15 @@ def group_records(records: Iterable[RoundRecord]) -> dict[str, list[RoundRecord]
     for record in records:
         out.setdefault(record.agent_id, []).append(record)
     return out
+
+
+def refuse_round_driven(mode: str, network: Network) -> str | None:
+    """Why a mode whose agents run in their own processes cannot follow a graph that changes
+    by round (None: the network's graph does not)."""
+    if not network.round_driven:
+        return None
+    return (
+        f"mode '{mode}' cannot switch the gossip graph during a run: its agents run in their "
+        "own processes and nothing there sees every agent's rounds to decide a switch and "
+        "hand out the next graph (use --mode inproc for [switching])"
+    )

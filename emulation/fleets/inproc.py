@@ -84,10 +84,15 @@ class InProcessFleet:
                 for agent in agents:
                     agent.local_step(round_index)
                     agent.push(round_index)
+                reported = []
                 for agent in agents:
                     agent.mix(round_index)
                     if agent.report_due(round_index):
-                        agent.report(round_index)
+                        reported.append(agent.report(round_index))
+                switched = runtime.after_round(round_index, reported, addresses)
+                if switched is not None:  # the next round runs on the schedule's next graph
+                    for agent in agents:
+                        agent.set_assignment(switched[agent.agent_id])
                 self.round = round_index
                 self._report_progress(agents)
         finally:

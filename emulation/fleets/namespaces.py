@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from edge.identity import agent_ids
 from edge.stats import RoundRecord
 from emulation.config import ConfigError, RunConfig
-from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper
+from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper, refuse_round_driven
 from emulation.fleets.processes import AgentProcesses
 from emulation.networks import LinkRuntime, Network
 from emulation.networks.kernel import (
@@ -48,6 +48,8 @@ class NamespaceFleet:
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
         if not 1 <= config.agents <= 250:
             return f"mode 'namespaces' runs 1 to 250 agents, not {config.agents}"
+        if network.round_driven:
+            return refuse_round_driven(cls.mode, network)
         support = kernel_support()
         return None if support.available else f"mode 'namespaces': {support.reason}"
 

@@ -9,7 +9,7 @@ from coordinator.service import CoordinatorServer
 from edge.identity import agent_ids
 from edge.stats import RoundRecord
 from emulation.config import RunConfig
-from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper
+from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper, refuse_round_driven
 from emulation.fleets.processes import AgentProcesses
 from emulation.networks import LinkRuntime, Network
 
@@ -33,7 +33,7 @@ class ProcessFleet:
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
-        return None
+        return refuse_round_driven(cls.mode, network)
 
     def run(self) -> None:
         server = CoordinatorServer(

@@ -76,6 +76,15 @@ class AgentProcess:
             return ""
         return " | ".join(text[-lines:])
 
+    def failure(self) -> str:
+        """Why the agent stopped: the one-line error it printed, else the end of its log."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        errors = [line.strip() for line in text if line.startswith("error: ")]
+        return errors[-1].removeprefix("error: ") if errors else self.log_tail()
+
 
 @dataclass(frozen=True)
 class AgentHost:
@@ -214,7 +223,7 @@ class AgentProcesses:
                 if code is not None and not agent.finished:
                     raise FleetError(
                         f"{agent.agent_id} exited with code {code} before finishing: "
-                        f"{agent.log_tail() or 'no output'} (log: {agent.log_path})"
+                        f"{agent.failure() or 'no output'} (log: {agent.log_path})"
                     )
             count = registered()
             self.progress.update(self.snapshot(count))

@@ -18,7 +18,7 @@ from edge.tasks import TaskContext, TaskError, load_task
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import Graph
 from emulation.config import ConfigError, RunConfig
-from emulation.fleets.base import Fleet, Launch, ProgressCallback
+from emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
 from emulation.fleets.registry import fleet_class
 from emulation.networks import Network, network_for
 from emulation.results import RunResults, plot_results, summarise
@@ -114,6 +114,8 @@ def run_fleet(
         fleet.run()
     except KeyboardInterrupt:
         interrupted = True
+    except TaskError as err:  # a task failing in this process (a user's app, say)
+        raise FleetError(str(err)) from None
     records = fleet.records()
     results = summarise(
         records, reference=reference_answer(config), config=network.resolved(plan.graph)

@@ -170,14 +170,16 @@ class VirtualFleet:
         self._slowest = 0
         self._finished = 0
         self._stop = False
+        #: What the agents reported for each round the slowest agent has not finished.
+        self._reported: dict[int, list[RoundRecord]] = {}
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
-        if not network.time_varying:
+        if not network.time_varying and not network.round_driven:
             return (
-                f"mode 'virtual' runs a network that changes with time on a virtual clock; the "
-                f"{network.describe()} network does not (give --scenario NAME|FILE for a "
-                "wireless one, or use --mode inproc)"
+                f"mode 'virtual' runs a network that changes with time (or by round, with "
+                f"[switching]) on a virtual clock; the {network.describe()} network does neither "
+                "(give --scenario NAME|FILE for a wireless one, or use --mode inproc)"
             )
         return None
 
@@ -275,7 +277,7 @@ class VirtualFleet:
         self._waiting.pop(agent.agent_id, None)
         agent.mix(round_index)
         if agent.report_due(round_index):
-            agent.report(round_index)
+            self._reported.setdefault(round_index, []).append(agent.report(round_index))
         self._finished_round[round_index] += 1
         if round_index < self.config.rounds:
             self.loop.at(self.loop.now, self._start_round, agent, round_index + 1)
@@ -287,8 +289,19 @@ class VirtualFleet:
         ):
             slowest += 1
         if slowest > self._slowest:
+            for done in range(self._slowest + 1, slowest + 1):
+                self._after_round(done)
             self._slowest = slowest
             self._report_progress()
+
+    def _after_round(self, round_index: int) -> None:
+        """Every agent has finished ``round_index``: the network may switch the graph (agents
+        already further along take the new one from where they are)."""
+        reported = self._reported.pop(round_index, [])
+        switched = self.links.after_round(round_index, reported, self._peers)
+        if switched is not None:
+            for agent in self.agents:
+                agent.set_assignment(switched[agent.agent_id])
 
     def _report_progress(self) -> None:
         slowest, final = self._slowest, self._slowest == self.config.rounds

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -107,6 +107,15 @@ class LinkRuntime(ABC):
         """When the graph changes next after ``time_s`` (None: never)."""
         return None
 
+    def after_round(
+        self, round_index: int, records: Sequence[RoundRecord], addresses: dict[str, str]
+    ) -> dict[str, Assignment] | None:
+        """Every agent has finished ``round_index`` (``records``: what they reported for it,
+        if it was a reported round): every agent's new assignment when the graph changes from
+        the next round on (a schedule that switches graphs by round or by the fleet's
+        figures), else None. Fleets that run agents in this process call it."""
+        return None
+
     def follow(  # noqa: B027 - optional hook
         self, agent: Agent, stop: threading.Event, on_links: LinksCallback | None = None
     ) -> None:
@@ -126,6 +135,12 @@ class Network(ABC):
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.scheme = algorithm_class(config.algorithm).mixing
+
+    @property
+    def round_driven(self) -> bool:
+        """The graph changes from round to round (a ``[switching]`` schedule): a fleet has to
+        hand the runtime every finished round (:meth:`LinkRuntime.after_round`)."""
+        return False
 
     @property
     def compute_s(self) -> float:

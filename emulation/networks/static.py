@@ -1,5 +1,5 @@
 """The static network: the same loss, latency and bandwidth on every directed link, on a
-named topology.
+named topology, or on the graphs of a ``[switching]`` schedule, one after the other.
 
 In the agent, :class:`BernoulliLinkShaper` applies them on the sending side; every draw
 derives from ``(seed, sender, receiver, round, message index)`` alone, so the same seed
@@ -9,25 +9,33 @@ a kernel, the loss becomes a per-packet drop probability and the bandwidth a rat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from coordinator.policy import TopologySpec
+from edge.algorithms import algorithm_class
 from edge.seeds import hash64
+from edge.stats import RoundRecord
 from edge.topology import (
     Assignment,
+    FleetFigures,
     Graph,
     TopologyError,
+    TopologySwitcher,
     assignments_for_graph,
     build_graph,
     mixing_matrices,
     second_largest_eigenvalue,
+    switched_assignments,
 )
 from edge.transport.base import LinkVerdict
 from emulation.config import ConfigError
 from emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
+from emulation.results import RunResults, consensus_distance
 
 
 def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:
@@ -105,17 +113,49 @@ class BernoulliLinkShaper:
 
 
 class StaticLinks(LinkRuntime):
-    """A static network in one process: one shaper, one graph for ever."""
+    """A static network in one process: one shaper, and one graph for ever or the graphs of
+    its ``[switching]`` schedule, round after round."""
 
-    def __init__(self, network: StaticNetwork, shaper: BernoulliLinkShaper) -> None:
+    def __init__(
+        self,
+        network: StaticNetwork,
+        shaper: BernoulliLinkShaper,
+        switcher: TopologySwitcher | None = None,
+    ) -> None:
         self.network = network
         self.shaper = shaper
+        self.switcher = switcher
+        #: The first round on each graph after the first.
+        self.switched_at: list[int] = []
         self._graph: Graph | None = None
+        self._current: dict[str, Assignment] = {}
 
     def assignments(self, time_s: float, addresses: dict[str, str]) -> dict[str, Assignment]:
         if self._graph is None:
             self._graph = self.network.first_graph()
-        return assignments_for_graph(self._graph, addresses, scheme=self.network.scheme)
+        self._current = assignments_for_graph(self._graph, addresses, scheme=self.network.scheme)
+        return self._current
+
+    def after_round(
+        self, round_index: int, records: Sequence[RoundRecord], addresses: dict[str, str]
+    ) -> dict[str, Assignment] | None:
+        if self.switcher is None or self.switcher.finished:
+            return None
+        estimates = [r.estimate for r in records if r.estimate is not None]
+        losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
+        complete = len(estimates) == len(addresses)
+        figures = FleetFigures(
+            round_index,
+            consensus_distance(estimates) if complete else None,
+            float(np.mean(losses)) if complete and losses else None,
+        )
+        graph = self.switcher.observe(figures)
+        if graph is None:
+            return None
+        self.switched_at.append(round_index + 1)
+        scheme = self.network.scheme
+        self._current = switched_assignments(self._current, graph, addresses, scheme=scheme)
+        return self._current
 
 
 @dataclass(frozen=True)
@@ -155,6 +195,29 @@ class StaticNetwork(Network):
     kind = "static"
     time_varying = False
 
+    @property
+    def round_driven(self) -> bool:
+        return self.config.switching is not None
+
+    def switcher(self) -> TopologySwitcher | None:
+        """A fresh decider of the run's ``[switching]`` schedule (None without one);
+        :class:`ConfigError` when one of its graphs cannot be built or cannot serve the
+        algorithm."""
+        config = self.config
+        if config.switching is None:
+            return None
+        try:
+            switcher = TopologySwitcher(config.switching, config.agents, seed=config.seed)
+        except TopologyError as err:
+            raise ConfigError(f"switching: {err}") from None
+        directed = [g.name for g in switcher.graphs if not g.is_undirected]
+        if directed and not algorithm_class(config.algorithm).supports_directed:
+            raise ConfigError(
+                f"algorithm '{config.algorithm}' needs undirected graphs; [switching] goes "
+                f"through {', '.join(directed)} (directed)"
+            )
+        return switcher
+
     def topology(self) -> TopologySpec:
         config = self.config
         return TopologySpec(
@@ -178,10 +241,13 @@ class StaticNetwork(Network):
         except TopologyError as err:
             raise ConfigError(str(err)) from None
         self.check_algorithm(graph)
+        self.switcher()  # every graph of a schedule is checked before anything starts
         return graph
 
     def describe(self) -> str:
-        return f"{self.config.topology} · loss {self.config.network.loss:g}"
+        switching = self.config.switching
+        graphs = " → ".join(switching.topologies) if switching else self.config.topology
+        return f"{graphs} · loss {self.config.network.loss:g}"
 
     def shaper(self) -> BernoulliLinkShaper:
         """The in-agent shaper of these links."""
@@ -197,7 +263,7 @@ class StaticNetwork(Network):
     def runtime(
         self, ids: list[str], clock: Clock | None = None, *, journal: bool = False
     ) -> StaticLinks:
-        return StaticLinks(self, self.shaper())
+        return StaticLinks(self, self.shaper(), self.switcher())
 
     def kernel_links(self) -> StaticKernelLinks:
         settings = self.config.network
@@ -210,7 +276,21 @@ class StaticNetwork(Network):
 
     def resolved(self, graph: Graph) -> dict[str, Any]:
         data = self.config.model_dump(mode="json")
+        if data.get("switching") is None:
+            data.pop("switching", None)  # a run without a schedule reads as it always did
         data["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph, self.scheme))
         data["topology_period"] = graph.period
         data["edges_per_round"] = graph.edge_count() / graph.period
         return data
+
+    def finish(
+        self,
+        results: RunResults,
+        records: dict[str, list[RoundRecord]],
+        out_dir: Path,
+        *,
+        end_time_s: float,
+        runtime: LinkRuntime | None = None,
+    ) -> None:
+        if isinstance(runtime, StaticLinks) and runtime.switcher is not None:
+            results.config["switched_at"] = list(runtime.switched_at)

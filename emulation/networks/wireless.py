@@ -263,7 +263,7 @@ class WirelessNetwork(Network):
 
     def resolved(self, graph: Graph) -> dict[str, Any]:
         adjacency = graph.phases[0]
-        resolved: dict[str, Any] = self.config.model_dump(mode="json")
+        resolved: dict[str, Any] = self.config.model_dump(mode="json", exclude={"switching"})
         resolved["topology"] = graph.name
         resolved["lambda2"] = None
         if self.config.agents <= LAMBDA2_LIMIT:  # a dense eigenvalue problem: small fleets only

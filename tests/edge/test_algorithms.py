@@ -348,6 +348,7 @@ def test_options_are_validated_with_what_is_allowed() -> None:
 def test_every_algorithm_is_registered_once() -> None:
     assert set(ALGORITHMS) == {
         "push-sum", "push-sum-plain", "dpsgd", "quantized-push-sum", "choco",
-        "gradient-tracking", "local-sgd",
+        "gradient-tracking", "local-sgd", "dpsgd-ac", "ensemble",
     }  # fmt: skip
-    assert {n for n, c in ALGORITHMS.items() if not c.supports_directed} == {"dpsgd", "choco"}
+    undirected = {n for n, c in ALGORITHMS.items() if not c.supports_directed}
+    assert undirected == {"dpsgd", "dpsgd-ac", "choco"}

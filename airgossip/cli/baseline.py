@@ -1,0 +1,100 @@
+"""``airgossip baseline``: the same app run by another system, beside our runs.
+
+``airgossip baseline flower PATH`` runs a Flower app with Flower's own simulation engine
+and the app's own ServerApp, and writes results.json in our schema
+(``emulation.baselines.flower``); ``airgossip compare`` reads it as it reads our runs.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from airgossip.cli.display import ProgressDisplay, console, errors, fail, fmt
+from airgossip.cli.flower import app_spec, parse_run_config_flag
+from airgossip.cli.run import _raise_keyboard_interrupt
+from airgossip.cli.scenario import default_out
+
+baseline_app = typer.Typer(
+    help="Run an app with another system's own runtime, written as our results.",
+    no_args_is_help=True,
+)
+
+
+@baseline_app.command("flower")
+def flower(
+    app: Annotated[str, typer.Argument(help="The Flower app's project folder (pyproject.toml).")],
+    agents: Annotated[
+        int, typer.Option(help="Simulated nodes, one partition each, as agents have.")
+    ] = 8,
+    rounds: Annotated[
+        int | None, typer.Option(help="Server rounds (default: the app's num-server-rounds).")
+    ] = None,
+    run_config: Annotated[
+        str | None,
+        typer.Option(help="Run config overrides, as flwr run takes them ('k=v ...')."),
+    ] = None,
+    accuracy_metric: Annotated[
+        str | None,
+        typer.Option(help="The app's accuracy metric (default: accuracy, else eval_acc)."),
+    ] = None,
+    loss_metric: Annotated[
+        str | None, typer.Option(help="The app's loss metric (default: loss, else eval_loss).")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the ServerApp's initial model (as airgossip run's).")
+    ] = 0,
+    client_cpus: Annotated[
+        float, typer.Option(help="CPUs Ray reserves per ClientApp (how many run at once).")
+    ] = 1.0,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default: runs/<timestamp>).")
+    ] = None,
+) -> None:
+    """Run a Flower app on Flower's simulation engine with its own ServerApp (FedAvg for a
+    quickstart app): the centralized baseline of a serverless run."""
+    from emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
+    from emulation.config import ConfigError
+
+    spec = FlowerBaseline(
+        app=app_spec(app), agents=agents, rounds=rounds,
+        run_config=parse_run_config_flag(run_config), accuracy_metric=accuracy_metric,
+        loss_metric=loss_metric, seed=seed, client_cpus=client_cpus,
+    )  # fmt: skip
+    out_dir = out or default_out()
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    console.print(
+        f"flower baseline: {app} · {agents} nodes · Flower's simulation engine · out {out_dir}",
+        highlight=False,
+    )
+    try:
+        with ProgressDisplay(rounds or 0, gossip_only=False) as display:
+            results = run_flower_baseline(spec, out_dir, on_progress=display.update)
+    except ConfigError as err:
+        fail(str(err))
+    except BaselineError as err:
+        fail(str(err), code=1)
+    except KeyboardInterrupt:
+        errors.print(f"interrupted: Flower stopped; partial results in {out_dir}")
+        raise typer.Exit(130) from None
+    final, config = results.final, results.config
+    table = Table(title="flower baseline", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in (
+        ("runtime", f"Flower simulation engine · {config['server_app']} · {agents} nodes"),
+        ("rounds", f"{final.round} of {config['rounds']}"),
+        ("test accuracy", f"mean {fmt(final.mean_accuracy)} (min {fmt(final.min_accuracy)}, "
+                          f"max {fmt(final.max_accuracy)})"),
+        ("messages", f"{final.messages_sent} to and from the server, "
+                     f"{final.messages_dropped} failed"),
+        ("bytes moved", f"{final.bytes_sent / 1e6:.2f} MB"),
+        ("wall time", f"{results.total_wall_s:.1f} s"),
+        ("results", str(out_dir / "results.json")),
+    ):  # fmt: skip
+        table.add_row(key, value)
+    console.print(table)

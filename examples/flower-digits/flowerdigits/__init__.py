@@ -1,0 +1,1 @@
+"""flowerdigits: a Flower / PyTorch app on scikit-learn's handwritten digits."""

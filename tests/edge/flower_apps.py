@@ -1,0 +1,114 @@
+"""Small Flower apps for the adapter's tests: one that records what it is given, and ones
+that fail in each way an app can (module:attr targets of ``--flower-app``)."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+SHAPES = {"w": (3, 2), "b": (2,)}
+
+
+def initial_arrays() -> ArrayRecord:
+    record = ArrayRecord()
+    for name, shape in SHAPES.items():
+        record[name] = Array(np.random.standard_normal(shape).astype(np.float32))
+    return record
+
+
+server = ServerApp()
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    FedAvg(fraction_evaluate=1.0).start(
+        grid=grid,
+        initial_arrays=initial_arrays(),
+        train_config=ConfigRecord({"lr": 0.5}),
+        num_rounds=3,
+    )
+
+
+def _step(msg: Message) -> ArrayRecord:
+    out = ArrayRecord()
+    for name, array in msg.content["arrays"].items():
+        out[name] = Array(array.numpy() + np.float32(1.0))
+    return out
+
+
+recording = ClientApp()
+
+
+@recording.train()
+def record_train(msg: Message, context: Context) -> Message:
+    # What the app was given, kept in its persistent state for the test to read.
+    calls = context.state.config_records.get("seen", ConfigRecord({"calls": 0}))["calls"]
+    context.state["seen"] = ConfigRecord({
+        "partition-id": context.node_config["partition-id"],
+        "num-partitions": context.node_config["num-partitions"],
+        "server-round": msg.content["config"]["server-round"],
+        "lr": msg.content["config"]["lr"],
+        "scale": context.run_config["scale"],
+        "calls": int(calls) + 1,
+        "message-type": msg.metadata.message_type,
+    })  # fmt: skip
+    metrics = MetricRecord({"train_loss": 0.25, "num-examples": 10})
+    return Message(RecordDict({"arrays": _step(msg), "metrics": metrics}), reply_to=msg)
+
+
+@recording.evaluate()
+def record_evaluate(msg: Message, context: Context) -> Message:
+    total = sum(float(a.numpy().sum()) for a in msg.content["arrays"].values())
+    metrics = MetricRecord({"eval_acc": 0.5, "eval_loss": total, "f1": 0.75, "num-examples": 7})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def _broken(make_reply):  # type: ignore[no-untyped-def]
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return make_reply(msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord({"eval_acc": 0.1})}), reply_to=msg)
+
+    return app
+
+
+def _raise(msg: Message) -> Message:
+    raise RuntimeError("out of memory on the device")
+
+
+def _no_arrays(msg: Message) -> Message:
+    return Message(RecordDict({"metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+
+def _reshaped(msg: Message) -> Message:
+    out = _step(msg)
+    out["w"] = Array(np.zeros((2, 3), dtype=np.float32))
+    return Message(RecordDict({"arrays": out}), reply_to=msg)
+
+
+def _float64(msg: Message) -> Message:
+    out = _step(msg)
+    out["b"] = Array(np.zeros(2, dtype=np.float64))
+    return Message(RecordDict({"arrays": out}), reply_to=msg)
+
+
+raises = _broken(_raise)
+no_arrays = _broken(_no_arrays)
+wrong_shape = _broken(_reshaped)
+wrong_dtype = _broken(_float64)
+
+
+needs_five = ServerApp()
+
+
+@needs_five.main()
+def main_five(grid: Grid, context: Context) -> None:
+    FedAvg(min_available_nodes=5).start(grid=grid, initial_arrays=initial_arrays(), num_rounds=1)
