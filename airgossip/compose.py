@@ -7,8 +7,9 @@ it for any fleet and scenario into a folder of its own, next to the scenario fil
 
 * The coordinator keeps its SQLite database on a named volume and serves ``/sd``.
 * Agents are replicas of one service; each claims an index in a shared volume (the image's
-  entry point), advertises its own address, and shapes its links in the kernel inside its
-  own container (root with ``NET_ADMIN``; without it the agent shapes them itself).
+  entry point), reads the scenario's t = 0 there (the first agent writes it), advertises its
+  own address, and shapes its links in the kernel inside its own container (root with
+  ``NET_ADMIN``; without it the agent shapes them itself).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
   coordinator's ``/sd``); Grafana gets its datasource and dashboards from
   ``deploy/grafana``.
@@ -109,6 +110,7 @@ def compose_document(
         "command": agent_command,
         "environment": {
             "AIRGOSSIP_INDEX": "claim",
+            "AIRGOSSIP_EPOCH_FILE": f"{CLAIMS}/epoch",
             "AIRGOSSIP_ADVERTISE_PORT": "7000",
             "AIRGOSSIP_HEALTH_ADDRESS": "127.0.0.1:7000",
             "AIRGOSSIP_TOKEN": token,

@@ -69,6 +69,17 @@ def agent(
     agents: Annotated[
         int | None, typer.Option(help="Fleet size (default: from the config).")
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="auto (CUDA when torch sees a GPU), cpu or cuda (default: config's)."),
+    ] = None,
+    epoch_unix: Annotated[
+        float | None,
+        typer.Option(
+            help="A wireless scenario's t = 0 on the wall clock, shared by the whole fleet "
+            "(default: the config's, else when this agent starts)."
+        ),
+    ] = None,
 ) -> None:
     """Run one edge agent over real gRPC (what runs on each device)."""
     from airgossip.agent_process import (
@@ -86,7 +97,7 @@ def agent(
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
     if kernel_links is not None and not link_shaping:
         fail("--kernel-links shapes the links: it cannot go with --no-link-shaping")
-    overrides = flag_overrides(agents=agents)
+    overrides = flag_overrides(agents=agents, device=device)
     try:
         if config is not None and config.suffix == ".json":
             try:
@@ -104,6 +115,9 @@ def agent(
             peer_table = {str(k): str(v) for k, v in table.items()}
     except ConfigError as err:
         fail(str(err))
+    if epoch_unix is not None and cfg.wireless is not None:
+        wireless = cfg.wireless.model_copy(update={"epoch_unix": epoch_unix})
+        cfg = cfg.model_copy(update={"wireless": wireless})
     if not 0 <= index < cfg.agents:
         fail(f"--index {index} is outside the fleet of {cfg.agents} agents (0..{cfg.agents - 1})")
     configure_process(threads)
