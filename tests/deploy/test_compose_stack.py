@@ -124,7 +124,7 @@ class Stack:
         """The scenario clock's t = 0 each agent container was started with."""
         out = {}
         for container in self.compose("ps", "-q", "agent").split():
-            args = self.engine.run("top", container, "-o", "args")
+            args = self.engine.run("top", container, "-o", "pid,args")
             found = re.search(r"airgossip agent .*--epoch-unix (\S+)", args)
             out[container] = found.group(1) if found else ""
         return out
