@@ -27,7 +27,13 @@ from coordinator.service import CoordinatorServer
 from edge.identity import agent_ids
 from edge.stats import RoundRecord
 from emulation.config import RunConfig
-from emulation.fleets.base import FleetError, FleetProgress, Launch, ProgressKeeper
+from emulation.fleets.base import (
+    FleetError,
+    FleetProgress,
+    Launch,
+    ProgressKeeper,
+    refuse_round_driven,
+)
 from emulation.fleets.processes import AgentHost, AgentProcesses
 from emulation.networks import LinkRuntime, Network
 
@@ -140,6 +146,8 @@ class ContainerFleet:
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
         if not 1 <= config.agents <= 250:
             return f"mode 'containers' runs 1 to 250 agents, not {config.agents}"
+        if network.round_driven:
+            return refuse_round_driven(cls.mode, network)
         reason = DockerEngine().unavailable(config.containers.image)
         return None if reason is None else f"mode 'containers': {reason}"
 

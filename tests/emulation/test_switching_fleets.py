@@ -64,7 +64,7 @@ def test_the_virtual_fleet_installs_every_switch_on_every_agent() -> None:
     assert fleet.links.switched_at == [4, 8, 12]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("mode", ["process", "namespaces"])
+@pytest.mark.parametrize("mode", ["process", "namespaces", "containers"])
 def test_modes_with_agent_processes_refuse_a_schedule(mode: str) -> None:
     config = load_config(None, consensus(mode=mode, agents=4))
     with pytest.raises(ConfigError, match=f"mode '{mode}' cannot switch the gossip graph"):
