@@ -6,13 +6,18 @@ removed at the end. Without NET_ADMIN the agents say so and shape their links th
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from emulation.fleets.containers import DockerEngine
 from tests.deploy.conftest import Engine
-from tests.support import airgossip
+from tests.support import ROOT, airgossip
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +81,38 @@ def test_without_net_admin_agents_say_so_and_shape_links_themselves(
         assert "shaping them in the agent instead" in log.read_text()
     # The agents' own shaper lost messages at the configured rate.
     assert results["final"]["messages_dropped"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_the_agents_and_removes_containers_and_network(
+    engine: Engine, image: str, tmp_path: Path
+) -> None:
+    before = labelled(engine)
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "airgossip", "run", "--mode", "containers", "--agents", "3",
+         "--rounds", "100000", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and launcher.poll() is None:
+            records = list((out / "agents").glob("*.jsonl")) if out.exists() else []
+            if len(records) == 3 and all(len(p.read_text().splitlines()) > 5 for p in records):
+                break
+            time.sleep(1)
+        assert launcher.poll() is None, launcher.communicate()
+        assert len(labelled(engine)) > len(before)  # the fleet's containers and network
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert json.loads((out / "results.json").read_text())["interrupted"] is True
+    assert labelled(engine) == before, "containers or networks left behind"
 
 
 def test_a_missing_image_is_refused_before_anything_starts(engine: Engine, tmp_path: Path) -> None:
