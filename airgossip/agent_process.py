@@ -1,13 +1,17 @@
 """``airgossip agent``: one edge agent as an OS process, over real gRPC.
 
-It serves gossip (and gRPC health) on ``--listen``, registers with a coordinator or reads a
-static peer list, trains and gossips for the configured rounds, then keeps serving until it
-is told to stop (SIGTERM/SIGINT) or ``--linger-s`` passes, so that its neighbours' last
-pushes still land.
+With a coordinator it first fetches the run (its scenario: the fleet's, one source of
+truth), then serves gossip (and gRPC health) on ``--listen``, registers, trains and gossips
+for the run's rounds, reports its rounds as it goes and, after the last, leaves as finished
+and keeps serving until every agent has finished (so that its neighbours' last pushes still
+land) or ``--linger-s`` passes. With a static peer list it reads its scenario from
+``--config`` and lingers ``--linger-s``. Every wait (for the coordinator, the fleet to fill,
+the peers) says what it waits for every few seconds; SIGTERM/SIGINT leave cleanly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -19,12 +23,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.client import CoordinatorClient, CoordinatorError
+from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
+from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
 from edge.identity import agent_ids, natural_order
 from edge.metrics import AgentMetrics, MetricsServer
@@ -33,7 +39,8 @@ from edge.stats import FileStatsSink
 from edge.telemetry import LatestStats, Telemetry
 from edge.topology import Assignment, TopologyError, assignments_for_graph
 from edge.transport.grpc_transport import GrpcTransport
-from emulation.config import ConfigError, RunConfig
+from edge.waiting import WaitReporter
+from emulation.config import ConfigError, RunConfig, load_config, merge
 from emulation.networks import Network, network_for
 from emulation.networks.kernel import AgentKernelLinks, KernelUnavailable
 
@@ -96,6 +103,12 @@ class AgentProcessOptions:
     metrics_advertise: str | None = None
     #: Shape the links in the agent (off where a kernel shapes them).
     shape_links: bool = True
+    #: The settings the agent was started with, as written (its scenario file): a coordinator
+    #: refuses the agent if any disagrees with the fleet's; with static peers, the fleet size
+    #: comes from the peer list unless they set it. None: nothing declared.
+    declared: dict[str, Any] | None = None
+    #: Longest wait for the coordinator to take the last round reports.
+    report_timeout_s: float = 30.0
     #: Shape this agent's links in the kernel on this interface of its own network
     #: namespace (a container with NET_ADMIN); in the agent where that is refused.
     kernel_device: str | None = None
@@ -114,10 +127,15 @@ def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) ->
     return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=network.scheme)[agent_id]
 
 
-def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Event) -> None:
-    """Wait until every peer answers the gRPC health check (bounded by ``timeout_s``)."""
+def _wait_for_peers(
+    agent_id: str, assignment: Assignment, timeout_s: float, stop: threading.Event
+) -> None:
+    """Wait until every peer answers the gRPC health check (bounded by ``timeout_s``),
+    saying every few seconds which peers it still waits for."""
     deadline = time.monotonic() + timeout_s
     pending = dict(assignment.peers)
+    pending.pop(agent_id, None)
+    waiting = WaitReporter(agent_id, "its peers")
     while pending and time.monotonic() < deadline and not stop.is_set():
         for peer, address in list(pending.items()):
             with grpc.insecure_channel(address) as channel:
@@ -130,9 +148,74 @@ def _wait_for_peers(assignment: Assignment, timeout_s: float, stop: threading.Ev
                 except grpc.RpcError:
                     pass
         if pending:
+            waiting.tick(
+                f"{len(pending)} of {len(assignment.peers) - 1} not answering yet: "
+                + ", ".join(f"{p} ({a})" for p, a in pending.items())
+            )
             stop.wait(0.2)
-    if pending:
-        log.warning("starting without hearing from: %s", ", ".join(pending))
+    if pending and not stop.is_set():
+        log.warning("%s starting without hearing from: %s", agent_id, ", ".join(pending))
+
+
+def fleet_config(
+    run: RunInfo, own: RunConfig | None, declared: dict[str, Any] | None, coordinator: str
+) -> RunConfig:
+    """The config the agent runs: the fleet's scenario from the coordinator (with the
+    settings an agent chooses for itself taken from its own), or its own when the coordinator
+    hands out none."""
+    if run.scenario is None:
+        if own is None:
+            raise ConfigError(
+                f"the coordinator at {coordinator} hands out no scenario; give the agent --config"
+            )
+        return own
+    mine = {k: v for k, v in (declared or {}).items() if k in PER_AGENT_SETTINGS}
+    try:
+        return load_config(None, merge(run.scenario, mine))
+    except ConfigError as err:
+        raise ConfigError(f"the coordinator's scenario: {err}") from None
+
+
+def static_fleet_config(
+    config: RunConfig, peers: dict[str, str], declared: dict[str, Any] | None
+) -> RunConfig:
+    """With static peers the peer list says how many agents there are; a scenario that sets
+    another fleet size is refused."""
+    if declared is not None and "agents" in declared and config.agents != len(peers):
+        raise ConfigError(
+            f"the peer list names {len(peers)} agents; the scenario says agents = "
+            f"{config.agents} (drop agents from the scenario, or list every agent)"
+        )
+    return config.model_copy(update={"agents": len(peers)})
+
+
+@dataclass
+class _Held:
+    """What a running agent process holds, closed in one place whatever happens."""
+
+    client: CoordinatorClient | None = None
+    agent: Agent | None = None
+    exporter: MetricsServer | None = None
+    kernel: AgentKernelLinks | None = None
+    #: Where the kernel's report goes when the agent ends (None: nowhere).
+    kernel_report: Path | None = None
+    finished: bool = False
+
+    def close(self, *, stopped: bool) -> None:
+        if self.client is not None:
+            if stopped and not self.finished:
+                # Told to stop: what was recorded still counts, and leaving lets the
+                # coordinator repair the graph now.
+                with contextlib.suppress(grpc.RpcError):
+                    self.client.send_reports()
+                self.client.leave("stopped")
+            self.client.close()
+        if self.agent is not None:
+            self.agent.close()
+        if self.kernel is not None:
+            write_kernel_report(self.kernel_report, {"kernel": True, **self.kernel.close()})
+        if self.exporter is not None:
+            self.exporter.stop()
 
 
 def kernel_links(
@@ -160,24 +243,85 @@ def kernel_links(
             err,
         )
         report = {"agent": options.agent_id, "kernel": False, "reason": str(err)}
-        write_kernel_report(options, report)
+        write_kernel_report(kernel_report_path(options), report)
         return None
     log.info("%s shapes its links in the kernel on %s", options.agent_id, options.kernel_device)
     return links
 
 
-def write_kernel_report(options: AgentProcessOptions, report: dict[str, object]) -> None:
+def kernel_report_path(options: AgentProcessOptions) -> Path | None:
     """``<id>.kernel.json`` beside the agent's records (the container fleet gathers them)."""
-    if options.stats_dir is not None:
-        path = options.stats_dir / f"{options.agent_id}.kernel.json"
+    return options.stats_dir / f"{options.agent_id}.kernel.json" if options.stats_dir else None
+
+
+def write_kernel_report(path: Path | None, report: dict[str, object]) -> None:
+    if path is not None:
         path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def run_agent_process(
-    config: RunConfig, options: AgentProcessOptions, stop: threading.Event | None = None
+    config: RunConfig | None, options: AgentProcessOptions, stop: threading.Event | None = None
 ) -> int:
-    """Run one agent to the end; return the process exit code."""
+    """Run one agent to the end; return the process exit code.
+
+    ``config``: the agent's own settings; with a coordinator that hands out a scenario the
+    agent runs the fleet's instead (and is refused when its own disagree).
+    """
     stop = stop or threading.Event()
+    held = _Held()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stop.is_set():
+            exit_after(SHUTDOWN_GRACE_S, f"told to stop ({signal.Signals(signum).name})")
+        stop.set()
+        if held.agent is not None:
+            held.agent.stop()
+        if held.client is not None:
+            held.client.cancel()  # a registration or a wait still retrying gives up
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    try:
+        return _run_agent(config, options, stop, held)
+    finally:
+        held.close(stopped=stop.is_set())
+
+
+def _run_agent(
+    config: RunConfig | None, options: AgentProcessOptions, stop: threading.Event, held: _Held
+) -> int:
+    # Local settings that cannot work fail before any waiting (a busy metrics port, say).
+    metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
+    if metrics is not None and options.metrics_listen is not None:
+        held.exporter = MetricsServer(metrics.registry, options.metrics_listen)
+    run: RunInfo | None = None
+    if options.coordinator:
+        held.client = CoordinatorClient(options.coordinator, options.agent_id, token=options.token)
+        try:
+            run = held.client.fetch_run(options.declared, timeout_s=options.ready_timeout_s)
+        except CoordinatorError:
+            if stop.is_set():
+                log.info("%s stopped while waiting for the coordinator", options.agent_id)
+                return 0
+            raise
+        config = fleet_config(run, config, options.declared, options.coordinator)
+        log.info(
+            "%s joins run %s: %d agents, %d rounds, task %s, %s, %s links",
+            options.agent_id, run.run_id, config.agents, config.rounds, config.task.name,
+            config.algorithm, "emulated" if config.emulates_links else "real",
+        )  # fmt: skip
+    elif options.peers:
+        if config is None:
+            raise ConfigError("an agent with static peers needs --config (its scenario)")
+        config = static_fleet_config(config, options.peers, options.declared)
+    if config is None:
+        raise ConfigError("give --config, or --coordinator for the fleet's scenario")
+    if not 0 <= options.index < config.agents:
+        raise ConfigError(
+            f"--index {options.index} is outside the fleet of {config.agents} agents "
+            f"(0..{config.agents - 1})"
+        )
     settings: AgentSettings = config.agent_settings()
     network = network_for(config)
     ids = natural_order(options.peers) if options.peers else tuple(agent_ids(config.agents))
@@ -186,18 +330,21 @@ def run_agent_process(
     if refusal is not None:
         raise ConfigError(refusal)
     latest = LatestStats()
-    metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
     telemetry = Telemetry(
         FileStatsSink(options.stats_dir, options.agent_id) if options.stats_dir else None,
         metrics,
         latest,
+        held.client,  # round reports for the run's results
     )
-    kernel = kernel_links(network, list(ids), options, metrics) if options.kernel_device else None
-    shaper = links.shaper if options.shape_links and kernel is None else None
+    if options.kernel_device is not None and config.emulates_links:
+        held.kernel = kernel_links(network, list(ids), options, metrics)
+        held.kernel_report = kernel_report_path(options)
+    shaper = links.shaper if options.shape_links and held.kernel is None else None
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
     transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
-    agent: Agent = build_agent(
+    client = held.client
+    agent = held.agent = build_agent(
         options.agent_id,
         index=options.index,
         num_agents=config.agents,
@@ -206,28 +353,17 @@ def run_agent_process(
         stats=stats,
         observer=telemetry,
     )
-
-    client: CoordinatorClient | None = None
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if not stop.is_set():
-            exit_after(SHUTDOWN_GRACE_S, f"told to stop ({signal.Signals(signum).name})")
-        stop.set()
-        agent.stop()
-        if client is not None:
-            client.cancel()  # a registration still retrying gives up
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-
-    exporter: MetricsServer | None = None
-    if metrics is not None and options.metrics_listen is not None:
-        exporter = MetricsServer(metrics.registry, options.metrics_listen)
+    if stop.is_set():
+        return 0
+    if client is None:
+        # Static peers: the neighbours are known before the agent serves, so no push can
+        # reach it before it knows who may send one.
+        agent.set_assignment(static_assignment(network, options.agent_id, options.peers or {}))
     address = agent.start()
     advertise = options.advertise or address
     log.info("%s serving on %s (advertised as %s)", options.agent_id, address, advertise)
     metrics_address = ""
+    exporter = held.exporter
     if exporter is not None:
         exporter.start()
         host = (
@@ -237,58 +373,85 @@ def run_agent_process(
         )
         metrics_address = options.metrics_advertise or f"{host}:{exporter.port}"
         log.info("%s metrics on http://%s/metrics", options.agent_id, metrics_address)
-    try:
-        if options.coordinator:
-            client = CoordinatorClient(options.coordinator, options.agent_id, token=options.token)
-            try:
-                client.register(
-                    advertise,
-                    agent.digest,
-                    metrics_address=metrics_address,
-                    timeout_s=options.ready_timeout_s,
-                )
-            except CoordinatorError:
-                if stop.is_set():
-                    return 0
-                raise
-            client.follow(agent.set_assignment)
-            client.start_heartbeats(latest.snapshot)
-            if not client.wait_ready(lambda: agent.assignment is not None, options.ready_timeout_s):
-                if stop.is_set():
-                    return 0
-                log.error("no neighbour assignment within %.0f s", options.ready_timeout_s)
-                return 3
-        else:
-            assignment = static_assignment(network, options.agent_id, options.peers or {})
-            agent.set_assignment(assignment)
-            _wait_for_peers(assignment, options.ready_timeout_s, stop)
-        assert agent.assignment is not None
-        if kernel is not None:
-            kernel.follow(lambda: agent.assignment.peers if agent.assignment else {})
-        # A network whose graph changes with time installs it from now on; the radio figures
-        # of the agent's out-links go to its metrics.
-        links.follow(agent, stop, metrics.observe_links if metrics is not None else None)
-        log.info(
-            "%s starts: %d rounds, out-neighbours %s",
-            options.agent_id,
-            settings.rounds,
-            ", ".join(agent.assignment.phase(1).out_weights) or "none",
-        )
-        agent.run()
-        if not stop.is_set():
-            log.info("%s finished %d rounds; serving until stopped", options.agent_id, agent.round)
-            stop.wait(options.linger_s)
-        return 0
-    finally:
-        if client is not None:
+    if client is not None:
+        try:
+            client.register(
+                advertise,
+                agent.digest,
+                metrics_address=metrics_address,
+                timeout_s=options.ready_timeout_s,
+            )
+        except CoordinatorError:
             if stop.is_set():
-                client.leave()  # told to stop: leave so the coordinator repairs the graph now
-            client.close()
-        agent.close()
-        if kernel is not None:
-            write_kernel_report(options, {"kernel": True, **kernel.close()})
-        if exporter is not None:
-            exporter.stop()
+                return 0
+            raise
+        client.follow(agent.set_assignment)
+        client.start_heartbeats(latest.snapshot)
+        if not client.wait_ready(lambda: agent.assignment is not None, options.ready_timeout_s):
+            if stop.is_set():
+                return 0
+            log.error("no neighbour assignment within %.0f s", options.ready_timeout_s)
+            return 3
+    else:
+        assert agent.assignment is not None
+        _wait_for_peers(options.agent_id, agent.assignment, options.ready_timeout_s, stop)
+    if stop.is_set():
+        return 0
+    assert agent.assignment is not None
+    if held.kernel is not None:
+        held.kernel.follow(lambda: agent.assignment.peers if agent.assignment else {})
+    # A network whose graph changes with time installs it from now on; the radio figures
+    # of the agent's out-links go to its metrics.
+    links.follow(agent, stop, metrics.observe_links if metrics is not None else None)
+    log.info(
+        "%s starts: %d rounds, out-neighbours %s",
+        options.agent_id,
+        settings.rounds,
+        ", ".join(agent.assignment.phase(1).out_weights) or "none",
+    )
+    agent.run()
+    if stop.is_set():
+        return 0
+    held.finished = True
+    log.info("%s finished %d rounds", options.agent_id, agent.round)
+    _linger(agent.agent_id, client, run, options, stop)
+    return 0
+
+
+def _linger(
+    agent_id: str,
+    client: CoordinatorClient | None,
+    run: RunInfo | None,
+    options: AgentProcessOptions,
+    stop: threading.Event,
+) -> None:
+    """After the last round: report it and leave as finished, then keep serving (the
+    neighbours' last messages may still be on their way) until the run is complete or
+    ``linger_s`` passes."""
+    if client is None or run is None:
+        log.info("%s serving its neighbours for %.0f s more", agent_id, options.linger_s)
+        stop.wait(options.linger_s)
+        return
+    delivered = client.finish(options.report_timeout_s)
+    log.info(
+        "%s %s run %s as finished; serving its neighbours until every agent has finished "
+        "(at most %.0f s)",
+        agent_id, "reported its rounds and left" if delivered else "left", run.run_id,
+        options.linger_s,
+    )  # fmt: skip
+    deadline = time.monotonic() + options.linger_s
+    waiting = WaitReporter(agent_id, f"the rest of run {run.run_id} to finish")
+    while not stop.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+        status = client.run_status()
+        if status is None or status.complete:
+            log.info(
+                "%s: run %s %s; leaving", agent_id, run.run_id,
+                "is complete" if status else "coordinator gone",
+            )  # fmt: skip
+            return
+        if time.monotonic() >= deadline:
+            return
+        waiting.tick(f"{status.finished} of {status.registered} agents finished")
 
 
 def configure_process(threads: int | None) -> None:

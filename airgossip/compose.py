@@ -5,11 +5,11 @@
 scenario.toml``, the fleet size from ``AIRGOSSIP_AGENTS``), and ``airgossip compose`` writes
 it for any fleet and scenario into a folder of its own, next to the scenario file.
 
-* The coordinator keeps its SQLite database on a named volume and serves ``/sd``.
+* The coordinator reads the scenario and hands it to every agent, keeps its SQLite database
+  on a named volume, serves ``/sd`` and writes the run's results there when it is complete.
 * Agents are replicas of one service; each claims an index in a shared volume (the image's
-  entry point), reads the scenario's t = 0 there (the first agent writes it), advertises its
-  own address, and shapes its links in the kernel inside its own container (root with
-  ``NET_ADMIN``; without it the agent shapes them itself).
+  entry point), advertises its own address, and shapes its links in the kernel inside its
+  own container (root with ``NET_ADMIN``; without it the agent shapes them itself).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
   coordinator's ``/sd``); Grafana gets its datasource and dashboards from
   ``deploy/grafana``.
@@ -86,10 +86,11 @@ def compose_document(
         "--db", "/var/lib/airgossip/data/fleet.db", "--config", SCENARIO_IN_CONTAINER,
         "--agents", fleet,
     ]  # fmt: skip
+    # The agents get the scenario (and the fleet size) from the coordinator.
     agent_command = [
-        "agent", "--coordinator", "coordinator:7070", "--config", SCENARIO_IN_CONTAINER,
-        "--agents", fleet, "--listen", "0.0.0.0:7000", "--metrics-listen", "0.0.0.0:9100",
-        "--kernel-links", "eth0", "--linger-s", str(LINGER_S), "--threads", "1",
+        "agent", "--coordinator", "coordinator:7070", "--listen", "0.0.0.0:7000",
+        "--metrics-listen", "0.0.0.0:9100", "--kernel-links", "eth0",
+        "--linger-s", str(LINGER_S), "--threads", "1",
     ]  # fmt: skip
     coordinator = {
         "image": IMAGE,
@@ -97,9 +98,12 @@ def compose_document(
         "init": True,
         "command": coordinator_command,
         "environment": {"AIRGOSSIP_HEALTH_ADDRESS": "127.0.0.1:7070", "AIRGOSSIP_TOKEN": token},
-        "volumes": ["coordinator-data:/var/lib/airgossip/data", scenario_mount],
+        # The run's results.json, plot and summary go to runs/<run id> in the data volume.
+        "working_dir": "/var/lib/airgossip/data",
+        "volumes": ["coordinator-data:/var/lib/airgossip/data", scenario_mount, *trace_mounts],
         "ports": ["127.0.0.1:${AIRGOSSIP_COORDINATOR_PORT:-9470}:9470"],
-        "restart": "unless-stopped",
+        # It exits when the run is complete; it comes back (from its database) if it fails.
+        "restart": "on-failure",
     }
     agent = {
         "image": IMAGE,
@@ -110,13 +114,12 @@ def compose_document(
         "command": agent_command,
         "environment": {
             "AIRGOSSIP_INDEX": "claim",
-            "AIRGOSSIP_EPOCH_FILE": f"{CLAIMS}/epoch",
             "AIRGOSSIP_ADVERTISE_PORT": "7000",
             "AIRGOSSIP_HEALTH_ADDRESS": "127.0.0.1:7000",
             "AIRGOSSIP_TOKEN": token,
             "OMP_NUM_THREADS": "1",
         },
-        "volumes": [f"agent-claims:{CLAIMS}", scenario_mount, *trace_mounts],
+        "volumes": [f"agent-claims:{CLAIMS}", *trace_mounts],
         "depends_on": ["coordinator"],
         "deploy": {"replicas": fleet if not fleet.isdigit() else int(fleet)},
         "restart": "on-failure",

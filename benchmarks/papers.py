@@ -1,18 +1,19 @@
 """The seed papers, one entry each, against a baseline measured in the same run.
 
-Run from the repository root (5 to 8 minutes on 2 cores)::
+Run from the repository root (17 minutes on 2 cores shared with other work)::
 
     python -m benchmarks.papers                  # every entry, markdown on stdout
     python -m benchmarks.papers --only switching # one entry (ec-dnn, separable, switching,
                                                  # outer, dsgd-ac, slim-dp)
 
-Every fleet here is real agents (``edge.agent.build_agent``: task, algorithm, codec,
-admission, byte counts) driven in lock step over the in-memory transport, with links that
-drop each message with a seeded Bernoulli draw; every figure comes from the run that
-prints it. Entries:
+Every run is a scenario's settings (``emulation.config``) run by the in-process fleet
+(``--mode inproc``: real agents in lock step over the in-memory transport, the static
+network's seeded per-link loss, its ``[switching]`` schedule), with the run's figures from
+``emulation.results.summarise``; every figure comes from the run that prints it. Entries:
 
 - ``ec-dnn`` (#13, C4): parameter averaging of same and independently initialised digits
-  models, their output ensemble, and ensemble compression of the independent ones.
+  models over ten seeds, their output ensemble, and ensemble compression of the independent
+  ones.
 - ``separable`` (#20, C5): decentralized GD on the separable task (16 agents, ring) against
   centralized GD on the pooled data, step for step.
 - ``switching`` (#1): graph schedules on class-skewed digits against the complete graph, and
@@ -27,226 +28,148 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from edge.agent import Agent, build_agent
-from edge.algorithms import EnsembleCompression, LocalSGD, algorithm_class
+from edge.algorithms import EnsembleCompression, LocalSGD
 from edge.algorithms.local_sgd import LocalSGDOptions
 from edge.compression import get_codec
-from edge.seeds import derive_seed
-from edge.settings import AgentSettings
-from edge.stats import MemoryStatsSink, RoundRecord
-from edge.tasks import TaskContext, TrainConfig, load_task
-from edge.tasks.consensus import ConsensusOptions, true_average
+from edge.tasks import TaskContext
 from edge.tasks.digits import DigitsTask
 from edge.tasks.separable import SeparableOptions, centralized_reference
-from edge.topology import (
-    FleetFigures,
-    Graph,
-    TopologySwitcher,
-    assignments_for_graph,
-    build_graph,
-    parse_switching,
-    switched_assignments,
-)
-from edge.transport import InMemoryNetwork, InMemoryTransport
-from edge.transport.base import LinkVerdict
+from emulation.config import load_config
+from emulation.fleets import preflight, reference_answer
+from emulation.fleets.inproc import InProcessFleet
+from emulation.networks.static import StaticLinks
+from emulation.results import FinalFigures, summarise
 
 SKEWED = {"name": "digits", "partition": "dirichlet", "alpha": 0.1}
+LOSSLESS = {"loss": 0.0}
 
 
-class BernoulliLoss:
-    """Drops each message with probability ``loss`` (the draw keyed by link and index)."""
-
-    def __init__(self, loss: float, seed: int) -> None:
-        self.loss, self.seed = loss, seed
-
-    def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
-        if self.loss <= 0:
-            return LinkVerdict()
-        draw = random.Random(derive_seed(self.seed, sender, receiver, index)).random()
-        return LinkVerdict(drop=draw < self.loss)
-
-
-@dataclass
-class Run:
-    agents: list[Agent]
-    records: list[RoundRecord]
-    switches: list[int]
-    wall_s: float
-
-    def final(self, metric: str) -> list[float]:
-        last = max(r.round for r in self.records)
-        return [r.metrics[metric] for r in self.records if r.round == last]
-
-    def accuracy(self) -> float:
-        return float(np.mean(self.final("accuracy")))
-
-    def worst(self) -> float:
-        return float(np.min(self.final("accuracy")))
-
-    def megabytes(self) -> float:
-        return sum(a.counters().bytes_sent for a in self.agents) / 1e6
-
-    def estimates(self) -> torch.Tensor:
-        return torch.stack([a.algorithm.estimate().double() for a in self.agents])
-
-    def consensus_distance(self) -> float:
-        stack = self.estimates()
-        mean = stack.mean(dim=0)
-        return float((stack - mean).norm(dim=1).mean() / mean.norm())
-
-    def average_model_accuracy(self) -> float:
-        """Test accuracy of the average of the agents' models (the deployed model of DSGD-AC)."""
-        average = self.estimates().mean(dim=0).float()
-        return float(self.agents[0].task.evaluate(average).metrics["accuracy"])
-
-
-def run_fleet(
-    n: int,
-    topology: str | Graph,
-    *,
-    loss: float = 0.1,
-    switching: dict[str, Any] | None = None,
-    **settings: Any,
-) -> Run:
-    """One seeded lock-step fleet; ``switching`` is a ``[switching]`` table."""
+def run(label: str, **settings: Any) -> tuple[InProcessFleet, FinalFigures]:
+    """One seeded scenario (``settings``: its keys, ``[network]`` 10% loss unless given) in
+    the in-process fleet: the finished fleet (its agents, its link runtime) and its final
+    figures. The time it took goes to stderr."""
+    config = load_config(None, {"mode": "inproc", **settings})
     started = time.monotonic()
-    agent_settings = AgentSettings.model_validate(settings)
-    network, sink = InMemoryNetwork(), MemoryStatsSink()
-    shaper = BernoulliLoss(loss, agent_settings.seed)
-    agents = [
-        build_agent(f"agent-{i}", index=i, num_agents=n, settings=agent_settings,
-                    transport=InMemoryTransport(network, f"agent-{i}", shaper=shaper), stats=sink)
-        for i in range(n)
-    ]  # fmt: skip
-    addresses = {a.agent_id: a.start() for a in agents}
-    scheme = algorithm_class(agent_settings.algorithm).mixing
-    switcher = (
-        TopologySwitcher(parse_switching(switching), n, seed=agent_settings.seed)
-        if switching is not None
-        else None
-    )
-    graph = switcher.graph if switcher is not None else topology
-    if isinstance(graph, str):
-        graph = build_graph(graph, n, seed=agent_settings.seed)
-    assignments = assignments_for_graph(graph, addresses, scheme=scheme)
-    for agent in agents:
-        agent.set_assignment(assignments[agent.agent_id])
-        agent.begin()
-    switches: list[int] = []
-    torch.set_grad_enabled(False)
-    for r in range(1, agent_settings.rounds + 1):
-        for agent in agents:
-            agent.local_step(r)
-            agent.push(r)
-        for agent in agents:
-            agent.mix(r)
-            if r % agent_settings.eval_every == 0 or r == agent_settings.rounds:
-                agent.report(r)
-        if switcher is not None:
-            stack = torch.stack([a.algorithm.estimate().double() for a in agents])
-            mean = stack.mean(dim=0)
-            distance = float((stack - mean).norm(dim=1).mean() / mean.norm())
-            losses = [
-                x.metrics["loss"] for x in sink.records if x.round == r and "loss" in x.metrics
-            ]
-            figures = FleetFigures(r, distance, float(np.mean(losses)) if losses else None)
-            new_graph = switcher.observe(figures)
-            if new_graph is not None:
-                switches.append(r + 1)
-                assignments = switched_assignments(assignments, new_graph, addresses, scheme=scheme)
-                for agent in agents:
-                    agent.set_assignment(assignments[agent.agent_id])
-    torch.set_grad_enabled(True)
-    run = Run(agents, sink.records, switches, time.monotonic() - started)
-    for agent in agents:
-        agent.close()
-    return run
+    fleet = InProcessFleet(config, preflight(config).network)
+    fleet.run()
+    final = summarise(fleet.records(), reference=reference_answer(config)).final
+    print(f"  {label}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+    return fleet, final
 
 
-def progress(label: str, run: Run) -> None:
-    print(f"  {label}: {run.wall_s:.1f} s", file=sys.stderr, flush=True)
+def digits_judge(fleet: InProcessFleet) -> DigitsTask:
+    """An agent's digits task: the test split is every agent's."""
+    task = fleet.agents[0].task
+    assert isinstance(task, DigitsTask)
+    return task
+
+
+def models(fleet: InProcessFleet) -> list[torch.Tensor]:
+    return [agent.algorithm.estimate() for agent in fleet.agents]
+
+
+def accuracy(final: FinalFigures) -> str:
+    """Mean accuracy, the worst agent's in brackets."""
+    return f"{final.mean_accuracy:.4f} ({final.min_accuracy:.4f})"
+
+
+def megabytes(final: FinalFigures) -> float:
+    return final.bytes_sent / 1e6
 
 
 # -- EC-DNN (#13), C4 -------------------------------------------------------------------------
-def ec_dnn(seed: int) -> list[str]:
-    agents, rounds = 4, 40
-
-    def alone(init: str, length: int = rounds, **options: Any) -> tuple[float, float, float]:
-        tasks = []
-        for i in range(agents):
-            context = TaskContext(i, agents, seed, options={"init": init, **options})
-            task = load_task("digits", context)
-            assert isinstance(task, DigitsTask)
-            tasks.append(task)
-        models = [t.initial_parameters() for t in tasks]
-        for r in range(1, length + 1):
-            models = [
-                t.train(m, TrainConfig(r, length)).parameters
-                for t, m in zip(tasks, models, strict=True)
-            ]
-        judge = tasks[0]
-        local = float(np.mean([judge.evaluate(m).metrics["accuracy"] for m in models]))
-        average = judge.evaluate(torch.stack(models).mean(dim=0)).metrics["accuracy"]
-        return local, average, judge.evaluate_ensemble(models).metrics["accuracy"]
-
-    shared, independent = alone("shared"), alone("independent")
-    variations = {
-        "independent, 80 rounds": alone("independent", 80),
-        "independent, 160 rounds": alone("independent", 160),
-        "independent, 80 rounds, momentum 0.9": alone("independent", 80, momentum=0.9),
-        "independent, 80 rounds, hidden layer of 64": alone("independent", 80, hidden=64),
-    }
-    ec = run_fleet(
-        agents, "complete", loss=0.0, algorithm="ensemble", rounds=rounds, eval_every=rounds,
-        seed=seed, task={"name": "digits", "init": "independent"},
-        algorithm_options={"period": 10},
+def alone(seed: int, init: str, rounds: int = 40, **task: Any) -> tuple[float, float, float]:
+    """4 agents train on disjoint IID digits shards and never talk (local SGD whose first
+    average would come after the run); (mean local accuracy, accuracy of the parameter
+    average, accuracy of the output ensemble)."""
+    fleet, final = run(
+        f"alone, {init}, {rounds} rounds, seed {seed}{f', {task}' if task else ''}", agents=4,
+        topology="complete", algorithm="local-sgd", algorithm_options={"period": rounds + 1},
+        rounds=rounds, eval_every=rounds, seed=seed, network=LOSSLESS,
+        task={"name": "digits", "init": init, **task},
     )  # fmt: skip
-    progress("ensemble compression", ec)
-    judge = ec.agents[0].task
-    assert isinstance(judge, DigitsTask)
-    algo = ec.agents[0].algorithm
-    assert isinstance(algo, EnsembleCompression)
-    ensemble = judge.evaluate_ensemble(algo.last_ensemble).metrics["accuracy"]
-    return [
+    judge, trained = digits_judge(fleet), models(fleet)
+    average = judge.evaluate(torch.stack(trained).mean(dim=0)).metrics["accuracy"]
+    assert final.mean_accuracy is not None
+    return final.mean_accuracy, average, judge.evaluate_ensemble(trained).metrics["accuracy"]
+
+
+def ec_dnn(seed: int) -> list[str]:
+    agents, rounds, seeds = 4, 40, range(seed, seed + 10)
+    checked = range(seed, seed + 5)  # the seeds of the tests' C4 checks
+    lines = [
         f"Digits, {agents} agents, disjoint IID shards, {rounds} rounds of 10 local steps, "
-        f"seed {seed}; baseline: the same-initialised models' mean accuracy.",
+        f"seeds {seeds[0]}-{seeds[-1]}; baseline: the same-initialised models' mean accuracy "
+        "and their parameter average.",
         "",
-        "| start | mean local model | parameter average | average - local | output ensemble |",
-        "|---|---|---|---|---|",
-        f"| shared | {shared[0]:.4f} | {shared[1]:.4f} | {shared[1] - shared[0]:+.4f} "
-        f"| {shared[2]:.4f} |",
-        f"| independent | {independent[0]:.4f} | {independent[1]:.4f} "
-        f"| {independent[1] - independent[0]:+.4f} | {independent[2]:.4f} |",
-        *(
-            f"| {label} | {v[0]:.4f} | {v[1]:.4f} | {v[1] - v[0]:+.4f} | {v[2]:.4f} |"
-            for label, v in variations.items()
-        ),
+        "| seed | shared: local | shared: average - local | independent: local | independent: "
+        "parameter average | independent: average - local | independent: output ensemble |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    shared_loss, independent_loss = {}, {}
+    for s in seeds:
+        shared, independent = alone(s, "shared"), alone(s, "independent")
+        shared_loss[s], independent_loss[s] = shared[1] - shared[0], independent[1] - independent[0]
+        lines.append(
+            f"| {s} | {shared[0]:.4f} | {shared_loss[s]:+.4f} | {independent[0]:.4f} "
+            f"| {independent[1]:.4f} | {independent_loss[s]:+.4f} | {independent[2]:.4f} |"
+        )
+    for label, chosen in ((f"mean {checked[0]}-{checked[-1]}", checked),
+                          (f"mean {seeds[0]}-{seeds[-1]}", seeds)):  # fmt: skip
+        lines.append(
+            f"| {label} | | {np.mean([shared_loss[s] for s in chosen]):+.4f} | | "
+            f"| {np.mean([independent_loss[s] for s in chosen]):+.4f} | |"
+        )
+    variations = {
+        "80 rounds (800 steps)": {"rounds": 80},
+        "80 rounds, hidden layer of 64": {"rounds": 80, "hidden": 64},
+    }
+    lines += [
         "",
-        f"Ensemble compression (`ensemble`, complete graph, a combination every 10 rounds, "
-        f"independent starts): mean {ec.accuracy():.4f} (worst {ec.worst():.4f}) against the "
-        f"output ensemble of its last combination {ensemble:.4f} "
-        f"({ec.accuracy() - ensemble:+.4f}); {ec.megabytes():.2f} MB.",
+        f"Independent starts, mean over seeds {checked[0]}-{checked[-1]}:",
+        "",
+        "| variation | mean local model | parameter average | average - local |",
+        "|---|---|---|---|",
+    ]
+    for label, options in variations.items():
+        figures = np.mean([alone(s, "independent", **options) for s in checked], axis=0)
+        lines.append(
+            f"| {label} | {figures[0]:.4f} | {figures[1]:.4f} | {figures[1] - figures[0]:+.4f} |"
+        )
+    fleet, final = run(
+        "ensemble compression", agents=agents, topology="complete", algorithm="ensemble",
+        rounds=rounds, eval_every=rounds, seed=seed, network=LOSSLESS,
+        task={"name": "digits", "init": "independent"}, algorithm_options={"period": 10},
+    )  # fmt: skip
+    algo = fleet.agents[0].algorithm
+    assert isinstance(algo, EnsembleCompression) and final.mean_accuracy is not None
+    ensemble = digits_judge(fleet).evaluate_ensemble(algo.last_ensemble).metrics["accuracy"]
+    return [
+        *lines,
+        "",
+        f"Ensemble compression (`ensemble`, complete graph, no loss, a combination every 10 "
+        f"rounds, independent starts, seed {seed}): mean {accuracy(final)} against the output "
+        f"ensemble of its last combination {ensemble:.4f} "
+        f"({final.mean_accuracy - ensemble:+.4f}); {megabytes(final):.2f} MB.",
     ]
 
 
 # -- separable data (#20), C5 -----------------------------------------------------------------
 def separable(seed: int) -> list[str]:
     steps, marks = 5000, (100, 1000, 5000)
-    run = run_fleet(
-        16, "ring", loss=0.0, algorithm="dpsgd", rounds=steps, eval_every=100, seed=seed,
-        task={"name": "separable"},
+    fleet, final = run(
+        "decentralized GD", agents=16, topology="ring", algorithm="dpsgd", rounds=steps,
+        eval_every=100, seed=seed, task={"name": "separable"}, network=LOSSLESS,
     )  # fmt: skip
-    progress("decentralized GD", run)
+    records = [r for agent_records in fleet.records().values() for r in agent_records]
     reference = centralized_reference(seed, 16, SeparableOptions(), steps)
     lines = [
         f"Separable task (dim 20, 100 points per agent, margin 0.1, step 1), 16 agents, ring, "
@@ -258,7 +181,7 @@ def separable(seed: int) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for t in marks:
-        at = [r for r in run.records if r.round == t]
+        at = [r for r in records if r.round == t]
         worst = max(r.metrics["pooled_loss"] for r in at)
         error = max(1 - r.metrics["accuracy"] for r in at)
         lines.append(
@@ -266,27 +189,34 @@ def separable(seed: int) -> list[str]:
             f"| {worst / reference.pooled_loss[t]:.3f} | {reference.test_error[t]:.4f} "
             f"| {error:.4f} |"
         )
-    lines += ["", f"Consensus distance at step {steps}: {run.consensus_distance():.2e}."]
+    lines += ["", f"Consensus distance at step {steps}: {final.consensus_distance:.2e}."]
     return lines
 
 
 # -- topology switching (#1) ------------------------------------------------------------------
+def switched_at(fleet: InProcessFleet) -> list[int]:
+    links = fleet.runtime
+    assert isinstance(links, StaticLinks)
+    return links.switched_at
+
+
 def switching(seed: int) -> list[str]:
-    common: dict[str, Any] = {"rounds": 80, "eval_every": 1, "seed": seed, "task": SKEWED}
-    rows: list[tuple[str, dict[str, Any] | None, str]] = [
-        ("complete", None, "complete"),
-        ("ring", None, "ring"),
-        ("exponential", None, "exponential"),
+    common: dict[str, Any] = {"agents": 16, "rounds": 80, "eval_every": 1, "seed": seed,
+                              "task": SKEWED}  # fmt: skip
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("complete", {"topology": "complete"}),
+        ("ring", {"topology": "ring"}),
+        ("exponential", {"topology": "exponential"}),
         ("complete, exponential from 33", {"topologies": ["complete", "exponential"],
-                                           "at_rounds": [33]}, ""),
-        ("complete, ring from 33", {"topologies": ["complete", "ring"], "at_rounds": [33]}, ""),
+                                           "at_rounds": [33]}),
+        ("complete, ring from 33", {"topologies": ["complete", "ring"], "at_rounds": [33]}),
         ("complete, ring once consensus distance < 2e-3",
          {"topologies": ["complete", "ring"], "trigger": "consensus-distance-below",
-          "threshold": 2e-3}, ""),
-        ("ring, complete from 61", {"topologies": ["ring", "complete"], "at_rounds": [61]}, ""),
+          "threshold": 2e-3}),
+        ("ring, complete from 61", {"topologies": ["ring", "complete"], "at_rounds": [61]}),
         ("ring, complete on a loss plateau (< 5% in 5 rounds, 20 rounds in)",
          {"topologies": ["ring", "complete"], "trigger": "loss-plateau", "threshold": 0.05,
-          "window": 5, "min_rounds": 20}, ""),
+          "window": 5, "min_rounds": 20}),
     ]  # fmt: skip
     lines = [
         f"Digits, 16 agents, Dirichlet alpha 0.1, 80 rounds, 10% loss, push-sum, seed {seed}; "
@@ -296,36 +226,34 @@ def switching(seed: int) -> list[str]:
         "| bytes vs baseline |",
         "|---|---|---|---|---|---|",
     ]
-    baseline: Run | None = None
-    for label, schedule, topology in rows:
-        run = run_fleet(16, topology or "complete", switching=schedule, **common)
-        progress(label, run)
-        baseline = baseline or run
-        at = ", ".join(str(r) for r in run.switches) or "–"
+    baseline: FinalFigures | None = None
+    for label, table in rows:
+        graph = table if "topology" in table else {"switching": table}
+        fleet, final = run(label, **common, **graph)
+        baseline = baseline or final
+        assert final.mean_accuracy is not None and baseline.mean_accuracy is not None
+        at = ", ".join(str(r) for r in switched_at(fleet)) or "–"
         lines.append(
-            f"| {label} | {at} | {run.accuracy():.4f} ({run.worst():.4f}) "
-            f"| {run.accuracy() - baseline.accuracy():+.4f} | {run.megabytes():.2f} "
-            f"| {run.megabytes() / baseline.megabytes():.3f} |"
+            f"| {label} | {at} | {accuracy(final)} "
+            f"| {final.mean_accuracy - baseline.mean_accuracy:+.4f} | {megabytes(final):.2f} "
+            f"| {final.bytes_sent / baseline.bytes_sent:.3f} |"
         )
     exact = {
         "topologies": ["complete", "ring", "one-peer-exponential", "exponential"],
         "at_rounds": [4, 8, 12],
     }
-    n, dim = 16, 30
     lines += [
         "",
         "Consensus (16 agents, 30-dim, 300 rounds, 10% loss), push-sum, complete -> ring -> "
         "one-peer exponential -> exponential at rounds 4, 8, 12:",
         "",
     ]
-    reference = true_average(seed, n, ConsensusOptions(dim=dim))
-    for label, schedule in (("without switching (exponential)", None), ("switching", exact)):
-        run = run_fleet(
-            n, "exponential", switching=schedule, rounds=300, eval_every=300, seed=seed,
-            task={"name": "consensus", "dim": dim},
-        )  # fmt: skip
-        error = max(float((e - reference).norm() / reference.norm()) for e in run.estimates())
-        lines.append(f"- {label}: max relative error {error:.1e}")
+    consensus: dict[str, Any] = {"agents": 16, "rounds": 300, "eval_every": 300, "seed": seed,
+                                 "task": {"name": "consensus", "dim": 30}}  # fmt: skip
+    for label, graph in (("without switching (exponential)", {"topology": "exponential"}),
+                         ("switching", {"switching": exact})):  # fmt: skip
+        _, final = run(f"consensus, {label}", **consensus, **graph)
+        lines.append(f"- {label}: max relative error {final.relative_error:.1e}")
     return lines
 
 
@@ -354,21 +282,20 @@ def outer(seed: int) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for topology in ("complete", "exponential"):
-        baseline: Run | None = None
+        baseline: FinalFigures | None = None
         for label, options in rows:
-            run = run_fleet(
-                16, topology, algorithm="local-sgd", algorithm_options=options, rounds=80,
-                eval_every=80, seed=seed, task=SKEWED,
+            fleet, final = run(
+                f"{topology} {label}", agents=16, topology=topology, algorithm="local-sgd",
+                algorithm_options=options, rounds=80, eval_every=80, seed=seed, task=SKEWED,
             )  # fmt: skip
-            progress(f"{topology} {label}", run)
-            baseline = baseline or run
-            algo = run.agents[0].algorithm
+            baseline = baseline or final
+            assert final.mean_accuracy is not None and baseline.mean_accuracy is not None
+            algo = fleet.agents[0].algorithm
             assert isinstance(algo, LocalSGD)
             lines.append(
                 f"| {topology} | {label} | {algo.averaging_rounds} ({last_average(options)}) "
-                f"| {run.accuracy():.4f} "
-                f"({run.worst():.4f}) | {run.accuracy() - baseline.accuracy():+.4f} "
-                f"| {run.megabytes():.2f} |"
+                f"| {accuracy(final)} | {final.mean_accuracy - baseline.mean_accuracy:+.4f} "
+                f"| {megabytes(final):.2f} |"
             )
     return lines
 
@@ -393,19 +320,19 @@ def dsgd_ac(seed: int) -> list[str]:
     for label, name, options in rows:
         runs = []
         for s in seeds:
-            run = run_fleet(
-                16, "ring", algorithm=name, algorithm_options=options, rounds=80, eval_every=80,
-                seed=s, task={"name": "digits"},
+            fleet, final = run(
+                f"{label} seed {s}", agents=16, topology="ring", algorithm=name,
+                algorithm_options=options, rounds=80, eval_every=80, seed=s,
+                task={"name": "digits"},
             )  # fmt: skip
-            progress(f"{label} seed {s}", run)
+            # The average of the replicas: the model DSGD-AC deploys.
+            deployed = torch.stack(models(fleet)).mean(dim=0)
             runs.append(
-                (run.accuracy(), run.average_model_accuracy(), run.consensus_distance(),
-                 run.megabytes())
+                (final.mean_accuracy, digits_judge(fleet).evaluate(deployed).metrics["accuracy"],
+                 final.consensus_distance, megabytes(final))
             )  # fmt: skip
-        local, average, distance, megabytes = (float(np.mean(c)) for c in zip(*runs, strict=True))
-        lines.append(
-            f"| {label} | {local:.4f} | {average:.4f} | {distance:.2e} | {megabytes:.2f} |"
-        )
+        local, average, distance, sent = (float(np.mean(c)) for c in zip(*runs, strict=True))
+        lines.append(f"| {label} | {local:.4f} | {average:.4f} | {distance:.2e} | {sent:.2f} |")
     return lines
 
 
@@ -444,20 +371,21 @@ def slim_dp(seed: int) -> list[str]:
         "| accuracy - baseline | MB sent |",
         "|---|---|---|---|---|---|",
     ]
-    baseline: Run | None = None
+    baseline: FinalFigures | None = None
     for spec in rows:
         codec = get_codec(spec)
-        run = run_fleet(
-            16, "ring", algorithm="choco", compression=spec, algorithm_options={"gamma": 0.1},
-            rounds=120, eval_every=120, seed=seed, task={"name": "digits"},
+        _, final = run(
+            spec, agents=16, topology="ring", algorithm="choco", compression=spec,
+            algorithm_options={"gamma": 0.1}, rounds=120, eval_every=120, seed=seed,
+            task={"name": "digits"},
         )  # fmt: skip
-        progress(spec, run)
-        baseline = baseline or run
+        baseline = baseline or final
+        assert final.mean_accuracy is not None and baseline.mean_accuracy is not None
         size = codec.max_bytes(numel) + codec.meta_bytes(numel)
         kept = math.ceil(float(spec.split(":")[1]) * numel)
         lines.append(
-            f"| `{codec.spec}` | {size} | {kept} | {run.accuracy():.4f} ({run.worst():.4f}) "
-            f"| {run.accuracy() - baseline.accuracy():+.4f} | {run.megabytes():.2f} |"
+            f"| `{codec.spec}` | {size} | {kept} | {accuracy(final)} "
+            f"| {final.mean_accuracy - baseline.mean_accuracy:+.4f} | {megabytes(final):.2f} |"
         )
     return lines
 

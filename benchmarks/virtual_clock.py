@@ -13,6 +13,7 @@ other people's work.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--scenario", default="lte-urban")
     parser.add_argument("--task", default="consensus")
     parser.add_argument("--baseline-rounds", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     base = read_scenario(scenario_path(args.scenario))
@@ -80,6 +82,16 @@ def main() -> None:
           f"cpu {b_cpu:.1f} s · {b_messages} messages · "
           f"{b_per * 1e6:.0f} us cpu per message")  # fmt: skip
     print(f"ratio (virtual clock + channel model / lock-step), cpu per message: {per / b_per:.2f}")
+    if args.json is not None:
+        figures = {
+            "agents": args.agents, "rounds": args.rounds, "scenario": args.scenario,
+            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "messages": messages,
+            "us_cpu_per_message": round(per * 1e6, 1), "emulated_s": w["emulated_s"],
+            "baseline_us_cpu_per_message": round(b_per * 1e6, 1),
+            "ratio_to_lockstep": round(per / b_per, 3),
+            "relative_error": final.get("relative_error"),
+        }  # fmt: skip
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,22 +6,35 @@ and full jitter (capped at a quarter of the heartbeat timeout, so that a coordin
 comes back hears from every agent well before it would time one out), registers again when the
 coordinator returns, and registers again whenever the coordinator says it does not know the
 agent (it was declared dead, or the coordinator lost its database).
+
+It also carries the agent's part of the run: it fetches the run's scenario before the agent
+is built (:meth:`CoordinatorClient.fetch_run`), reports the agent's round records after each
+heartbeat (:meth:`CoordinatorClient.record` is a stats sink), and at the end sends the final
+report and leaves as finished (:meth:`CoordinatorClient.finish`). Every wait says what it
+waits for, every few seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
-from coordinator.convert import assignment_from_proto, snapshot_to_proto
+from coordinator.convert import assignment_from_proto, record_to_proto, snapshot_to_proto
+from coordinator.run import MAX_REPORTS_PER_CALL, REASON_FINISHED, REPORT_ESTIMATE_LIMIT
+from edge.stats import RoundRecord
 from edge.telemetry import AgentSnapshot
 from edge.topology import Assignment
+from edge.waiting import WaitReporter
 from protos import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,6 +52,42 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+
+
+#: Round reports an agent keeps while the coordinator cannot be reached (the oldest go first).
+MAX_PENDING_REPORTS = 10_000
+#: Estimate bytes one ``Report`` call carries at most (gRPC's default message limit is 4 MiB).
+REPORT_BATCH_BYTES = 2 << 20
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run as the coordinator describes it (see ``RunReply`` in coordinator.proto)."""
+
+    run_id: str
+    scenario: dict[str, Any] | None
+    expected_agents: int
+    rounds: int
+    started_unix: float | None
+    registered: int
+    finished: int
+    complete: bool
+
+    @classmethod
+    def from_proto(cls, reply: coordinator_pb2.RunReply) -> RunInfo:
+        scenario = json.loads(reply.scenario_json) if reply.scenario_json else None
+        return cls(
+            run_id=reply.run_id,
+            scenario=scenario if isinstance(scenario, dict) else None,
+            expected_agents=reply.expected_agents,
+            rounds=reply.rounds,
+            started_unix=reply.started_unix or None,
+            registered=reply.registered_agents,
+            finished=reply.finished_agents,
+            complete=reply.complete,
+        )
 
 
 class CoordinatorError(RuntimeError):
@@ -95,6 +144,119 @@ class CoordinatorClient:
         self.epoch_held = 0
         self.registrations = 0
         self._refusals: set[grpc.StatusCode] = set()
+        self._pending: deque[coordinator_pb2.RoundReport] = deque()
+        self._pending_lock = threading.Lock()
+        self._report_lock = threading.Lock()
+        self._dropped_reports = 0
+
+    # -- the run -----------------------------------------------------------------------------
+    def fetch_run(self, declared: dict[str, Any] | None, *, timeout_s: float = 60.0) -> RunInfo:
+        """The run and its scenario, waiting (with backoff, saying so) for a coordinator
+        that cannot be reached yet. ``declared``: the settings this agent was started with,
+        which the coordinator compares with the fleet's.
+
+        Raises
+        ------
+        CoordinatorError
+            When the coordinator refuses (the reason names the settings that disagree), or
+            stays unreachable for ``timeout_s``.
+        """
+        request = coordinator_pb2.RunRequest(
+            agent_id=self.agent_id,
+            token=self.token,
+            declared_json=json.dumps(declared) if declared else "",
+        )
+        reply = self._retrying(
+            lambda: self._stub.GetRun(request, timeout=5.0), "the run from", timeout_s
+        )
+        return RunInfo.from_proto(reply)
+
+    def run_status(self) -> RunInfo | None:
+        """How far the run is now (None when the coordinator does not answer)."""
+        try:
+            request = coordinator_pb2.RunRequest(agent_id=self.agent_id, token=self.token)
+            return RunInfo.from_proto(self._stub.GetRun(request, timeout=2.0))
+        except grpc.RpcError:
+            return None
+
+    def _retrying(self, call: Callable[[], T], what: str, timeout_s: float) -> T:
+        """``call()`` until it answers, retrying while the coordinator is unreachable, with a
+        line every few seconds that says so (since when, the backoff's next pause)."""
+        deadline = time.monotonic() + timeout_s
+        waiting = WaitReporter(self.agent_id, f"{what} the coordinator at {self.address}")
+        for attempt, delay in enumerate(backoff_delays(cap=self.backoff_cap_s), start=1):
+            try:
+                return call()
+            except grpc.RpcError as err:
+                if err.code() not in RETRYABLE:
+                    raise CoordinatorError(err.code(), err.details() or "") from None
+                if time.monotonic() + delay > deadline:
+                    raise CoordinatorError(
+                        err.code(), f"no coordinator at {self.address} after {timeout_s:.0f} s"
+                    ) from None
+                waiting.tick(
+                    f"{err.code().name}; attempt {attempt}, next in {delay:.1f} s (backoff up "
+                    f"to {self.backoff_cap_s:g} s, giving up after {timeout_s:.0f} s)"
+                )
+                if self._stop.wait(delay):
+                    raise CoordinatorError(
+                        grpc.StatusCode.CANCELLED, f"stopped while waiting for {what} coordinator"
+                    ) from None
+        raise AssertionError("backoff_delays never ends")
+
+    # -- round reports -----------------------------------------------------------------------
+    def record(self, record: RoundRecord) -> None:
+        """Queue a round record for the coordinator (a stats sink: the agent's telemetry
+        hands it every record); the heartbeat thread sends what is queued."""
+        report = record_to_proto(record, estimate_limit=REPORT_ESTIMATE_LIMIT)
+        with self._pending_lock:
+            self._pending.append(report)
+            if len(self._pending) > MAX_PENDING_REPORTS:
+                self._pending.popleft()
+                self._dropped_reports += 1
+                if self._dropped_reports == 1:
+                    log.warning(
+                        "%s: more than %d round reports wait for the coordinator; dropping the "
+                        "oldest", self.agent_id, MAX_PENDING_REPORTS,
+                    )  # fmt: skip
+
+    def pending_reports(self) -> int:
+        with self._pending_lock:
+            return len(self._pending)
+
+    def send_reports(self) -> None:
+        """Send every queued report, in batches (raises ``grpc.RpcError``; what was not
+        acknowledged stays queued)."""
+        with self._report_lock:
+            while True:
+                with self._pending_lock:
+                    batch: list[coordinator_pb2.RoundReport] = []
+                    size = 0
+                    for report in self._pending:
+                        if batch and (
+                            len(batch) >= MAX_REPORTS_PER_CALL or size > REPORT_BATCH_BYTES
+                        ):
+                            break
+                        batch.append(report)
+                        size += len(report.estimate) + 256
+                if not batch:
+                    return
+                request = coordinator_pb2.ReportRequest(
+                    agent_id=self.agent_id, token=self.token, rounds=batch
+                )
+                try:
+                    self._stub.Report(request, timeout=max(5.0, self.heartbeat_interval_s))
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                        raise
+                    # Refused as it is: sending it again would block every later report.
+                    log.warning(
+                        "%s: the coordinator refused %d round reports: %s", self.agent_id,
+                        len(batch), err.details(),
+                    )  # fmt: skip
+                with self._pending_lock:
+                    for _ in batch:
+                        self._pending.popleft()
 
     # -- registration ------------------------------------------------------------------------
     def register(
@@ -119,22 +281,7 @@ class CoordinatorClient:
             fleet_digest=digest,
             metrics_address=metrics_address,
         )
-        deadline = time.monotonic() + timeout_s
-        for delay in backoff_delays(cap=self.backoff_cap_s):
-            try:
-                self._register_once()
-                return
-            except grpc.RpcError as err:
-                if err.code() not in RETRYABLE:
-                    raise CoordinatorError(err.code(), err.details() or "") from None
-                if time.monotonic() + delay > deadline:
-                    raise CoordinatorError(
-                        err.code(), f"no coordinator at {self.address} after {timeout_s:.0f} s"
-                    ) from None
-                if self._stop.wait(delay):
-                    raise CoordinatorError(
-                        grpc.StatusCode.CANCELLED, "stopped while registering"
-                    ) from None
+        self._retrying(self._register_once, "registration with", timeout_s)
 
     def _register_once(self) -> None:
         assert self._request is not None, "register() first"
@@ -220,11 +367,20 @@ class CoordinatorClient:
             self._stop.wait(next(delays))
 
     def wait_ready(self, has_assignment: Callable[[], bool], timeout_s: float) -> bool:
-        """Poll ``has_assignment`` until it is true or ``timeout_s`` passes."""
+        """Poll ``has_assignment`` until it is true or ``timeout_s`` passes, saying every
+        few seconds how full the fleet is."""
         deadline = time.monotonic() + timeout_s
+        waiting = WaitReporter(self.agent_id, "the fleet to fill")
         while time.monotonic() < deadline and not self._stop.is_set():
             if has_assignment():
                 return True
+            if waiting.due():
+                run = self.run_status()
+                waiting.tick(
+                    f"{run.registered} of {run.expected_agents} agents registered"
+                    if run is not None
+                    else f"the coordinator at {self.address} does not answer"
+                )
             time.sleep(0.02)
         return has_assignment()
 
@@ -251,6 +407,7 @@ class CoordinatorClient:
             wait = self.heartbeat_interval_s
             try:
                 self.heartbeat(report())
+                self.send_reports()
                 delays = None
                 if self._regained_contact():
                     log.info("%s: coordinator at %s is back", self.agent_id, self.address)
@@ -278,14 +435,48 @@ class CoordinatorClient:
         """Stop retrying and following, from any thread (a signal handler too); no waiting."""
         self._stop.set()
 
-    def leave(self) -> None:
+    def leave(self, reason: str = "") -> None:
         """Tell the coordinator this agent leaves; stops heartbeats and re-registration."""
         self._stop.set()
         # Leaving a coordinator that is gone is not an error.
         with contextlib.suppress(grpc.RpcError):
-            self._stub.Leave(
-                coordinator_pb2.LeaveRequest(agent_id=self.agent_id, token=self.token), timeout=2.0
+            request = coordinator_pb2.LeaveRequest(
+                agent_id=self.agent_id, token=self.token, reason=reason
             )
+            self._stub.Leave(request, timeout=2.0)
+
+    def finish(self, timeout_s: float = 30.0) -> bool:
+        """After the last round: send every report still queued (the final one with them),
+        retrying with backoff for up to ``timeout_s`` and saying so, then leave as finished.
+        Return whether every report arrived."""
+        self._stop.set()  # no more heartbeats: the agent is done, not alive
+        delivered = self._deliver_reports(timeout_s)
+        with contextlib.suppress(grpc.RpcError):
+            request = coordinator_pb2.LeaveRequest(
+                agent_id=self.agent_id, token=self.token, reason=REASON_FINISHED
+            )
+            self._stub.Leave(request, timeout=2.0)
+        return delivered
+
+    def _deliver_reports(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        waiting = WaitReporter(
+            self.agent_id, f"the coordinator at {self.address} to take its last round reports"
+        )
+        for attempt, delay in enumerate(backoff_delays(cap=self.backoff_cap_s), start=1):
+            try:
+                self.send_reports()
+                return True
+            except grpc.RpcError as err:
+                if err.code() not in RETRYABLE or time.monotonic() + delay > deadline:
+                    log.warning(
+                        "%s: %d round reports not delivered: %s: %s", self.agent_id,
+                        self.pending_reports(), err.code().name, err.details(),
+                    )  # fmt: skip
+                    return False
+                waiting.tick(f"{err.code().name}; attempt {attempt}, next in {delay:.1f} s")
+                time.sleep(delay)
+        raise AssertionError("backoff_delays never ends")
 
     def close(self) -> None:
         self._stop.set()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from edge.stats import Counters
+import numpy as np
+
+from edge.stats import Counters, RoundRecord, probe_estimate
 from edge.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import Assignment, Phase
 from protos import coordinator_pb2
@@ -88,4 +90,61 @@ def snapshot_from_proto(stats: coordinator_pb2.AgentStats) -> AgentSnapshot:
         counters=Counters.from_fields(stats),
         links=links,
         **optional,
+    )
+
+
+#: Most metrics or scalars one round report may name (a report is data, not a dump).
+MAX_REPORT_FIGURES = 64
+
+
+def record_to_proto(record: RoundRecord, *, estimate_limit: int) -> coordinator_pb2.RoundReport:
+    """A round record as its agent reports it; the estimate as :func:`probe_estimate` of it
+    with at most ``estimate_limit`` elements."""
+    report = coordinator_pb2.RoundReport(
+        round=record.round,
+        wall_s=record.wall_s,
+        metrics=_numbers(record.metrics),
+        scalars=_numbers(record.scalars),
+        final=record.final,
+    )
+    for name, value in record.counters.as_dict().items():
+        setattr(report, name, value)
+    if record.estimate is not None:
+        probe = probe_estimate(
+            record.estimate, 0, limit=estimate_limit, buckets=estimate_limit
+        ).astype("<f8", copy=False)
+        report.estimate = probe.tobytes()
+    return report
+
+
+def _numbers(figures: dict[str, float]) -> dict[str, float]:
+    """The figures that are numbers (a user's task may report anything)."""
+    return {
+        k: float(v)
+        for k, v in figures.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> RoundRecord:
+    """Raise ``ValueError`` for a report that is not usable (too many figures, an estimate
+    that is not whole float64 values)."""
+    for name in ("metrics", "scalars"):
+        figures = getattr(report, name)
+        if len(figures) > MAX_REPORT_FIGURES or any(len(k) > 64 for k in figures):
+            raise ValueError(f"round {report.round}: at most {MAX_REPORT_FIGURES} {name}")
+    estimate = None
+    if report.estimate:
+        if len(report.estimate) % 8:
+            raise ValueError(f"round {report.round}: estimate is not whole float64 values")
+        estimate = np.frombuffer(report.estimate, dtype="<f8").astype(np.float64)
+    return RoundRecord(
+        agent_id=agent_id,
+        round=int(report.round),
+        wall_s=float(report.wall_s),
+        metrics=dict(report.metrics),
+        scalars=dict(report.scalars),
+        final=bool(report.final),
+        estimate=estimate,
+        counters=Counters.from_fields(report),
     )

@@ -7,6 +7,12 @@ the fleet: the policy builds the first graph (epoch 1) and every agent gets its
 heartbeats for ``heartbeat_timeout_s``, leaves, rejoins under its id, moves to a new
 address, or a newcomer the policy admits) produces a new graph and a new epoch, committed to
 the :class:`~coordinator.store.FleetStore` before anyone hears of it.
+
+The fleet is also one run (:class:`~coordinator.run.RunSpec`): it starts when the fleet is
+released, collects every agent's round reports (:class:`~coordinator.run.RunLog`), and is
+complete when no agent is alive any more and at least one has *finished* (reported its last
+round). A finished agent is out of the liveness checks: its silence is the end of its run,
+not a failure.
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.policy import FleetGraph, TopologyPolicy, TopologySpec
+from coordinator.run import REASON_FINISHED, RunLog, RunSpec
 from coordinator.store import FleetStore, MemberRecord, StoredFleet
 from edge.identity import natural_order
+from edge.stats import RoundRecord
 from edge.telemetry import AgentSnapshot
 from edge.topology import Assignment, assignments_for_graph
 
 log = logging.getLogger("airgossip.coordinator")
 
-ALIVE, DEAD, LEFT = "alive", "dead", "left"
+ALIVE, DEAD, LEFT, FINISHED = "alive", "dead", "left", "finished"
 
 
 class Refusal(Exception):
@@ -93,6 +101,28 @@ class MemberView:
 
 
 @dataclass(frozen=True)
+class RunStatus:
+    """How far the run is."""
+
+    run_id: str
+    rounds: int
+    started_unix: float | None
+    registered: int
+    finished: int
+    complete: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.run_id,
+            "rounds": self.rounds,
+            "started_unix": self.started_unix,
+            "registered": self.registered,
+            "finished": self.finished,
+            "complete": self.complete,
+        }
+
+
+@dataclass(frozen=True)
 class FleetView:
     """A consistent snapshot of the fleet for metrics, service discovery and inspection."""
 
@@ -106,6 +136,7 @@ class FleetView:
     lambda2: float = math.nan
     counters: dict[str, int] = field(default_factory=dict)
     restored: bool = False
+    run: RunStatus | None = None
 
     @property
     def alive(self) -> list[MemberView]:
@@ -122,6 +153,7 @@ class FleetView:
             "lambda2": None if math.isnan(self.lambda2) else self.lambda2,
             "edges": [[list(e) for e in phase] for phase in self.edges],
             "counters": self.counters,
+            "run": self.run.to_json() if self.run is not None else None,
             "members": [
                 {
                     "agent_id": m.agent_id,
@@ -158,6 +190,9 @@ class Fleet:
         Upper bound on registrations (each holds a stream and a server thread).
     clock, wall:
         Monotonic seconds (liveness) and wall-clock seconds (timestamps kept in the store).
+    run:
+        The run this fleet is (a new id and no scenario when not given); a database that
+        holds a run keeps its id.
     """
 
     def __init__(
@@ -171,6 +206,7 @@ class Fleet:
         max_agents: int = 1024,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        run: RunSpec | None = None,
     ) -> None:
         if expected < 1:
             raise ValueError(f"the coordinator needs to expect at least 1 agent, got {expected}")
@@ -189,7 +225,14 @@ class Fleet:
         self.assignments: dict[str, Assignment] = {}
         self.graph: FleetGraph | None = None
         self.epoch = 0
-        self.counters = {"registrations": 0, "heartbeats": 0, "failures": 0, "departures": 0}
+        self.counters = {
+            "registrations": 0, "heartbeats": 0, "failures": 0, "departures": 0, "finished": 0,
+        }  # fmt: skip
+        run = run or RunSpec()
+        run_id = store.claim_run(run.run_id, dict(run.scenario))
+        self.run = RunSpec(run_id, run.scenario, run.rounds)
+        self.log = RunLog()
+        self.started_unix: float | None = None
         self.restored = self._restore(store.claim(spec.describe(), expected))
 
     def _restore(self, stored: StoredFleet | None) -> bool:
@@ -203,6 +246,9 @@ class Fleet:
         self.epoch = stored.epoch
         self.graph = FleetGraph.from_json(stored.graph) if stored.graph else None
         self.policy.restore(stored.policy_state)
+        self.started_unix = stored.started_unix
+        for agent_id, records in self.store.load_rounds().items():
+            self.log.add(agent_id, records)
         alive = sum(1 for m in self.members.values() if m.alive)
         log.info(
             "restored %d agents (%d alive) at epoch %d from %s",
@@ -227,9 +273,23 @@ class Fleet:
         return natural_order(i for i, m in self.members.items() if m.alive)
 
     def registered(self) -> int:
-        """Agents alive (what a launcher waits for)."""
+        """Agents alive or finished (what a launcher waits for)."""
         with self.changed:
-            return len(self.alive_ids())
+            return sum(1 for m in self.members.values() if m.record.state in (ALIVE, FINISHED))
+
+    def status(self) -> RunStatus:
+        """How far the run is: it is complete when nobody is alive and someone finished."""
+        with self.changed:
+            states = [m.record.state for m in self.members.values()]
+            finished = states.count(FINISHED)
+            return RunStatus(
+                run_id=self.run.run_id,
+                rounds=self.run.rounds,
+                started_unix=self.started_unix,
+                registered=states.count(ALIVE) + finished,
+                finished=finished,
+                complete=self.released and ALIVE not in states and finished > 0,
+            )
 
     def view(self) -> FleetView:
         with self.changed:
@@ -263,6 +323,7 @@ class Fleet:
                 lambda2=lambda2,
                 counters=dict(self.counters),
                 restored=self.restored,
+                run=self.status(),
             )
 
     # -- changes ------------------------------------------------------------------------------
@@ -311,6 +372,8 @@ class Fleet:
             if not self.released:
                 if len(self.alive_ids()) >= self.expected:
                     self._rebuild("fleet complete")
+                    self.started_unix = self.wall()
+                    self.store.mark_started(self.started_unix)
                 else:
                     self.store.commit([record])
             elif changed:
@@ -326,6 +389,8 @@ class Fleet:
             member = self.members.get(agent_id)
             if member is None:
                 raise Refusal("NOT_FOUND", f"agent '{agent_id}' is not registered; register")
+            if member.record.state == FINISHED:
+                return self.epoch  # a late heartbeat of a finished agent: nothing to watch
             if not member.alive:
                 raise Refusal(
                     "NOT_FOUND",
@@ -341,16 +406,47 @@ class Fleet:
             self.counters["heartbeats"] += 1
             return self.epoch
 
-    def leave(self, agent_id: str) -> None:
-        """``agent_id`` leaves for good (until it registers again)."""
+    def leave(self, agent_id: str, reason: str = "") -> None:
+        """``agent_id`` leaves for good (until it registers again); with reason
+        ``finished`` it ran its last round: it is finished, and the graph stays as it is
+        (its neighbours' last messages may still be on their way to it)."""
         with self.changed:
             member = self.members.get(agent_id)
             if member is None or not member.alive:
                 return
+            if reason == REASON_FINISHED:
+                self._finish(member)
+                return
             member.record.state, member.record.changed_at = LEFT, self.wall()
             self.counters["departures"] += 1
-            log.info("%s left", agent_id)
+            log.info("%s left%s", agent_id, f" ({reason})" if reason else "")
             self._after_departure([member.record], f"{agent_id} left")
+
+    def report(self, agent_id: str, records: list[RoundRecord]) -> int:
+        """Keep ``agent_id``'s round records for the run's results; return how many rounds
+        it has reported. A final record finishes the agent. NOT_FOUND for an agent that never
+        registered."""
+        with self.changed:
+            member = self.members.get(agent_id)
+            if member is None:
+                raise Refusal("NOT_FOUND", f"agent '{agent_id}' is not registered; register")
+            if member.alive:
+                member.last_seen = self.clock()  # a report is a sign of life too
+            held = self.log.add(agent_id, records)
+            self.store.add_rounds(agent_id, records)
+            if member.alive and any(r.final for r in records):
+                self._finish(member)
+            return held
+
+    def _finish(self, member: Member) -> None:
+        member.record.state, member.record.changed_at = FINISHED, self.wall()
+        self.counters["finished"] += 1
+        self.store.commit([member.record])
+        log.info(
+            "%s finished (round %s reported)",
+            member.record.agent_id, self.log.latest_round(member.record.agent_id),
+        )  # fmt: skip
+        self.changed.notify_all()
 
     def expire(self) -> list[str]:
         """Declare dead every agent silent for longer than the timeout; repair the graph."""

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from coordinator.membership import ALIVE, DEAD, LEFT, FleetView
+from coordinator.membership import ALIVE, DEAD, FINISHED, LEFT, FleetView
 from edge.metrics import MetricsServer, json_route
 
 #: Per-agent gauges from heartbeats: (metric name, help, AgentSnapshot attribute).
@@ -97,7 +97,7 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         view = self._view()
-        states = {ALIVE: 0, DEAD: 0, LEFT: 0}
+        states = {ALIVE: 0, DEAD: 0, LEFT: 0, FINISHED: 0}
         for member in view.members:
             states[member.state] = states.get(member.state, 0) + 1
         alive = GaugeMetricFamily("airgossip_fleet_agents_alive", "Agents alive (heartbeating).")

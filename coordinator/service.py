@@ -8,6 +8,7 @@ view of the fleet. It is never in the data path.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -19,10 +20,17 @@ from typing import NoReturn
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from coordinator.convert import assignment_to_proto, snapshot_from_proto
-from coordinator.membership import Fleet, FleetView, LivenessSettings, Refusal
+from coordinator.convert import assignment_to_proto, record_from_proto, snapshot_from_proto
+from coordinator.membership import FINISHED, Fleet, FleetView, LivenessSettings, Refusal
 from coordinator.observability import metrics_server
 from coordinator.policy import TopologySpec, make_policy
+from coordinator.run import (
+    MAX_DECLARED_CHARS,
+    MAX_REPORTS_PER_CALL,
+    RunSpec,
+    check_estimate,
+    disagreements,
+)
 from coordinator.store import FleetStore
 from edge.metrics import MetricsServer
 from edge.transport.grpc_transport import ensure_bindable
@@ -140,7 +148,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 member = fleet.members[request.agent_id]
                 if member.watch_generation != generation:
                     return
-                if not member.alive:
+                if not member.alive and member.record.state != FINISHED:
                     context.abort(
                         grpc.StatusCode.NOT_FOUND,
                         f"agent '{request.agent_id}' was declared {member.record.state}; "
@@ -158,8 +166,75 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.LeaveRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.LeaveReply:
         self._check_token(request.token, context)
-        self.fleet.leave(request.agent_id)
+        self.fleet.leave(request.agent_id, request.reason[:64])
         return coordinator_pb2.LeaveReply()
+
+    # -- the run --------------------------------------------------------------------------------
+    def GetRun(
+        self, request: coordinator_pb2.RunRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.RunReply:
+        self._check_token(request.token, context)
+        self._check_id(request.agent_id, context)
+        run = self.fleet.run
+        if request.declared_json and run.scenario:
+            if len(request.declared_json) > MAX_DECLARED_CHARS:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"declared_json holds more than {MAX_DECLARED_CHARS} characters",
+                )
+            try:
+                declared = json.loads(request.declared_json)
+            except (json.JSONDecodeError, RecursionError) as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"declared_json: {err}")
+            if not isinstance(declared, dict):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "declared_json is not an object")
+            try:
+                differ = disagreements(run.scenario, declared)
+            except RecursionError:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "declared_json nests too deep")
+            if differ:
+                log.warning("%s refused: its settings disagree with the fleet's: %s",
+                            request.agent_id, "; ".join(differ))  # fmt: skip
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{request.agent_id}'s settings disagree with the fleet's: "
+                    f"{'; '.join(differ)} (start it with only the coordinator's address, the "
+                    "token and its index, and it runs the fleet's scenario)",
+                )
+        status = self.fleet.status()
+        return coordinator_pb2.RunReply(
+            run_id=run.run_id,
+            scenario_json=json.dumps(dict(run.scenario)) if run.scenario else "",
+            expected_agents=self.fleet.expected,
+            rounds=run.rounds,
+            started_unix=status.started_unix or 0.0,
+            registered_agents=status.registered,
+            finished_agents=status.finished,
+            complete=status.complete,
+        )
+
+    def Report(
+        self, request: coordinator_pb2.ReportRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.ReportReply:
+        self._check_token(request.token, context)
+        self._check_id(request.agent_id, context)
+        if len(request.rounds) > MAX_REPORTS_PER_CALL:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.rounds)} round reports in one call; at most {MAX_REPORTS_PER_CALL}",
+            )
+        try:
+            records = [record_from_proto(request.agent_id, r) for r in request.rounds]
+            for record in records:
+                if record.estimate is not None:
+                    check_estimate(record.estimate)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        try:
+            held = self.fleet.report(request.agent_id, records)
+        except Refusal as refusal:
+            _abort(context, refusal)
+        return coordinator_pb2.ReportReply(rounds_held=held)
 
     def _wake(self) -> None:
         with self.fleet.changed:
@@ -191,6 +266,9 @@ class CoordinatorServer:
         ``host:port`` for ``/metrics``, ``/sd`` and ``/fleet`` (None: no HTTP port).
     max_agents:
         Most agents the coordinator accepts (each holds a stream and a server thread).
+    run:
+        The run: its id, the scenario it hands every agent, its rounds (default: a new id,
+        no scenario; agents bring their own).
 
     Raises
     ------
@@ -213,6 +291,7 @@ class CoordinatorServer:
         liveness: LivenessSettings | None = None,
         metrics_listen: str | None = None,
         max_agents: int = 1024,
+        run: RunSpec | None = None,
     ) -> None:
         policy = make_policy(topology)
         ensure_bindable(listen)
@@ -225,6 +304,7 @@ class CoordinatorServer:
                 store=self.store,
                 liveness=liveness,
                 max_agents=max(max_agents, expected),
+                run=run,
             )
             self.metrics: MetricsServer | None = (
                 metrics_server(self.fleet.view, metrics_listen) if metrics_listen else None

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from edge.stats import RoundRecord
 from edge.topology import Assignment, Phase
 
 SCHEMA_VERSION = 1
@@ -39,6 +42,13 @@ CREATE TABLE IF NOT EXISTS assignments (
     agent_id TEXT PRIMARY KEY,
     epoch INTEGER NOT NULL,
     assignment TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    agent_id TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    estimate BLOB,
+    PRIMARY KEY (agent_id, round)
 );
 """
 
@@ -82,6 +92,8 @@ class StoredFleet:
     policy_state: dict[str, Any]
     members: dict[str, MemberRecord]
     assignments: dict[str, Assignment]
+    #: The run's start (unix seconds; None before the fleet was complete).
+    started_unix: float | None = None
 
 
 def assignment_to_json(assignment: Assignment) -> str:
@@ -189,6 +201,7 @@ class FleetStore:
                 policy_state=json.loads(self._meta("policy_state") or "{}"),
                 members=members,
                 assignments=assignments,
+                started_unix=float(started) if (started := self._meta("started_unix")) else None,
             )
 
     def claim(self, topology: dict[str, Any], expected: int) -> StoredFleet | None:
@@ -253,6 +266,73 @@ class FleetStore:
                 "INSERT INTO assignments VALUES (?, ?, ?)",
                 [(i, a.epoch, assignment_to_json(a)) for i, a in (assignments or {}).items()],
             )
+
+    def stored_run(self) -> tuple[str, dict[str, Any]] | None:
+        """The id and scenario of the run this database holds (None: a new database)."""
+        with self._lock:
+            run_id, scenario = self._meta("run_id"), self._meta("scenario")
+        return None if run_id is None else (run_id, json.loads(scenario or "{}"))
+
+    def claim_run(self, run_id: str, scenario: dict[str, Any]) -> str:
+        """The id of the run this database holds (a new database records ``run_id`` and
+        ``scenario``).
+
+        Raises
+        ------
+        StoreError
+            When the database holds a run of another scenario.
+        """
+        with self._lock, self._db:
+            stored_id, stored_scenario = self._meta("run_id"), self._meta("scenario")
+            if stored_id is None:
+                self._db.execute("BEGIN")
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('run_id', ?)", (run_id,))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('scenario', ?)", (json.dumps(scenario),)
+                )
+                return run_id
+        if json.loads(stored_scenario or "{}") != scenario:
+            raise StoreError(
+                f"database {self.path} holds run {stored_id} of another scenario; start with "
+                "the same scenario or another --db"
+            )
+        return stored_id
+
+    def mark_started(self, started_unix: float) -> None:
+        """Record when the run started (the fleet was complete)."""
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('started_unix', ?)", (repr(started_unix),)
+            )
+
+    def add_rounds(self, agent_id: str, records: Iterable[RoundRecord]) -> None:
+        """Keep ``agent_id``'s round records (a round stored again replaces the first)."""
+        rows = [
+            (
+                agent_id,
+                r.round,
+                json.dumps(r.to_json()),
+                None if r.estimate is None else np.asarray(r.estimate, "<f8").tobytes(),
+            )
+            for r in records
+        ]
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?)", rows)
+
+    def load_rounds(self) -> dict[str, list[RoundRecord]]:
+        """Every agent's stored round records, in round order."""
+        out: dict[str, list[RoundRecord]] = {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT agent_id, record, estimate FROM rounds ORDER BY agent_id, round"
+            ).fetchall()
+        for agent_id, text, blob in rows:
+            record = RoundRecord.from_json(json.loads(text))
+            if blob is not None:
+                record.estimate = np.frombuffer(blob, dtype="<f8").astype(np.float64)
+            out.setdefault(agent_id, []).append(record)
+        return out
 
     def close(self) -> None:
         with self._lock:

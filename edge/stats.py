@@ -94,20 +94,26 @@ class StatsSink(Protocol):
     def record(self, record: RoundRecord) -> None: ...
 
 
-def probe_estimate(estimate: np.ndarray, seed: int = 0) -> np.ndarray:
+def probe_estimate(
+    estimate: np.ndarray,
+    seed: int = 0,
+    *,
+    limit: int = EXACT_ESTIMATE_LIMIT,
+    buckets: int = SKETCH_SIZE,
+) -> np.ndarray:
     """What the agent reports of its estimate for fleet-wide distances.
 
-    Small models: the estimate itself. Large ones: a count sketch of ``SKETCH_SIZE`` buckets
-    (the same hashing on every agent), which preserves distances in expectation at a fixed,
-    small cost per round.
+    Small models (at most ``limit`` elements): the estimate itself. Large ones: a count
+    sketch of ``buckets`` buckets (the same hashing on every agent), which preserves
+    distances in expectation at a fixed, small cost per round.
     """
     flat = np.asarray(estimate).reshape(-1)
-    if flat.size <= EXACT_ESTIMATE_LIMIT:
+    if flat.size <= limit:
         return flat
     rng = np.random.default_rng([seed, flat.size])
-    buckets = rng.integers(0, SKETCH_SIZE, flat.size)
+    index = rng.integers(0, buckets, flat.size)
     signs = rng.choice(np.array([-1.0, 1.0]), flat.size)
-    return np.bincount(buckets, weights=signs * flat, minlength=SKETCH_SIZE)
+    return np.bincount(index, weights=signs * flat, minlength=buckets)
 
 
 class MemoryStatsSink:

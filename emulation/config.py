@@ -45,6 +45,15 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+#: Message loss a run that emulates every link on one machine (``airgossip run``) applies when
+#: its scenario says nothing: a lossy network is what the emulator is for.
+EMULATED_LOSS = 0.1
+#: Defaults under the scenario of agents on real links (devices, with ``airgossip agent`` and
+#: ``airgossip coordinator``): nothing emulated; a scenario's ``[network]`` table still asks
+#: for loss, latency or a rate limit on top of the real links.
+REAL_LINKS: dict[str, Any] = {"network": {"loss": 0.0}}
+
+
 class ConfigError(ValueError):
     """A scenario or flag value that is not valid; the message says what and what is allowed."""
 
@@ -54,7 +63,7 @@ class NetworkSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    loss: float = Field(0.1, ge=0, lt=1, description="message loss probability per link")
+    loss: float = Field(EMULATED_LOSS, ge=0, lt=1, description="message loss probability per link")
     latency_ms: float = Field(0.0, ge=0, le=600_000)
     jitter_ms: float = Field(0.0, ge=0, le=600_000)
     bandwidth_mbps: float = Field(0.0, ge=0, description="0 means unlimited")
@@ -145,6 +154,15 @@ class RunConfig(AgentSettings):
         ``static`` (the one place that asks)."""
         return "static" if self.wireless is None else "wireless"
 
+    @property
+    def emulates_links(self) -> bool:
+        """Whether anything is emulated on the links (a loss, latency, jitter or rate limit,
+        or a wireless channel)."""
+        n = self.network
+        return self.wireless is not None or bool(
+            n.loss or n.latency_ms or n.jitter_ms or n.bandwidth_mbps
+        )
+
     def agent_settings(self) -> AgentSettings:
         return AgentSettings.model_validate(
             self.model_dump(include=set(AgentSettings.model_fields))
@@ -195,10 +213,14 @@ def load_config(
     overrides: dict[str, Any] | None = None,
     *,
     base: dict[str, Any] | None = None,
+    real_links: bool = False,
 ) -> RunConfig:
     """``base`` (a wireless scenario) + scenario file (optional) + flag overrides ->
-    validated :class:`RunConfig`."""
-    data = merge(base or {}, read_scenario(path) if path is not None else {})
+    validated :class:`RunConfig`. ``real_links``: the agents talk over real links (devices),
+    where nothing is emulated unless the scenario asks (:data:`REAL_LINKS`); otherwise every
+    link is emulated, with :data:`EMULATED_LOSS` unless the scenario says otherwise."""
+    data = merge(REAL_LINKS if real_links else {}, base or {})
+    data = merge(data, read_scenario(path) if path is not None else {})
     data = merge(data, overrides or {})
     try:
         return RunConfig.model_validate(data)
@@ -208,9 +230,11 @@ def load_config(
 
 
 def scenario_toml(config: RunConfig) -> str:
-    """``config`` as a scenario file: every setting that differs from its default, so that
-    :func:`load_config` of the text gives ``config`` back."""
+    """``config`` as a scenario file: every setting that differs from its default, and the
+    whole ``[network]`` table (whose defaults differ on real links), so that
+    :func:`load_config` of the text gives ``config`` back, with ``real_links`` or without."""
     data = config.model_dump(mode="json", exclude_defaults=True)
+    data["network"] = config.network.model_dump(mode="json")
     lines: list[str] = []
     _toml_table(data, [], lines)
     return "\n".join(lines).lstrip("\n") + "\n"

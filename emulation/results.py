@@ -71,6 +71,20 @@ class WirelessFigures(_Figures):
     messages_log: str | None = None
 
 
+class RunIdentity(_Figures):
+    """What a coordinator adds to the results of the run it held: which run, when, and how
+    each agent ended (``finished``, ``dead``, ``left``, or ``alive`` if interrupted)."""
+
+    id: str
+    started_unix: float | None = None
+    ended_unix: float | None = None
+    agents: dict[str, str] = {}
+    #: The messages ``final`` counts as lost, by cause: dropped by an emulated link, or
+    #: failed (refused by the receiver, or it could not be reached).
+    messages_emulated_drops: int = 0
+    messages_failed: int = 0
+
+
 class RunResults(_Figures):
     """Everything ``results.json`` holds."""
 
@@ -81,6 +95,8 @@ class RunResults(_Figures):
     interrupted: bool = False
     versions: dict[str, str] = {}
     wireless: WirelessFigures | None = None
+    #: Runs a coordinator collected (agents started by hand): the run's id and its agents.
+    run: RunIdentity | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: figures a run does not have are left out, NaN and infinity
@@ -199,14 +215,17 @@ def _clean(value: Any) -> Any:
 
 
 def plot_results(path: Path, results: RunResults, title: str) -> None:
-    """PNG with accuracy (mean, min-max band) and consensus distance per round."""
+    """PNG with accuracy (mean, min-max band) and consensus distance per round, and, for
+    runs whose rounds hold them (wireless networks), the drop rate and link counts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = results.rounds
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    links = any(r.drop_rate is not None or r.radio_links is not None for r in rows)
+    fig, axes = plt.subplots(1, 3 if links else 2, figsize=(16 if links else 11, 4.2))
+    left, right = axes[0], axes[1]
     acc = [
         (r.round, r.mean_accuracy, r.min_accuracy, r.max_accuracy)
         for r in rows
@@ -240,7 +259,31 @@ def plot_results(path: Path, results: RunResults, title: str) -> None:
     right.set_xlabel("round")
     right.set_ylabel("consensus distance")
     right.grid(alpha=0.3)
+    if links:
+        _plot_links(axes[2], rows)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_links(ax: Any, rows: list[RoundFigures]) -> None:
+    """Drop rate per round (left axis) and the fleet's radio and gossip links (right axis)."""
+    drops = [(r.round, r.drop_rate) for r in rows if r.drop_rate is not None]
+    if drops:
+        ax.plot([d[0] for d in drops], [d[1] for d in drops], color="tab:red", label="drop rate")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("round")
+    ax.set_ylabel("drop rate (lost / sent in the round)")
+    ax.grid(alpha=0.3)
+    counts = ax.twinx()
+    for key, label, style in (("radio_links", "radio links", "-"),
+                              ("gossip_links", "gossip links", "--")):  # fmt: skip
+        points = [(r.round, getattr(r, key)) for r in rows if getattr(r, key) is not None]
+        if points:
+            counts.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+    counts.set_ylim(bottom=0)
+    counts.set_ylabel("directed links (median over agents)")
+    handles = ax.get_legend_handles_labels()[0] + counts.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, loc="best")

@@ -393,17 +393,23 @@ class LeaveRequest(_message.Message):
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     token: _builtins.str
+    reason: _builtins.str
+    """Why: "finished" (every round run and reported: the agent is finished, not gone) or
+    anything else (stopped early: the graph is repaired around it).
+    """
     def __init__(
         self,
         *,
         agent_id: _builtins.str = ...,
         token: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "reason", b"reason", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -423,3 +429,226 @@ class LeaveReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaveReply: _TypeAlias = LeaveReply  # noqa: Y015
+
+@_typing.final
+class RunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    DECLARED_JSON_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    token: _builtins.str
+    declared_json: _builtins.str
+    """The settings this agent was started with, as JSON (a scenario file's tables and keys;
+    empty: none, the agent runs the fleet's). Any that differs from the fleet's is refused.
+    """
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        token: _builtins.str = ...,
+        declared_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "declared_json", b"declared_json", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
+
+@_typing.final
+class RunReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SCENARIO_JSON_FIELD_NUMBER: _builtins.int
+    EXPECTED_AGENTS_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    STARTED_UNIX_FIELD_NUMBER: _builtins.int
+    REGISTERED_AGENTS_FIELD_NUMBER: _builtins.int
+    FINISHED_AGENTS_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Names the run in logs and results ("20261201-081730-3f2a")."""
+    scenario_json: _builtins.str
+    """The scenario every agent of the fleet runs, as JSON (empty: the coordinator hands out
+    none; agents bring their own).
+    """
+    expected_agents: _builtins.int
+    """Agents the run waits for before the first graph."""
+    rounds: _builtins.int
+    """Rounds per agent: the run ends when every agent has reported its last one."""
+    started_unix: _builtins.float
+    """Wall-clock start of the run (unix seconds; 0 until the fleet is complete)."""
+    registered_agents: _builtins.int
+    finished_agents: _builtins.int
+    complete: _builtins.bool
+    """Every agent of the run has finished, left or been declared dead."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        scenario_json: _builtins.str = ...,
+        expected_agents: _builtins.int = ...,
+        rounds: _builtins.int = ...,
+        started_unix: _builtins.float = ...,
+        registered_agents: _builtins.int = ...,
+        finished_agents: _builtins.int = ...,
+        complete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "expected_agents", b"expected_agents", "finished_agents", b"finished_agents", "registered_agents", b"registered_agents", "rounds", b"rounds", "run_id", b"run_id", "scenario_json", b"scenario_json", "started_unix", b"started_unix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunReply: _TypeAlias = RunReply  # noqa: Y015
+
+@_typing.final
+class RoundReport(_message.Message):
+    """One agent's figures after one round (round 0: before the first), as its records hold them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ScalarsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    WALL_S_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    SCALARS_FIELD_NUMBER: _builtins.int
+    BYTES_SENT_FIELD_NUMBER: _builtins.int
+    MESSAGES_SENT_FIELD_NUMBER: _builtins.int
+    MESSAGES_DROPPED_FIELD_NUMBER: _builtins.int
+    MESSAGES_FAILED_FIELD_NUMBER: _builtins.int
+    MESSAGES_RECEIVED_FIELD_NUMBER: _builtins.int
+    MESSAGES_REJECTED_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
+    ESTIMATE_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    wall_s: _builtins.float
+    """Seconds since the agent started its rounds."""
+    bytes_sent: _builtins.int
+    messages_sent: _builtins.int
+    messages_dropped: _builtins.int
+    messages_failed: _builtins.int
+    messages_received: _builtins.int
+    messages_rejected: _builtins.int
+    final: _builtins.bool
+    """The agent's last round."""
+    estimate: _builtins.bytes
+    """The agent's estimate for fleet-wide distances: float64 little-endian, the estimate itself
+    for small models, a count sketch of it for large ones (the same on every agent).
+    """
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def scalars(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        wall_s: _builtins.float = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        scalars: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        bytes_sent: _builtins.int = ...,
+        messages_sent: _builtins.int = ...,
+        messages_dropped: _builtins.int = ...,
+        messages_failed: _builtins.int = ...,
+        messages_received: _builtins.int = ...,
+        messages_rejected: _builtins.int = ...,
+        final: _builtins.bool = ...,
+        estimate: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_sent", b"bytes_sent", "estimate", b"estimate", "final", b"final", "messages_dropped", b"messages_dropped", "messages_failed", b"messages_failed", "messages_received", b"messages_received", "messages_rejected", b"messages_rejected", "messages_sent", b"messages_sent", "metrics", b"metrics", "round", b"round", "scalars", b"scalars", "wall_s", b"wall_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoundReport: _TypeAlias = RoundReport  # noqa: Y015
+
+@_typing.final
+class ReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    token: _builtins.str
+    @_builtins.property
+    def rounds(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundReport]: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        token: _builtins.str = ...,
+        rounds: _abc.Iterable[Global___RoundReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "rounds", b"rounds", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportRequest: _TypeAlias = ReportRequest  # noqa: Y015
+
+@_typing.final
+class ReportReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUNDS_HELD_FIELD_NUMBER: _builtins.int
+    rounds_held: _builtins.int
+    """Rounds the coordinator holds for this agent after the call."""
+    def __init__(
+        self,
+        *,
+        rounds_held: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rounds_held", b"rounds_held"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportReply: _TypeAlias = ReportReply  # noqa: Y015

@@ -54,6 +54,16 @@ class CoordinatorStub:
                 request_serializer=protos_dot_coordinator__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=protos_dot_coordinator__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/airgossip.v1.Coordinator/GetRun',
+                request_serializer=protos_dot_coordinator__pb2.RunRequest.SerializeToString,
+                response_deserializer=protos_dot_coordinator__pb2.RunReply.FromString,
+                _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/airgossip.v1.Coordinator/Report',
+                request_serializer=protos_dot_coordinator__pb2.ReportRequest.SerializeToString,
+                response_deserializer=protos_dot_coordinator__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -81,7 +91,23 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Leave(self, request, context):
-        """Leave the fleet for good.
+        """Leave the fleet for good, or (reason "finished") after the last round.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """The run this fleet is: its id, the scenario every agent runs, how far it is. Refuses
+        (FAILED_PRECONDITION) an agent whose own settings disagree with the fleet's, naming them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Report(self, request, context):
+        """The agent's round records for the run's results; the one marked final is its final
+        report (the agent is then finished, never declared dead for its silence).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +135,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=protos_dot_coordinator__pb2.LeaveRequest.FromString,
                     response_serializer=protos_dot_coordinator__pb2.LeaveReply.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=protos_dot_coordinator__pb2.RunRequest.FromString,
+                    response_serializer=protos_dot_coordinator__pb2.RunReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=protos_dot_coordinator__pb2.ReportRequest.FromString,
+                    response_serializer=protos_dot_coordinator__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +255,60 @@ class Coordinator:
             '/airgossip.v1.Coordinator/Leave',
             protos_dot_coordinator__pb2.LeaveRequest.SerializeToString,
             protos_dot_coordinator__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/airgossip.v1.Coordinator/GetRun',
+            protos_dot_coordinator__pb2.RunRequest.SerializeToString,
+            protos_dot_coordinator__pb2.RunReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/airgossip.v1.Coordinator/Report',
+            protos_dot_coordinator__pb2.ReportRequest.SerializeToString,
+            protos_dot_coordinator__pb2.ReportReply.FromString,
             options,
             channel_credentials,
             insecure,

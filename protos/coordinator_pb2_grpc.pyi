@@ -43,7 +43,15 @@ class CoordinatorStub:
     WatchNeighbours: _grpc.UnaryStreamMultiCallable[_coordinator_pb2.WatchRequest, _coordinator_pb2.Assignment]
     """Server stream of this agent's neighbour assignment; a new message on every change."""
     Leave: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.LeaveRequest, _coordinator_pb2.LeaveReply]
-    """Leave the fleet for good."""
+    """Leave the fleet for good, or (reason "finished") after the last round."""
+    GetRun: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRequest, _coordinator_pb2.RunReply]
+    """The run this fleet is: its id, the scenario every agent runs, how far it is. Refuses
+    (FAILED_PRECONDITION) an agent whose own settings disagree with the fleet's, naming them.
+    """
+    Report: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportReply]
+    """The agent's round records for the run's results; the one marked final is its final
+    report (the agent is then finished, never declared dead for its silence).
+    """
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -55,7 +63,15 @@ class CoordinatorAsyncStub(CoordinatorStub):
     WatchNeighbours: _aio.UnaryStreamMultiCallable[_coordinator_pb2.WatchRequest, _coordinator_pb2.Assignment]  # type: ignore[assignment]
     """Server stream of this agent's neighbour assignment; a new message on every change."""
     Leave: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.LeaveRequest, _coordinator_pb2.LeaveReply]  # type: ignore[assignment]
-    """Leave the fleet for good."""
+    """Leave the fleet for good, or (reason "finished") after the last round."""
+    GetRun: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRequest, _coordinator_pb2.RunReply]  # type: ignore[assignment]
+    """The run this fleet is: its id, the scenario every agent runs, how far it is. Refuses
+    (FAILED_PRECONDITION) an agent whose own settings disagree with the fleet's, naming them.
+    """
+    Report: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportReply]  # type: ignore[assignment]
+    """The agent's round records for the run's results; the one marked final is its final
+    report (the agent is then finished, never declared dead for its silence).
+    """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -88,6 +104,26 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.LeaveRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.LeaveReply, _abc.Awaitable[_coordinator_pb2.LeaveReply]]:
-        """Leave the fleet for good."""
+        """Leave the fleet for good, or (reason "finished") after the last round."""
+
+    @_abc_1.abstractmethod
+    def GetRun(
+        self,
+        request: _coordinator_pb2.RunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.RunReply, _abc.Awaitable[_coordinator_pb2.RunReply]]:
+        """The run this fleet is: its id, the scenario every agent runs, how far it is. Refuses
+        (FAILED_PRECONDITION) an agent whose own settings disagree with the fleet's, naming them.
+        """
+
+    @_abc_1.abstractmethod
+    def Report(
+        self,
+        request: _coordinator_pb2.ReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ReportReply, _abc.Awaitable[_coordinator_pb2.ReportReply]]:
+        """The agent's round records for the run's results; the one marked final is its final
+        report (the agent is then finished, never declared dead for its silence).
+        """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

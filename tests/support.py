@@ -7,9 +7,11 @@ of real agent processes driven step by step, and a pure-algorithm fleet on a hos
 * :class:`LocalFleet`: a coordinator and agents as OS processes that a test kills and
   restarts one by one (SIGKILL, as a crash would), watched through ``/fleet`` and the
   agents' records;
-* :func:`algorithm_fleet` and friends: gossip algorithms with no agents and no transport,
-  messages encoded as agents send them, on a network that loses, duplicates, reorders and
-  drops acknowledgements from one seed.
+* :class:`AlgorithmFleet`: gossip algorithms with no agents and no transport, messages
+  encoded as agents send them, on a network that loses, duplicates, reorders and drops
+  acknowledgements from one seed;
+* :func:`inproc_fleet`: a scenario's settings run by the project's own lock-step fleet
+  (``inproc``), its agents kept for checks that need more than the records.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from edge.topology import Phase, assignments_for_graph, build_graph, node_phases
 from edge.transport import GossipMessage
 from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.wire import to_chunks
+from emulation.config import load_config
+from emulation.fleets import preflight
+from emulation.fleets.inproc import InProcessFleet
 from protos import gossip_pb2, gossip_pb2_grpc
 
 # -- the command line and processes -------------------------------------------------------------
@@ -400,6 +405,24 @@ class AlgorithmFleet:
                 algo.mix()
             if after_round is not None:
                 after_round(self)
+
+
+# -- whole fleets of real agents, in lock step --------------------------------------------------
+
+
+def inproc_fleet(**settings: Any) -> InProcessFleet:
+    """Run ``settings`` (a scenario's keys: agents, topology, task, network, switching...) in
+    ``inproc`` mode, the lock-step fleet every in-process run uses, and return it finished:
+    its records (``fleet.records()``, for :func:`emulation.results.summarise`) and its agents
+    (algorithms, tasks, assignments) for checks that need more than the records.
+
+    ``[network]`` defaults as in a scenario (10% loss): give ``network={"loss": 0.0}`` for
+    lossless links.
+    """
+    config = load_config(None, {"mode": "inproc", **settings})
+    fleet = InProcessFleet(config, preflight(config).network)
+    fleet.run()
+    return fleet
 
 
 # -- helpers of one layer's tests that others share ---------------------------------------------

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from airgossip.cli.display import fail
-from airgossip.cli.scenario import flag_overrides
 
 
 def agent(
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="Scenario file (TOML, or the config.json of a run)."),
+        typer.Option(
+            "--config",
+            help="Scenario file (TOML, or the config.json of a run). With --coordinator the "
+            "agent runs the fleet's scenario and needs none; one given must agree with it.",
+        ),
     ] = None,
     agent_id: Annotated[
         str | None, typer.Option("--id", help="Agent id (default: agent-<index>).")
     ] = None,
-    index: Annotated[int, typer.Option(help="Index of this agent (picks its data shard).")] = 0,
+    index: Annotated[
+        int, typer.Option(help="Index of this agent in the fleet (picks its data shard).")
+    ] = 0,
     listen: Annotated[str, typer.Option(help="host:port to serve gossip on.")] = "127.0.0.1:0",
     advertise: Annotated[
         str | None, typer.Option(help="host:port peers should dial (default: the listen address).")
@@ -28,7 +34,9 @@ def agent(
     coordinator: Annotated[str | None, typer.Option(help="Coordinator host:port.")] = None,
     peers: Annotated[
         Path | None,
-        typer.Option(help='TOML file with a [peers] table of id = "host:port" (no coordinator).'),
+        typer.Option(
+            help=escape('TOML file with a [peers] table of id = "host:port" (no coordinator).')
+        ),
     ] = None,
     token: Annotated[
         str, typer.Option(help="Join token of the coordinator.", envvar="AIRGOSSIP_TOKEN")
@@ -46,9 +54,16 @@ def agent(
     ] = None,
     stats_dir: Annotated[Path | None, typer.Option(help="Write round records here.")] = None,
     linger_s: Annotated[
-        float, typer.Option(help="Keep serving this long after the last round.")
+        float,
+        typer.Option(
+            help="Keep serving after the last round until every agent has finished, at most "
+            "this long (with static peers: this long)."
+        ),
     ] = 10.0,
-    ready_timeout_s: Annotated[float, typer.Option(help="Longest wait for neighbours.")] = 120.0,
+    ready_timeout_s: Annotated[
+        float,
+        typer.Option(help="Longest wait for the coordinator, the fleet to fill or the peers."),
+    ] = 120.0,
     parent_pid: Annotated[int | None, typer.Option(help="Exit when this process dies.")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
     link_shaping: Annotated[
@@ -66,22 +81,20 @@ def agent(
             "agent where refused)."
         ),
     ] = None,
-    agents: Annotated[
-        int | None, typer.Option(help="Fleet size (default: from the config).")
-    ] = None,
     device: Annotated[
         str | None,
-        typer.Option(help="auto (CUDA when torch sees a GPU), cpu or cuda (default: config's)."),
-    ] = None,
-    epoch_unix: Annotated[
-        float | None,
         typer.Option(
-            help="A wireless scenario's t = 0 on the wall clock, shared by the whole fleet "
-            "(default: the config's, else when this agent starts)."
+            help="Where this agent computes: auto (CUDA when torch sees a GPU), cpu or cuda "
+            "(default: its scenario's, else auto)."
         ),
     ] = None,
 ) -> None:
-    """Run one edge agent over real gRPC (what runs on each device)."""
+    """Run one edge agent over real gRPC (what runs on each device).
+
+    On a device: --coordinator HOST:PORT --token TOKEN --index N is all it needs; the fleet's
+    size and scenario come from the coordinator. Links are real: nothing is emulated unless
+    the scenario's network table asks.
+    """
     from airgossip.agent_process import (
         AgentProcessOptions,
         configure_process,
@@ -89,37 +102,45 @@ def agent(
         run_agent_process,
     )
     from edge.identity import agent_id as default_id
-    from emulation.config import ConfigError, load_config, merge, read_scenario
+    from emulation.config import ConfigError, load_config, read_scenario
 
     if parent_pid is not None:
         die_with_parent(parent_pid)
     if (coordinator is None) == (peers is None):
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    if peers is not None and config is None:
+        fail("--peers needs --config (the scenario every agent of the list runs)")
     if kernel_links is not None and not link_shaping:
         fail("--kernel-links shapes the links: it cannot go with --no-link-shaping")
-    overrides = flag_overrides(agents=agents, device=device)
+    declared: dict[str, Any] | None = None
+    cfg = None
     try:
         if config is not None and config.suffix == ".json":
             try:
-                data = json.loads(config.read_text())
+                declared = json.loads(config.read_text())
             except (OSError, json.JSONDecodeError) as err:
                 fail(f"cannot read config {config}: {err}")
-            cfg = load_config(None, merge(data, overrides))
-        else:
-            cfg = load_config(config, overrides)
+            if not isinstance(declared, dict):
+                fail(f"config {config} is not a JSON object of settings")
+            cfg = load_config(None, declared)
+        elif config is not None:
+            declared = read_scenario(config)
+            cfg = load_config(config, real_links=True)
         peer_table: dict[str, str] | None = None
         if peers is not None:
             table = read_scenario(peers).get("peers")
             if not isinstance(table, dict) or not table:
                 fail(f'{peers} needs a [peers] table of id = "host:port" entries')
             peer_table = {str(k): str(v) for k, v in table.items()}
+        if device is not None:
+            # The agent's own choice (a setting each agent makes for itself).
+            declared = {**(declared or {}), "device": device}
+            cfg = cfg.model_copy(update={"device": device}) if cfg is not None else None
+            load_config(None, {"device": device})  # a bad value fails here, with the others
     except ConfigError as err:
         fail(str(err))
-    if epoch_unix is not None and cfg.wireless is not None:
-        wireless = cfg.wireless.model_copy(update={"epoch_unix": epoch_unix})
-        cfg = cfg.model_copy(update={"wireless": wireless})
-    if not 0 <= index < cfg.agents:
-        fail(f"--index {index} is outside the fleet of {cfg.agents} agents (0..{cfg.agents - 1})")
+    if index < 0:
+        fail(f"--index must be 0 or more, got {index}")
     configure_process(threads)
     options = AgentProcessOptions(
         agent_id=agent_id or default_id(index), index=index, listen=listen, advertise=advertise,
@@ -128,7 +149,7 @@ def agent(
         metrics_listen=None if metrics_listen == "off" else (
             metrics_listen or f"{listen.rpartition(':')[0]}:0"
         ),
-        metrics_advertise=metrics_advertise, shape_links=link_shaping,
+        metrics_advertise=metrics_advertise, shape_links=link_shaping, declared=declared,
         kernel_device=kernel_links,
     )  # fmt: skip
     from coordinator.client import CoordinatorError

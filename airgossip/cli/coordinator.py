@@ -1,17 +1,31 @@
-"""``airgossip coordinator``: membership, neighbour assignment, metrics, service discovery."""
+"""``airgossip coordinator``: a run of agents started by hand, with membership, neighbour
+assignment, metrics and service discovery, to results.json, a plot and a summary."""
 
 from __future__ import annotations
 
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
-from airgossip.cli.display import console, fail
+from airgossip.cli.display import console, fail, say, summary_table, write_summary
 from airgossip.cli.scenario import flag_overrides
+
+if TYPE_CHECKING:  # the CLI imports the coordinator and the fleets only when it runs
+    from coordinator.membership import FleetView
+    from coordinator.service import CoordinatorServer
+    from edge.topology import Graph
+    from emulation.config import RunConfig
+    from emulation.networks import Network
+    from emulation.results import RunResults
+
+#: Seconds between two progress lines of the run on the coordinator's console.
+PROGRESS_EVERY_S = 10.0
 
 
 def coordinator(
@@ -33,16 +47,35 @@ def coordinator(
     topology: Annotated[
         str | None,
         typer.Option(
-            help="complete, ring, directed-ring, exponential, erdos-renyi, edges (static, from "
-            "the scenario), one-peer-exponential, or k-out (random, rewired as agents come and "
-            "go) (default: from config)."
+            help="complete, ring, directed-ring, exponential, one-peer-exponential, "
+            "erdos-renyi, edges (static, from the scenario), or k-out (random, rewired as "
+            "agents come and go) (default: from config, else exponential)."
         ),
     ] = None,
     out_degree: Annotated[int, typer.Option(help="Out-neighbours per agent for k-out.")] = 2,
     agents: Annotated[
-        int | None, typer.Option(help="Agents to wait for (default: from config).")
+        int | None, typer.Option(help="Agents to wait for (default: from config, else 8).")
     ] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="Scenario file.")] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help="Rounds per agent (default: from config, else 40).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help=escape(
+                "Scenario file every agent runs (handed out at registration; links are real "
+                "unless its [network] or [wireless] table asks for emulation)."
+            ),
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the run's results.json, results.png and summary.txt go when every "
+            "agent has finished (default: runs/<run id>)."
+        ),
+    ] = None,
     heartbeat_interval_s: Annotated[
         float, typer.Option(help="How often agents send heartbeats.")
     ] = 2.0,
@@ -50,16 +83,22 @@ def coordinator(
         float, typer.Option(help="Silence after which an agent is declared dead.")
     ] = 10.0,
 ) -> None:
-    """Run the coordinator: membership, neighbour assignment, metrics and service discovery."""
+    """Run the coordinator of a run: agents started by hand register, get the scenario and
+    their neighbours, report their rounds; results.json, the plot and the summary are written
+    when every agent has finished (then the coordinator exits)."""
+    stopped = threading.Event()  # SIGTERM from here on: stop as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     import logging
 
     from coordinator.membership import LivenessSettings
     from coordinator.policy import POLICIES, TopologySpec
+    from coordinator.run import RunSpec
     from coordinator.service import CoordinatorServer
     from coordinator.store import StoreError
     from edge.algorithms import algorithm_class
     from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
+    from emulation.fleets import refuse_used_out_dir
     from emulation.networks import network_for
 
     if topology is not None and topology not in POLICIES:
@@ -74,16 +113,20 @@ def coordinator(
         fail(str(err))
     scenario_topology = None if topology == "k-out" else topology
     try:
-        cfg = load_config(config, flag_overrides(agents=agents, topology=scenario_topology))
+        overrides = flag_overrides(agents=agents, topology=scenario_topology, rounds=rounds)
+        cfg = load_config(config, overrides, real_links=True)
+        # A wireless scenario's t = 0 is now, on every agent's wall clock (or, for a run
+        # taken back from --db, when that run started).
+        cfg = network_for(_with_stored_epoch(cfg, db)).launch_config(time.time())
+        network = network_for(cfg)
         if topology == "k-out":
             if not algorithm_class(cfg.algorithm).supports_directed:
                 fail(f"algorithm '{cfg.algorithm}' needs an undirected graph; k-out is directed")
             spec = TopologySpec("k-out", seed=cfg.seed, out_degree=out_degree)
         else:
-            network = network_for(cfg)
-            network.first_graph()  # the graph can be built and fits the algorithm
             spec = network.topology()
-    except ConfigError as err:
+        graph = network.first_graph()  # the graph can be built and fits the algorithm
+    except (ConfigError, StoreError) as err:
         fail(str(err))
     host = listen.rpartition(":")[0]
     logging.basicConfig(
@@ -98,26 +141,171 @@ def coordinator(
             db=db,
             liveness=liveness,
             metrics_listen=f"{host}:{metrics_port}",
+            run=RunSpec(scenario=cfg.model_dump(mode="json"), rounds=cfg.rounds),
         )
     except (OSError, StoreError, TopologyError) as err:
         fail(str(err))
+    run_id = server.fleet.run.run_id
+    out_dir = out or Path("runs") / run_id
+    try:
+        refuse_used_out_dir(out_dir)
+    except ConfigError as err:
+        server.stop(grace_s=0)
+        fail(str(err))
     address = server.start()
     restored = "restored from " + str(db) if server.fleet.restored else "new fleet"
-    console.print(
-        f"coordinator on {address} ({restored}): {cfg.agents} agents, {spec.name}; "
+    links = _links(cfg, network, spec.name)
+    say(
+        f"coordinator on {address} ({restored}), run {run_id}: {cfg.agents} agents · "
+        f"{links} · {cfg.algorithm} · task {cfg.task.name} · {cfg.rounds} rounds; "
         f"heartbeats every {liveness.heartbeat_interval_s:g} s, timeout "
-        f"{liveness.heartbeat_timeout_s:g} s; metrics, service discovery and fleet at "
-        f"http://{server.metrics_address}/metrics, /sd, /fleet",
-        highlight=False,
-        soft_wrap=True,
+        f"{liveness.heartbeat_timeout_s:g} s"
+    )
+    say(
+        f"metrics at http://{server.metrics_address}/metrics (service discovery /sd, "
+        f"fleet /fleet); results to {out_dir}"
+    )
+    say(
+        f"agents need only: airgossip agent --coordinator {_dial(address)} --index N"
+        + (" --token TOKEN" if token else "")
     )
     sys.stdout.flush()  # the address matters to whoever reads a redirected log
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    started = time.monotonic()
+    interrupted = False
     try:
-        while not stopped.wait(0.5):
-            pass
+        next_line = time.monotonic() + PROGRESS_EVERY_S
+        while not server.fleet.status().complete:
+            if stopped.wait(0.5):
+                interrupted = True
+                break
+            if time.monotonic() >= next_line:
+                next_line = time.monotonic() + PROGRESS_EVERY_S
+                say(progress_line(server.view(), cfg.rounds))
+                sys.stdout.flush()
     except KeyboardInterrupt:
-        pass
+        interrupted = True
+    try:
+        results = collect_results(
+            server, cfg, network, graph, spec.name, out_dir,
+            wall_s=time.monotonic() - started, interrupted=interrupted,
+        )  # fmt: skip
     finally:
         server.stop()
+    if results is None:
+        say(f"run {run_id} stopped before any agent reported a round; nothing written")
+        raise typer.Exit(130 if interrupted else 0)
+    console.print(summary_table(results, out_dir, links, title=f"run {run_id}"))
+    write_summary(out_dir / "summary.txt", results, out_dir, links, title=f"run {run_id}")
+    if interrupted:
+        say(f"interrupted: partial results in {out_dir}")
+        raise typer.Exit(130)
+
+
+def _with_stored_epoch(cfg: RunConfig, db: Path | None) -> RunConfig:
+    """``cfg`` with the wireless t = 0 of the run ``db`` holds, if it holds one."""
+    from coordinator.store import FleetStore
+
+    if db is None or cfg.wireless is None or not db.exists():
+        return cfg
+    store = FleetStore(db)
+    try:
+        stored = store.stored_run()
+    finally:
+        store.close()
+    epoch = (stored[1].get("wireless") or {}).get("epoch_unix") if stored else None
+    if epoch is None:
+        return cfg
+    wireless = cfg.wireless.model_copy(update={"epoch_unix": epoch})
+    return cfg.model_copy(update={"wireless": wireless})
+
+
+def _dial(address: str) -> str:
+    """The address agents dial: a wildcard host is this machine's name."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    return f"{socket.gethostname()}:{port}" if host in ("0.0.0.0", "[::]", "::") else address
+
+
+def _links(cfg: RunConfig, network: Network, topology: str) -> str:
+    """What the links are: real unless the scenario emulates something."""
+    if cfg.wireless is not None:
+        return network.describe()
+    if not cfg.emulates_links:
+        return f"{topology} · real links"
+    n = cfg.network
+    emulated = [
+        (n.loss, f"loss {n.loss:g}"),
+        (n.latency_ms, f"latency {n.latency_ms:g} ms"),
+        (n.jitter_ms, f"jitter {n.jitter_ms:g} ms"),
+        (n.bandwidth_mbps, f"rate {n.bandwidth_mbps:g} Mb/s"),
+    ]
+    return f"{topology} · emulated " + ", ".join(text for value, text in emulated if value)
+
+
+def progress_line(view: FleetView, rounds: int) -> str:
+    """One line on how far the run is: rounds, agents, accuracy, messages lost."""
+    members = [m for m in view.members if m.state in ("alive", "finished")]
+    if not view.released:
+        return f"waiting for the fleet to fill: {len(members)} of {view.expected} agents"
+    stats = [m.stats for m in members if m.stats is not None]
+    reached = [s.round for s in stats]
+    accuracies = [s.accuracy for s in stats if s.accuracy is not None]
+    sent = sum(s.counters.messages_sent for s in stats)
+    lost = sum(s.counters.messages_lost for s in stats)
+    finished = sum(1 for m in members if m.state == "finished")
+    text = (
+        f"round {min(reached, default=0)}/{rounds} (slowest agent) · {len(members)} agents, "
+        f"{finished} finished"
+    )
+    if accuracies:
+        text += f" · acc {sum(accuracies) / len(accuracies):.3f}"
+    return f"{text} · {lost}/{sent} msgs lost"
+
+
+def collect_results(
+    server: CoordinatorServer,
+    cfg: RunConfig,
+    network: Network,
+    graph: Graph,
+    topology: str,
+    out_dir: Path,
+    *,
+    wall_s: float,
+    interrupted: bool,
+) -> RunResults | None:
+    """The run's results from the round records the agents reported (None: none did)."""
+    from emulation.fleets.run import write_results
+    from emulation.results import RunIdentity
+
+    records = server.fleet.log.records()
+    if not records:
+        return None
+    view = server.view()
+    resolved = network.resolved(graph)
+    resolved["mode"] = "devices"  # agents started by hand, wherever they ran
+    if topology != cfg.topology and cfg.wireless is None:
+        # The coordinator's own topology (k-out): its graph's figures, not the scenario's.
+        phases = [len(phase) for phase in view.edges] or [0]
+        resolved.update(topology=topology, lambda2=view.lambda2, topology_period=len(phases),
+                        edges_per_round=sum(phases) / len(phases))  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    status, ended = view.run, time.time()
+    if status is not None and status.started_unix is not None:
+        wall_s = ended - status.started_unix  # the run's own time, from the full fleet on
+    results = write_results(
+        cfg, network, records, out_dir, resolved=resolved, wall_s=wall_s,
+        interrupted=interrupted, end_time_s=network.wall_clock()(),
+        links=_links(cfg, network, topology),
+    )  # fmt: skip
+    last = [agent_records[-1].counters for agent_records in records.values() if agent_records]
+    results.run = RunIdentity(
+        id=server.fleet.run.run_id,
+        started_unix=status.started_unix if status is not None else None,
+        ended_unix=round(ended, 3),
+        agents={m.agent_id: m.state for m in view.members},
+        messages_emulated_drops=sum(c.messages_dropped for c in last),
+        messages_failed=sum(c.messages_failed for c in last),
+    )
+    results.write(out_dir / "results.json")
+    return results

@@ -1,4 +1,9 @@
-"""What the CLI shows: errors, the progress of a fleet, the summary table of a run."""
+"""What the CLI shows: errors, the progress of a fleet, the summary table of a run.
+
+Everything the CLI prints that holds words from elsewhere (settings, paths, errors, ids)
+goes out as plain text, never as rich markup: a ``[peers]`` or ``[network]`` in it is a word,
+not a style tag to be swallowed. Tables fit 80 columns and read the same when piped.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
     from emulation.fleets import FleetProgress
@@ -24,6 +31,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print one error line and exit with ``code`` (2: bad input, 1: the run failed)."""
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """Print one line of plain text (no markup: brackets are words), unwrapped."""
+    (errors if err else console).print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -42,10 +54,10 @@ class ProgressDisplay:
     def __init__(self, rounds: int, *, gossip_only: bool) -> None:
         self.gossip_only = gossip_only
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
+            TextColumn("{task.fields[status]}", markup=False),
             TimeElapsedColumn(),
             console=console,
             transient=False,
@@ -69,9 +81,14 @@ class ProgressDisplay:
             status = f"{acc}{p.messages_dropped}/{p.messages_sent} msgs lost"
         self.progress.update(self.bar, completed=p.slowest_round, description=description,
                              status=status)  # fmt: skip
+        line = f"{description}: round {p.slowest_round}/{p.rounds_total} {status}"
         if not console.is_terminal and time.monotonic() - self._last_print > 5:
             self._last_print = time.monotonic()
-            console.print(f"{description}: round {p.slowest_round}/{p.rounds_total} {status}")
+            console.print(line, markup=False, highlight=False)
+
+    def notice(self, text: str) -> None:
+        """A line above the bar (what a backend could not apply, where metrics are)."""
+        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def task_label(task: dict[str, Any]) -> str:
@@ -79,13 +96,17 @@ def task_label(task: dict[str, Any]) -> str:
     return f"flower app {task.get('app')}" if task.get("name") == "flower" else str(task["name"])
 
 
-def summary_table(results: RunResults, out_dir: Path, links: str) -> Table:
+def summary_table(
+    results: RunResults, out_dir: Path, links: str, *, title: str = "airgossip run"
+) -> Table:
     """The end-of-run table: fleet, figures, messages, output. ``links``: what the links
     were (``link loss 0.1``, ``wireless lte-urban``)."""
     final, config = results.final, results.config
-    table = Table(title="airgossip run", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+    table = Table(
+        title=Text(title), show_header=False, title_justify="left", box=box.SIMPLE, padding=(0, 1)
+    )
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     rows: list[tuple[str, Any]] = [
         (
             "fleet",
@@ -96,6 +117,7 @@ def summary_table(results: RunResults, out_dir: Path, links: str) -> Table:
         ("task", task_label(config["task"])),
         ("mixing |λ2|", fmt(config["lambda2"], 3)),
         ("rounds", f"{final.round} of {config['rounds']}"),
+        *_agent_rows(results),
     ]
     if final.mean_accuracy is not None:
         rows.append(
@@ -118,8 +140,36 @@ def summary_table(results: RunResults, out_dir: Path, links: str) -> Table:
         ("results", str(out_dir / "results.json")),
     ]
     for key, value in rows:
-        table.add_row(key, str(value))
+        table.add_row(key, Text(str(value)))
     return table
+
+
+def write_summary(
+    path: Path, results: RunResults, out_dir: Path, links: str, *, title: str = "airgossip run"
+) -> None:
+    """The summary table as plain text at 80 columns (``summary.txt``)."""
+    with path.open("w") as handle:
+        Console(file=handle, width=80, color_system=None, force_terminal=False).print(
+            summary_table(results, out_dir, links, title=title)
+        )
+
+
+def _agent_rows(results: RunResults) -> list[tuple[str, Any]]:
+    """How each agent of a coordinator's run ended (``4 finished``, ``3 finished, 1 dead``)."""
+    if results.run is None:
+        return []
+    states: dict[str, int] = {}
+    for state in results.run.agents.values():
+        states[state] = states.get(state, 0) + 1
+    run = results.run
+    return [
+        ("agents", ", ".join(f"{n} {state}" for state, n in sorted(states.items()))),
+        (
+            "lost messages",
+            f"{run.messages_emulated_drops} dropped by emulated links, {run.messages_failed} "
+            "refused or unreachable",
+        ),
+    ]
 
 
 def _wireless_rows(results: RunResults) -> list[tuple[str, Any]]:

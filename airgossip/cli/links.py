@@ -6,14 +6,25 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from airgossip.cli.display import console, fail
+from airgossip.cli.display import console, fail, say
 from airgossip.cli.scenario import flag_overrides, scenario_base
 
 
 def links_command(
-    scenario: Annotated[str, typer.Argument(help="Preset name or scenario TOML file.")],
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            help=escape(
+                "A preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or a TOML file with a "
+                "[wireless] table."
+            )
+        ),
+    ],
     at: Annotated[float, typer.Option("--at", help="Seconds into the scenario.")] = 0.0,
     agents: Annotated[
         int | None, typer.Option(help="Number of agents (default: the scenario's).")
@@ -48,10 +59,16 @@ def links_command(
         f"{graph.radio_links} radio links · {int(graph.adjacency.sum())} gossip links · "
         f"{'strongly connected' if graph.strongly_connected else f'{graph.components} components'}"
     )
-    table = Table(title=title, title_justify="left")
-    for column in ("from", "to", "dist m", "rx dBm", "SINR dB", "rate Mb/s", "goodput Mb/s",
-                   "PER", "burst", "gossip"):  # fmt: skip
-        table.add_column(column, justify="right" if column not in ("from", "to") else "left")
+    # No vertical rules and two-line headers: ten columns of full ids and figures fit 80
+    # columns, and the table reads the same when piped.
+    table = Table(
+        title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+        collapse_padding=True,
+    )  # fmt: skip
+    for column in ("from", "to", "dist\nm", "rx\ndBm", "SINR\ndB", "rate\nMb/s",
+                   "goodput\nMb/s", "PER", "burst", "gossip"):  # fmt: skip
+        left = column in ("from", "to")
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
     shown = report.rows if limit <= 0 else report.rows[:limit]
     for r in shown:
         table.add_row(
@@ -61,6 +78,6 @@ def links_command(
         )  # fmt: skip
     console.print(table)
     if len(shown) < len(report.rows):
-        console.print(f"… {len(report.rows) - len(shown)} more links (--limit 0 shows all)")
+        say(f"… {len(report.rows) - len(shown)} more links (--limit 0 shows all)")
     plot_links(report, png, title)
-    console.print(f"topology picture: {png}")
+    say(f"topology picture: {png}")

@@ -12,8 +12,8 @@ import typer
 from airgossip.cli.display import (
     ProgressDisplay,
     console,
-    errors,
     fail,
+    say,
     summary_table,
     task_label,
 )
@@ -35,13 +35,17 @@ def run(
         ),
     ] = None,
     task: Annotated[
-        str | None, typer.Option(help="digits, consensus, or module:callable (default: digits).")
+        str | None,
+        typer.Option(
+            help="digits, consensus, separable (logistic regression on separable data), flower "
+            "(with --flower-app), or module:callable (default: digits)."
+        ),
     ] = None,
     algorithm: Annotated[
         str | None,
         typer.Option(
-            help="push-sum, push-sum-plain, dpsgd, quantized-push-sum, choco, "
-            "gradient-tracking, local-sgd (default: push-sum)."
+            help="push-sum, push-sum-plain, dpsgd, dpsgd-ac, quantized-push-sum, choco, "
+            "gradient-tracking, local-sgd, ensemble (default: push-sum)."
         ),
     ] = None,
     compression: Annotated[
@@ -158,15 +162,14 @@ def run(
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     links = network_for(cfg).describe()
-    console.print(
+    say(
         f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
-        f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}",
-        highlight=False,
+        f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}"
     )
     try:
         with ProgressDisplay(cfg.rounds, gossip_only=cfg.task.name == "consensus") as display:
             results = run_fleet(
-                cfg, out_dir, plan=plan, on_progress=display.update,
+                cfg, out_dir, plan=plan, on_progress=display.update, on_notice=display.notice,
                 coordinator_listen=f"127.0.0.1:{coordinator_port}",
                 coordinator_metrics_listen=(
                     f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
@@ -181,6 +184,6 @@ def run(
             fail(f"{err}; pick another --coordinator-port or 0 for any free port")
         fail(str(err), code=1)
     except KeyboardInterrupt:
-        errors.print(f"interrupted: agents stopped; partial results in {out_dir}")
+        say(f"interrupted: agents stopped; partial results in {out_dir}", err=True)
         raise typer.Exit(130) from None
     console.print(summary_table(results, out_dir, links))

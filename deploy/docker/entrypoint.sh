@@ -9,9 +9,6 @@
 #                             this container across restarts
 #   AIRGOSSIP_ADVERTISE_PORT  --advertise ADDRESS:PORT, ADDRESS being $AIRGOSSIP_ADVERTISE_HOST
 #                             or this container's own address
-#   AIRGOSSIP_EPOCH_FILE      --epoch-unix from this file (a shared volume): the first agent
-#                             of the fleet writes the time it starts, every agent (restarts
-#                             included) reads it, so a wireless scenario runs on one clock
 #
 # Flags given on the command line come after these, so they win.
 set -eu
@@ -65,15 +62,6 @@ if [ "${1:-}" = "agent" ]; then
   fi
   if [ -n "$index" ]; then
     set -- --index "$index" "$@"
-  fi
-  if [ -n "${AIRGOSSIP_EPOCH_FILE:-}" ]; then
-    (set -C; date +%s.%N > "$AIRGOSSIP_EPOCH_FILE") 2>/dev/null || true
-    epoch=""
-    while [ -z "$epoch" ]; do  # the first agent may still be writing it
-      epoch="$(cat "$AIRGOSSIP_EPOCH_FILE" 2>/dev/null || true)"
-      [ -n "$epoch" ] || sleep 0.1
-    done
-    set -- --epoch-unix "$epoch" "$@"
   fi
   set -- agent "$@"
 fi

@@ -36,8 +36,14 @@ class DigitsOptions(BaseModel):
 
     partition: Literal["iid", "dirichlet"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (non-IID skew)")
-    hidden: int = Field(32, ge=1, le=4096)
+    hidden: int = Field(32, ge=1, le=65536)
     local_steps: int = Field(10, ge=1)
+    local_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="passes over the shard per round in shuffled minibatches (replaces "
+        "local_steps' batches drawn with replacement)",
+    )
     batch_size: int = Field(16, ge=1)
     lr: float = Field(0.2, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
@@ -150,18 +156,33 @@ class DigitsTask:
         decay = config.round >= opts.lr_decay_at * config.total_rounds and opts.lr_decay_at < 1
         return opts.lr * (0.1 if decay else 1.0)
 
-    def _sgd(self, steps: int, lr: float, loss_of: Callable[[torch.Tensor], Any]) -> float:
-        """``steps`` minibatch SGD steps on ``loss_of(batch indices)``; the mean loss."""
+    def _batches_of_round(self) -> list[torch.Tensor]:
+        """This round's minibatches: ``local_steps`` drawn with replacement, or
+        ``local_epochs`` shuffled passes over the shard (the last batch of a pass smaller)."""
+        opts = self.options
+        if opts.local_epochs is None:
+            return [
+                torch.randint(0, self.num_train, (opts.batch_size,), generator=self._batches)
+                for _ in range(opts.local_steps)
+            ]
+        batches: list[torch.Tensor] = []
+        for _ in range(opts.local_epochs):
+            order = torch.randperm(self.num_train, generator=self._batches)
+            batches.extend(torch.split(order, opts.batch_size))
+        return batches
+
+    def _sgd(
+        self, batches: Sequence[torch.Tensor], lr: float, loss_of: Callable[[torch.Tensor], Any]
+    ) -> float:
+        """One minibatch SGD step per batch of indices on ``loss_of(batch)``; the mean loss."""
         opts = self.options
         params = list(self.model.parameters())
         # Plain SGD by hand: torch.optim's first use imports torch._dynamo (~2 s per process).
         velocity = [torch.zeros_like(p) for p in params] if opts.momentum else []
         self.model.train()
         total = 0.0
-        for _ in range(steps):
-            batch = torch.randint(
-                0, self.num_train, (opts.batch_size,), generator=self._batches
-            ).to(self.device)
+        for indices in batches:
+            batch = indices.to(self.device)
             for p in params:
                 p.grad = None
             loss = loss_of(batch)
@@ -175,16 +196,17 @@ class DigitsTask:
                         step = velocity[i].mul_(opts.momentum).add_(step)
                     p.add_(step, alpha=-lr)
             total += float(loss.detach())
-        return total / steps
+        return total / len(batches)
 
     def train(self, parameters: torch.Tensor, config: TrainConfig) -> TrainResult:
-        opts = self.options
         self._load(parameters)
         lr = self._lr(config)
         x, y = self._x_train, self._y_train
-        loss = self._sgd(opts.local_steps, lr, lambda b: self._loss(self.model(x[b]), y[b]))
+        batches = self._batches_of_round()
+        loss = self._sgd(batches, lr, lambda b: self._loss(self.model(x[b]), y[b]))
         new = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
-        return TrainResult(new, {"train_loss": loss, "lr": lr}, opts.local_steps * opts.batch_size)
+        examples = sum(len(b) for b in batches)
+        return TrainResult(new, {"train_loss": loss, "lr": lr}, examples)
 
     @torch.no_grad()
     def _ensemble_probabilities(
@@ -217,7 +239,11 @@ class DigitsTask:
             soft = -(targets[batch] * torch.log_softmax(logits, dim=1)).sum(dim=1).mean()
             return weight * soft + (1 - weight) * self._loss(logits, y[batch])
 
-        loss = self._sgd(opts.distill_steps, self._lr(config), loss_of)
+        batches = [
+            torch.randint(0, self.num_train, (opts.batch_size,), generator=self._batches)
+            for _ in range(opts.distill_steps)
+        ]
+        loss = self._sgd(batches, self._lr(config), loss_of)
         new = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
         metrics = {"distill_loss": loss, "teachers": float(len(teachers))}
         return TrainResult(new, metrics, opts.distill_steps * opts.batch_size)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import cast
 
@@ -42,6 +44,13 @@ def resolve_task_factory(spec: str) -> TaskFactory:
             "or give your own as module:callable"
         )
     module_name, _, attr = spec.partition(":")
+    # Resolve from the current directory as ``python -m`` does: the ``airgossip`` console
+    # script's own folder is on sys.path instead, and a user's ``mytasks.linear`` next to
+    # them would not be found.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

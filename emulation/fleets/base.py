@@ -96,6 +96,9 @@ class Launch:
         ``host:port`` of an embedded coordinator (fleets that start one).
     coordinator_metrics_listen:
         ``host:port`` of the embedded coordinator's ``/metrics``, ``/sd`` and ``/fleet``.
+    on_notice:
+        Gets what people running the fleet should know as it becomes known (what a kernel
+        could not apply, where the fleet's metrics are), one line each.
     """
 
     out_dir: Path
@@ -103,6 +106,12 @@ class Launch:
     on_progress: ProgressCallback | None = None
     coordinator_listen: str = "127.0.0.1:0"
     coordinator_metrics_listen: str | None = None
+    on_notice: Callable[[str], None] | None = None
+
+    def notice(self, text: str) -> None:
+        """Say ``text`` to the launcher (nothing when it does not listen)."""
+        if self.on_notice is not None:
+            self.on_notice(text)
 
 
 class Fleet(Protocol):

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
+from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from edge.identity import agent_ids
 from edge.stats import RoundRecord
@@ -187,8 +188,19 @@ class ContainerFleet:
                 topology=self.network.topology(),
                 listen=f"{gateway}:{port}",
                 metrics_listen=self.launch.coordinator_metrics_listen,
+                run=RunSpec(
+                    scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds
+                ),
             )
             address = server.start()
+            if server.metrics_address:
+                self.launch.notice(
+                    f"fleet metrics at http://{server.metrics_address}/metrics "
+                    "(service discovery /sd, fleet /fleet; agents' metrics on their containers)"
+                )
+            unapplied = self.network.kernel_links().unapplied
+            if unapplied:
+                self.launch.notice("the kernel does not apply: " + "; ".join(unapplied))
             # Every agent tries the kernel; one without NET_ADMIN says so and shapes its
             # links itself.
             kernel = ["--kernel-links", "eth0"]
@@ -241,6 +253,11 @@ class ContainerFleet:
             "links": [link for a in agents for link in a.get("links", [])],
         }
         (self.out_dir / "kernel.json").write_text(json.dumps(self.report, indent=2) + "\n")
+        if self.report["fallback"]:
+            self.launch.notice(
+                f"{len(self.report['fallback'])} of {len(agents)} agents shaped their links in "
+                f"the agent, not the kernel (kernel.json says why)"
+            )
 
     def stop(self) -> None:
         self.agents.stop()

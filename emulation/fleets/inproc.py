@@ -10,7 +10,7 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.identity import agent_ids
-from edge.stats import MemoryStatsSink, RoundRecord
+from edge.stats import Counters, MemoryStatsSink, RoundRecord
 from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -27,7 +27,11 @@ from emulation.networks import LinkRuntime, Network
 class InProcessFleet:
     """All agents in this process, in lock step: every agent's local step and push, then
     every agent's mix and report, round after round. There is no clock, so a network whose
-    links change with time cannot run here (the virtual mode runs those)."""
+    links change with time cannot run here (the virtual mode runs those).
+
+    After :meth:`run` the agents stay in :attr:`agents` (closed, their algorithms, tasks and
+    assignments readable) for checks that need more than the records.
+    """
 
     mode: ClassVar[str] = "inproc"
     summary: ClassVar[str] = "all agents in this process in lock step, deterministic"
@@ -39,10 +43,12 @@ class InProcessFleet:
         self.network = network
         self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
         self.sink = MemoryStatsSink()
+        self.agents: list[Agent] = []
         self.round = 0
         self._stop = threading.Event()
         self._seen = 0
         self._accuracy: dict[str, float] = {}
+        self._counters: dict[str, Counters] = {}
         self._runtime = network.runtime(agent_ids(config.agents), clock=lambda: 0.0)
 
     @classmethod
@@ -59,7 +65,7 @@ class InProcessFleet:
         config, runtime = self.config, self._runtime
         network = InMemoryNetwork()
         sink = runtime.sink(self.sink)
-        agents = [
+        agents = self.agents = [
             build_agent(
                 agent_id,
                 index=i,
@@ -105,12 +111,17 @@ class InProcessFleet:
         for record in records[self._seen :]:
             if "accuracy" in record.metrics:
                 self._accuracy[record.agent_id] = record.metrics["accuracy"]
+            self._counters[record.agent_id] = record.counters
         self._seen = len(records)
         final = self.round == self.config.rounds
+        # The counts of the agents' latest records, which the summary is made of too.
         states = [
-            AgentProgress(self.round, final, self._accuracy.get(a.agent_id), a.counters())
+            AgentProgress(
+                self.round, final, self._accuracy.get(a.agent_id),
+                self._counters.get(a.agent_id, Counters()),
+            )
             for a in agents
-        ]
+        ]  # fmt: skip
         self.keeper.update(fleet_progress(self.config, states, len(agents)))
 
     def stop(self) -> None:

@@ -64,6 +64,9 @@ class NamespaceFleet:
         write_peers(peers, {a: f"{addr}:{AGENT_PORT}" for a, addr in
                             zip(ids, namespaces.addresses, strict=True)})  # fmt: skip
         controller: LinkController | None = None
+        unapplied = [*links.unapplied, *namespaces.unapplied]
+        if unapplied:
+            self.launch.notice("the kernel does not apply: " + "; ".join(unapplied))
         with namespaces:
             try:
                 controller = LinkController(namespaces, links, self._epoch_unix())
@@ -83,7 +86,7 @@ class NamespaceFleet:
                     namespaces.sample()
                     self.report = {
                         "netem": namespaces.netem,
-                        "unapplied": [*links.unapplied, *namespaces.unapplied],
+                        "unapplied": unapplied,
                         "controller_errors": controller.errors[:5],
                         "links": [m.summary() for m in namespaces.measures(ids)],
                     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from edge.identity import agent_ids
 from edge.stats import RoundRecord
@@ -41,8 +42,14 @@ class ProcessFleet:
             topology=self.network.topology(),
             listen=self.launch.coordinator_listen,
             metrics_listen=self.launch.coordinator_metrics_listen,
+            run=RunSpec(scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds),
         )
         address = server.start()
+        if server.metrics_address:
+            self.launch.notice(
+                f"fleet metrics at http://{server.metrics_address}/metrics "
+                "(service discovery /sd, fleet /fleet)"
+            )
         try:
             for index, agent_id in enumerate(agent_ids(self.config.agents)):
                 self.agents.spawn(index, agent_id, ["--coordinator", address])

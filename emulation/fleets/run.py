@@ -9,18 +9,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from edge.settings import resolve_device
+from edge.stats import RoundRecord
 from edge.tasks import TaskContext, TaskError, load_task
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import Graph
 from emulation.config import ConfigError, RunConfig
 from emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
 from emulation.fleets.registry import fleet_class
-from emulation.networks import Network, network_for
+from emulation.networks import LinkRuntime, Network, network_for
 from emulation.results import RunResults, plot_results, summarise
 
 #: What a run leaves in its output folder: a second run there would mix the two.
@@ -78,6 +80,40 @@ def refuse_used_out_dir(out_dir: Path) -> None:
         )
 
 
+def write_results(
+    config: RunConfig,
+    network: Network,
+    records: dict[str, list[RoundRecord]],
+    out_dir: Path,
+    *,
+    resolved: dict[str, Any],
+    wall_s: float,
+    interrupted: bool,
+    end_time_s: float,
+    runtime: LinkRuntime | None = None,
+    links: str | None = None,
+) -> RunResults:
+    """Summarise every agent's round records into ``results.json`` and ``results.png`` in
+    ``out_dir``, whoever ran the agents (a fleet here, or a coordinator that collected them).
+
+    ``resolved``: the config the results carry; ``links``: what the links were, for the
+    plot's title (default: the network's own description).
+    """
+    results = summarise(records, reference=reference_answer(config), config=resolved)
+    results.total_wall_s = round(wall_s, 3)
+    results.interrupted = interrupted
+    results.versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    network.finish(results, records, out_dir, end_time_s=end_time_s, runtime=runtime)
+    results.write(out_dir / "results.json")
+    if results.rounds:
+        title = (
+            f"{config.task.name} · {config.agents} agents · {links or network.describe()} · "
+            f"{config.algorithm}"
+        )
+        plot_results(out_dir / "results.png", results, title)
+    return results
+
+
 def run_fleet(
     config: RunConfig,
     out_dir: Path,
@@ -87,13 +123,15 @@ def run_fleet(
     coordinator_metrics_listen: str | None = None,
     on_start: Callable[[Fleet], None] | None = None,
     plan: Plan | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> RunResults:
     """Run a fleet to the end; write ``results.json`` and ``results.png`` into ``out_dir``.
 
     ``on_start`` gets the fleet once it is built (to stop it from elsewhere, say). On
     Ctrl-C the agents are stopped, whatever was recorded so far is written with
     ``"interrupted": true``, and ``KeyboardInterrupt`` propagates. ``plan``: the
-    :func:`preflight` of ``config`` when the caller already made it.
+    :func:`preflight` of ``config`` when the caller already made it; ``on_notice`` gets
+    what the fleet says people should know (what a kernel could not apply, say).
     """
     plan = plan if plan is not None and plan.config == config else preflight(config)
     refuse_used_out_dir(out_dir)
@@ -103,8 +141,9 @@ def run_fleet(
     config_path = out_dir / "config.json"
     config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     launch = Launch(
-        out_dir, config_path, on_progress, coordinator_listen, coordinator_metrics_listen
-    )
+        out_dir, config_path, on_progress, coordinator_listen, coordinator_metrics_listen,
+        on_notice,
+    )  # fmt: skip
     started = time.monotonic()
     fleet = plan.fleet(config, network, launch)
     if on_start is not None:
@@ -116,21 +155,11 @@ def run_fleet(
         interrupted = True
     except TaskError as err:  # a task failing in this process (a user's app, say)
         raise FleetError(str(err)) from None
-    records = fleet.records()
-    results = summarise(
-        records, reference=reference_answer(config), config=network.resolved(plan.graph)
-    )
-    results.total_wall_s = round(time.monotonic() - started, 3)
-    results.interrupted = interrupted
-    results.versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    network.finish(results, records, out_dir, end_time_s=fleet.clock_s(), runtime=fleet.runtime)
-    results.write(out_dir / "results.json")
-    if results.rounds:
-        title = (
-            f"{config.task.name} · {config.agents} agents · {network.describe()} · "
-            f"{config.algorithm}"
-        )
-        plot_results(out_dir / "results.png", results, title)
+    results = write_results(
+        config, network, fleet.records(), out_dir,
+        resolved=network.resolved(plan.graph), wall_s=time.monotonic() - started,
+        interrupted=interrupted, end_time_s=fleet.clock_s(), runtime=fleet.runtime,
+    )  # fmt: skip
     if interrupted:
         raise KeyboardInterrupt
     return results

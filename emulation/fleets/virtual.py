@@ -22,7 +22,7 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.identity import agent_ids
-from edge.stats import MemoryStatsSink, RoundRecord
+from edge.stats import Counters, MemoryStatsSink, RoundRecord
 from edge.transport.base import (
     GossipMessage,
     InboundHandler,
@@ -170,6 +170,8 @@ class VirtualFleet:
         self._slowest = 0
         self._finished = 0
         self._stop = False
+        self._seen = 0
+        self._counters: dict[str, Counters] = {}
         #: What the agents reported for each round the slowest agent has not finished.
         self._reported: dict[int, list[RoundRecord]] = {}
 
@@ -305,5 +307,14 @@ class VirtualFleet:
 
     def _report_progress(self) -> None:
         slowest, final = self._slowest, self._slowest == self.config.rounds
-        states = [AgentProgress(slowest, final, None, a.counters()) for a in self.agents]
+        records = self.sink.records
+        for record in records[self._seen :]:
+            self._counters[record.agent_id] = record.counters
+        self._seen = len(records)
+        # The counts of the agents' latest records, which the summary is made of too: a
+        # push still in flight when its sender reported its last round is in neither.
+        states = [
+            AgentProgress(slowest, final, None, self._counters.get(a.agent_id, Counters()))
+            for a in self.agents
+        ]
         self.keeper.update(fleet_progress(self.config, states, len(self.agents)))

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from airgossip.compose import top_level_compose
-from emulation.config import load_config
+from emulation.config import load_config, read_scenario, scenario_toml
+from emulation.scenario import scenario_path
 from tests.support import ROOT, assert_one_line_error, cli
 
 SCHEMA = json.loads((Path(__file__).parent / "schemas" / "compose-spec.json").read_text())
@@ -69,7 +70,8 @@ def test_the_top_level_file_passes_the_compose_schema() -> None:
     eight = validate(text, {"AIRGOSSIP_AGENTS": "8"})["services"]
     assert eight["agent"]["deploy"]["replicas"] == "8"
     assert eight["coordinator"]["command"][-2:] == ["--agents", "8"]
-    assert eight["agent"]["command"][eight["agent"]["command"].index("--agents") + 1] == "8"
+    # The agents get the scenario and the fleet size from the coordinator.
+    assert "--config" not in eight["agent"]["command"]
     # What it mounts from the repository exists.
     for service in services.values():
         for volume in service.get("volumes", []):
@@ -98,8 +100,10 @@ def test_airgossip_compose_writes_a_bundle_for_a_larger_fleet(tmp_path: Path) ->
     document = validate(text)
     agent = document["services"]["agent"]
     assert agent["deploy"]["replicas"] == 32
-    assert "./scenario.toml:/etc/airgossip/scenario.toml:ro" in agent["volumes"]
-    config = load_config(out / "scenario.toml")
+    coordinator = document["services"]["coordinator"]
+    assert "./scenario.toml:/etc/airgossip/scenario.toml:ro" in coordinator["volumes"]
+    # What the coordinator reads (real links unless asked) is what was asked for.
+    config = load_config(out / "scenario.toml", real_links=True)
     assert config.agents == 32 and config.rounds == 60
     assert config.wireless is not None and config.wireless.name == "wifi-indoor"
     # Paths back to the repository resolve from the bundle's folder.
@@ -108,6 +112,19 @@ def test_airgossip_compose_writes_a_bundle_for_a_larger_fleet(tmp_path: Path) ->
     prometheus = document["services"]["prometheus"]["volumes"][0].split(":")[0]
     assert (out / prometheus).is_file()
     docker_compose_accepts(out / "docker-compose.yml")
+
+
+@pytest.mark.parametrize("preset", [None, "wifi-indoor", "lte-urban"])
+def test_a_written_scenario_reads_back_as_it_was_on_real_links_too(
+    preset: str | None, tmp_path: Path
+) -> None:
+    base = read_scenario(scenario_path(preset)) if preset else None
+    for overrides in ({"agents": 12}, {"network": {"loss": 0.0}}, {"network": {"loss": 0.3}}):
+        config = load_config(None, overrides, base=base)
+        path = tmp_path / "scenario.toml"
+        path.write_text(scenario_toml(config))
+        assert load_config(path) == config
+        assert load_config(path, real_links=True) == config
 
 
 def test_airgossip_compose_refuses_bad_input(tmp_path: Path) -> None:
@@ -123,4 +140,5 @@ def test_airgossip_compose_refuses_bad_input(tmp_path: Path) -> None:
     assert cli("compose", "--agents", "5", "--out", str(out)).returncode == 0
     assert_one_line_error(cli("compose", "--agents", "6", "--out", str(out)), "--force")
     assert cli("compose", "--agents", "6", "--out", str(out), "--force").returncode == 0
-    assert load_config(out / "scenario.toml").agents == 6
+    static = load_config(out / "scenario.toml", real_links=True)
+    assert static.agents == 6 and static.network.loss == 0.1  # emulated, as airgossip run

@@ -78,8 +78,9 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
 
         try:
             start(0, [sys.executable, "-m", "airgossip", "coordinator", "--listen",
-                      f"{coordinator_host}:7070", "--metrics-port", "9470",
-                      "--config", str(scenario)], "coordinator.log")  # fmt: skip
+                      f"{coordinator_host}:7070", "--metrics-port", "9470", "--config",
+                      str(scenario), "--out", str(tmp_path / "results")],
+                  "coordinator.log")  # fmt: skip
             agents = []
             for index, host in ((0, 1), (1, 2)):
                 env = {
@@ -92,14 +93,13 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
                 command = unit_command(env)
                 # This checkout's airgossip, its files where the test keeps them.
                 command[0:1] = [sys.executable, "-m", "airgossip"]
-                command[command.index("--config") + 1] = str(scenario)
                 command[command.index("--stats-dir") + 1] = str(tmp_path / "records")
                 agents.append(start(host, [*command, "--linger-s", "5"], f"agent-{index}.log"))
             # A device with the wrong token is refused, with one line naming why.
             wrong = subprocess.run(
                 [*hosts.exec_prefix(3), sys.executable, "-m", "airgossip", "agent",
                  "--coordinator", f"{coordinator_host}:7070", "--token", "wrong",
-                 "--config", str(scenario), "--index", "1", "--listen", "0.0.0.0:7000",
+                 "--index", "1", "--listen", "0.0.0.0:7000",
                  "--advertise", f"{hosts.addresses[3]}:7000", "--ready-timeout-s", "20"],
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip
@@ -108,6 +108,8 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
             assert "Traceback" not in wrong.stderr
             for agent in agents:
                 assert agent.wait(timeout=200) == 0, (tmp_path / "agent-0.log").read_text()[-2000:]
+            # The run is complete: the coordinator writes its results and exits.
+            assert procs[0].wait(timeout=120) == 0, (tmp_path / "coordinator.log").read_text()
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -123,6 +125,8 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
         records[index] = json.loads(lines[-1])
     assert all(r["final"] and r["round"] == 15 for r in records.values())
     assert all(r["metrics"]["accuracy"] > 0.8 for r in records.values())
+    results = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert results["final"]["round"] == 15 and results["final"]["messages_dropped"] == 0
     log = (tmp_path / "coordinator.log").read_text()
     # The coordinator dialled the devices at their advertised addresses.
     assert f"agent-0 joined from {hosts.addresses[1]}:7000" in log

@@ -1,5 +1,5 @@
-"""dpsgd-ac (DSGD-AC): the consensus-step schedule, the damped mix, and replicas kept apart at
-D-PSGD's bytes."""
+"""dpsgd-ac (DSGD-AC): the consensus-step schedule and the damped mix (replicas kept apart at
+D-PSGD's bytes on a whole fleet: tests/emulation/test_paper_fleets.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 from edge.algorithms import AdaptiveConsensusDPSGD, GossipAlgorithm, Payload, create_algorithm
 from edge.algorithms.adaptive_consensus import AdaptiveConsensusOptions, consensus_step
 from edge.topology import Phase
-from tests.edge.lockstep import LockStepFleet
 from tests.support import AlgorithmFleet
 
 
@@ -74,19 +73,3 @@ def test_with_a_constant_rate_it_is_dpsgd_and_without_a_rate_it_says_so() -> Non
         assert torch.equal(a.estimate(), b.estimate())
     with pytest.raises(ValueError, match="train metric 'lr'"):
         ac.algos[0].on_local_step(2, {"train_loss": 0.3})
-
-
-def test_dpsgd_ac_keeps_replicas_apart_at_dpsgd_bytes() -> None:
-    """Digits, 16 agents, ring, 10% loss, 40 rounds (the learning rate drops tenfold at round
-    30, gamma a thousandfold): the same messages as D-PSGD, replicas further apart."""
-    settings: dict[str, Any] = {"rounds": 40, "eval_every": 40, "task": {"name": "digits"}}
-    figures = {}
-    for name in ("dpsgd", "dpsgd-ac"):
-        fleet = LockStepFleet.build(16, "ring", loss=0.1, algorithm=name, **settings)
-        fleet.run()
-        figures[name] = (fleet.consensus_distance(), fleet.bytes_sent(), fleet.mean("accuracy"))
-        fleet.close()
-    (plain_spread, plain_bytes, plain_acc), (ac_spread, ac_bytes, ac_acc) = figures.values()
-    assert ac_spread > 1.5 * plain_spread
-    assert abs(ac_bytes - plain_bytes) < 1e-3 * plain_bytes  # the header's name is longer
-    assert ac_acc > 0.9 and plain_acc > 0.9

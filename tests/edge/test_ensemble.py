@@ -1,9 +1,7 @@
-"""Ensemble compression (EC-DNN) and C4: parameter averaging needs a shared initialisation;
-output averaging plus distillation does not."""
+"""Ensemble compression (EC-DNN): the algorithm's teachers and the task's independent starts
+and distillation (C4 on whole fleets: tests/emulation/test_paper_fleets.py)."""
 
 from __future__ import annotations
-
-from functools import lru_cache
 
 import pytest
 import torch
@@ -16,9 +14,8 @@ from edge.tasks import TaskContext, TrainConfig, load_task
 from edge.tasks.digits import DigitsTask
 from edge.topology import Phase
 from edge.transport import InMemoryNetwork, InMemoryTransport
-from tests.edge.lockstep import LockStepFleet
 
-AGENTS, ROUNDS = 4, 40
+AGENTS = 4
 
 
 def digits(index: int, init: str, **options: object) -> DigitsTask:
@@ -27,68 +24,6 @@ def digits(index: int, init: str, **options: object) -> DigitsTask:
     return task
 
 
-@lru_cache(maxsize=2)
-def averaging(init: str) -> tuple[float, float, float]:
-    """4 agents train alone on disjoint shards for 40 rounds; then the parameter average.
-    Returns (mean local accuracy, accuracy of the average, accuracy of the output ensemble)."""
-    tasks = [digits(i, init) for i in range(AGENTS)]
-    models = [t.initial_parameters() for t in tasks]
-    for r in range(1, ROUNDS + 1):
-        models = [
-            t.train(m, TrainConfig(r, ROUNDS)).parameters
-            for t, m in zip(tasks, models, strict=True)
-        ]
-    judge = tasks[0]
-    local = sum(judge.evaluate(m).metrics["accuracy"] for m in models) / AGENTS
-    average = judge.evaluate(torch.stack(models).mean(dim=0)).metrics["accuracy"]
-    return local, average, judge.evaluate_ensemble(models).metrics["accuracy"]
-
-
-def test_c4_averaging_same_initialised_models_loses_at_most_0_01() -> None:
-    local, average, _ = averaging("shared")
-    assert average >= local - 0.01
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="C4's >= 0.15 does not hold for the digits MLP trained by SGD: the average of "
-    "independently initialised models loses 0.09 (0.938 -> 0.850); see docs/algorithms.md",
-)
-def test_c4_averaging_independently_initialised_models_loses_at_least_0_15() -> None:
-    local, average, _ = averaging("independent")
-    assert average <= local - 0.15
-
-
-def test_averaging_independent_models_loses_what_averaging_shared_ones_does_not() -> None:
-    shared_local, shared_average, _ = averaging("shared")
-    local, average, ensemble = averaging("independent")
-    assert local - average > (shared_local - shared_average) + 0.05
-    assert ensemble > local  # the outputs combine where the parameters do not
-
-
-def test_c4_ensemble_compression_of_independent_models_ends_near_their_output_ensemble() -> None:
-    """4 independently initialised agents, complete graph, a combination every 10 rounds."""
-    fleet = LockStepFleet.build(
-        AGENTS, "complete", algorithm="ensemble", rounds=ROUNDS, eval_every=ROUNDS,
-        task={"name": "digits", "init": "independent"}, algorithm_options={"period": 10},
-    )  # fmt: skip
-    fleet.run()
-    judge = fleet.agents[0].task
-    assert isinstance(judge, DigitsTask)
-    ensembles = []
-    for agent in fleet.agents:
-        algo = agent.algorithm
-        assert isinstance(algo, EnsembleCompression) and len(algo.last_ensemble) == AGENTS
-        ensembles.append(judge.evaluate_ensemble(algo.last_ensemble).metrics["accuracy"])
-    # complete graph, no loss: every agent combined the same four models
-    assert len(set(ensembles)) == 1
-    assert fleet.mean("accuracy") >= ensembles[0] - 0.02  # the compressed models, on average
-    _, average, _ = averaging("independent")
-    assert fleet.mean("accuracy") > average + 0.05  # far above averaging the same start
-    fleet.close()
-
-
-# -- the algorithm and the task's side ---------------------------------------------------------
 def test_teachers_are_the_own_model_and_the_fresh_ones_on_combination_rounds_only() -> None:
     algo = create_algorithm("ensemble", torch.zeros(3), dtype=torch.float32, options={"period": 2})
     assert isinstance(algo, EnsembleCompression)

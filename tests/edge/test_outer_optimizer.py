@@ -1,4 +1,5 @@
-"""local-sgd with an outer optimizer (DiLoCo, PALSGD) and pseudo-synchronous averaging."""
+"""local-sgd with an outer optimizer (DiLoCo, PALSGD) and pseudo-synchronous averaging (on a
+whole fleet: tests/emulation/test_paper_fleets.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 from edge.algorithms import GossipAlgorithm, LocalSGD, create_algorithm
 from edge.algorithms.local_sgd import LocalSGDOptions
 from edge.topology import Phase
-from tests.edge.lockstep import LockStepFleet
 from tests.support import AlgorithmFleet
 
 
@@ -77,28 +77,3 @@ def test_pseudo_synchronous_averaging_draws_the_same_rounds_on_every_agent() -> 
 def test_bad_options_are_refused(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=rf"algorithm 'local-sgd': .*{message}"):
         create_algorithm("local-sgd", torch.zeros(3), dtype=torch.float32, options=values)
-
-
-def learn(options: dict[str, Any]) -> tuple[float, int]:
-    fleet = LockStepFleet.build(
-        16, "complete", loss=0.1, algorithm="local-sgd", rounds=80, eval_every=80,
-        task={"name": "digits", "partition": "dirichlet", "alpha": 0.1},
-        algorithm_options=options,
-    )  # fmt: skip
-    fleet.run()
-    algo = fleet.agents[0].algorithm
-    assert isinstance(algo, LocalSGD)
-    figures = fleet.mean("accuracy"), algo.averaging_rounds
-    fleet.close()
-    return figures
-
-
-def test_outer_nesterov_every_8_rounds_matches_averaging_every_round() -> None:
-    """Class-skewed digits (Dirichlet 0.1), 16 agents, complete graph (DiLoCo's all-reduce),
-    10% loss, 80 rounds; DiLoCo's outer step (lr 0.7, Nesterov momentum 0.9)."""
-    every_round, count_1 = learn({"period": 1})
-    outer, count_8 = learn({"period": 8, "outer_lr": 0.7, "outer_momentum": 0.9})
-    plain, _ = learn({"period": 8})
-    assert count_1 >= 8 * count_8
-    assert outer >= every_round - 0.01
-    assert plain < every_round - 0.01  # without the outer step, H = 8 loses more

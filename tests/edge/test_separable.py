@@ -1,5 +1,5 @@
-"""The separable-data task and C5 (Taheri & Thrampoulidis, AISTATS 2023): decentralized
-gradient descent trains like centralized gradient descent on the pooled data."""
+"""The separable-data task (Taheri & Thrampoulidis, AISTATS 2023) and its centralized
+reference (C5 on a whole fleet: tests/emulation/test_paper_fleets.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from edge.tasks.separable import (
     logistic_loss,
     separable_data,
 )
-from tests.edge.lockstep import LockStepFleet
 
 
 def test_the_data_is_separable_with_a_margin_and_the_same_on_every_agent() -> None:
@@ -64,20 +63,3 @@ def test_bad_options_say_what_is_allowed() -> None:
         load_task("separable", TaskContext(0, 2, 0, options={"margin": 1.5}))
     with pytest.raises(TaskError, match=r"unknown option 'alpha' \(allowed: dim, "):
         load_task("separable", TaskContext(0, 2, 0, options={"alpha": 0.1}))
-
-
-def test_c5_decentralized_gd_on_a_ring_trains_like_centralized_gd() -> None:
-    """16 agents, ring, D-PSGD (decentralized GD), 2,000 steps: every agent's training loss on
-    the pooled data within 2x of centralized GD's at the same step, the same test error."""
-    steps = 2000
-    fleet = LockStepFleet.build(
-        16, "ring", algorithm="dpsgd", rounds=steps, eval_every=steps, task={"name": "separable"}
-    )
-    fleet.run()
-    reference = centralized_reference(0, 16, SeparableOptions(), steps)
-    final = fleet.at(steps)
-    worst_loss = max(r.metrics["pooled_loss"] for r in final)
-    errors = {round(1 - r.metrics["accuracy"], 6) for r in final}
-    assert worst_loss <= 2 * reference.pooled_loss[steps]
-    assert errors == {round(float(reference.test_error[steps]), 6)}
-    fleet.close()

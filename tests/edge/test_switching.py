@@ -1,16 +1,14 @@
-"""Switching the gossip graph during training: the schedule, its decisions, exactness across
-switches, and what dense-then-sparse (and the reverse) cost and buy on class-skewed digits."""
+"""Switching the gossip graph during training: the schedule, its decisions and the switched
+assignments (whole fleets, exactness across switches and what dense-then-sparse and the
+reverse cost and buy: tests/emulation/test_switching_fleets.py)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import pytest
 
-from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import (
-    Assignment,
     FleetFigures,
     SwitchingSettings,
     TopologySwitcher,
@@ -19,7 +17,6 @@ from edge.topology import (
     parse_switching,
     switched_assignments,
 )
-from tests.edge.lockstep import Between, LockStepFleet
 
 
 def settings(**values: Any) -> SwitchingSettings:
@@ -112,94 +109,3 @@ def test_switched_assignments_raise_the_epoch_and_keep_the_old_peers() -> None:
     assert {a.epoch for a in second.values()} == {4}
     assert set(second["a0"].peers) == set(addresses) - {"a0"}  # old peers still known
     assert set(second["a0"].phase(0).out_weights) == {"a1", "a5"}  # but only ring edges used
-
-
-# -- whole fleets ------------------------------------------------------------------------------
-def switching(schedule: SwitchingSettings, n: int, **kwargs: Any) -> tuple[LockStepFleet, Between]:
-    """A fleet on the schedule's first graph, and the hook that switches it between rounds
-    from the fleet's figures (consensus distance, mean test loss), as a fleet driver does."""
-    switcher = TopologySwitcher(schedule, n)
-    fleet = LockStepFleet.build(n, switcher.graph, **kwargs)
-
-    def between(r: int, fleet: LockStepFleet) -> dict[str, Assignment] | None:
-        reported = fleet.at(r)
-        loss = fleet.mean("loss", reported) if reported and "loss" in reported[0].metrics else None
-        graph = switcher.observe(FleetFigures(r, fleet.consensus_distance(), loss))
-        if graph is None:
-            return None
-        return switched_assignments(fleet.assignments, graph, fleet.addresses, scheme=fleet.scheme)
-
-    return fleet, between
-
-
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        {"topologies": ["complete", "ring", "one-peer-exponential", "exponential"],
-         "at_rounds": [4, 8, 12]},
-        {"topologies": ["directed-ring", "complete", "exponential"],
-         "trigger": "consensus-distance-below", "threshold": 0.2, "window": 1},
-    ],
-    ids=["by-round", "adaptive"],
-)  # fmt: skip
-def test_push_sum_stays_exact_across_switches_under_10_percent_loss(
-    schedule: dict[str, Any],
-) -> None:
-    n, dim = 16, 30
-    fleet, between = switching(
-        settings(**schedule), n, loss=0.1, rounds=300, task={"name": "consensus", "dim": dim}
-    )
-    fleet.run(between=between)
-    epochs = {a.assignment.epoch for a in fleet.agents if a.assignment is not None}
-    assert epochs == {len(schedule["topologies"])}  # every switch reached every agent
-    reference = true_average(0, n, ConsensusOptions(dim=dim))
-    error = max(float((e - reference).norm() / reference.norm()) for e in fleet.estimates())
-    assert error < 1e-6
-    assert sum(a.counters().messages_dropped for a in fleet.agents) > 100
-    fleet.close()
-
-
-SKEWED: dict[str, Any] = {"name": "digits", "partition": "dirichlet", "alpha": 0.1}
-
-
-@lru_cache(maxsize=8)
-def learn(topologies: tuple[str, ...], **schedule: Any) -> tuple[float, int]:
-    """Class-skewed digits, 16 agents, 80 rounds, 10% loss, push-sum; (accuracy, bytes)."""
-    common: dict[str, Any] = {"loss": 0.1, "rounds": 80, "eval_every": 1, "task": SKEWED}
-    if len(topologies) == 1:
-        fleet = LockStepFleet.build(16, topologies[0], **common)
-        fleet.run()
-    else:
-        fleet, between = switching(settings(topologies=list(topologies), **schedule), 16, **common)
-        fleet.run(between=between)
-    figures = fleet.mean("accuracy"), fleet.bytes_sent()
-    fleet.close()
-    return figures
-
-
-def test_dense_then_exponential_reaches_the_dense_accuracy_with_at_most_60_percent_bytes() -> None:
-    dense, dense_bytes = learn(("complete",))
-    accuracy, sent = learn(("complete", "exponential"), at_rounds=(33,))
-    assert accuracy >= dense - 0.01
-    assert sent <= 0.6 * dense_bytes
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="with the ring as the sparse graph, dense-then-sparse loses 0.024: complete for 32 "
-    "rounds, then the ring, ends at 0.9286 against complete's 0.9530 (48% of the bytes)",
-)
-def test_dense_then_ring_reaches_the_dense_accuracy_with_at_most_60_percent_bytes() -> None:
-    dense, dense_bytes = learn(("complete",))
-    accuracy, sent = learn(("complete", "ring"), at_rounds=(33,))
-    assert sent <= 0.6 * dense_bytes
-    assert accuracy >= dense - 0.01
-
-
-def test_sparse_then_dense_on_a_loss_plateau_reaches_the_dense_accuracy_cheaply() -> None:
-    dense, dense_bytes = learn(("complete",))
-    accuracy, sent = learn(
-        ("ring", "complete"), trigger="loss-plateau", threshold=0.05, window=5, min_rounds=20
-    )
-    assert accuracy >= dense - 0.01
-    assert sent <= 0.6 * dense_bytes

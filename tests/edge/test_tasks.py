@@ -67,6 +67,17 @@ def test_digits_training_does_not_alias_its_input() -> None:
     assert result.num_examples == 10 * 16
 
 
+def test_a_local_epoch_visits_every_training_image_once_per_pass() -> None:
+    task = load_task("digits", context(local_epochs=2, batch_size=32))
+    batches = task._batches_of_round()
+    n = task.num_train
+    assert len(batches) == 2 * -(-n // 32)
+    first = torch.cat(batches[: len(batches) // 2])
+    assert sorted(first.tolist()) == list(range(n))
+    result = task.train(task.initial_parameters(), TrainConfig(1, 10))
+    assert result.num_examples == 2 * n
+
+
 def test_consensus_vectors_and_their_average() -> None:
     options = ConsensusOptions(dim=5)
     vectors = [consensus_vector(3, i, options) for i in range(4)]

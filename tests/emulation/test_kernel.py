@@ -129,8 +129,12 @@ def test_a_static_network_in_namespaces_drops_packets_at_its_loss(tmp_path: Path
         "wait_timeout_s": 30, "task": {"name": "consensus", "dim": 400_000},
         "network": {"loss": 0.02, "bandwidth_mbps": 40},
     })  # fmt: skip
-    results = run_fleet(config, tmp_path / "run").to_json()
+    notices: list[str] = []
+    results = run_fleet(config, tmp_path / "run", on_notice=notices.append).to_json()
     assert results["final"]["round"] == 4 and results["final"]["complete"]
+    # The console hears what the kernel does not apply, as kernel.json keeps it.
+    assert any(n.startswith("the kernel does not apply: ") and "message loss" in n
+               for n in notices)  # fmt: skip
     # No agent shaped its links again (--no-link-shaping): TCP carried every message.
     assert results["final"]["messages_sent"] > 0 and results["final"]["messages_dropped"] == 0
     report = json.loads((tmp_path / "run" / "kernel.json").read_text())

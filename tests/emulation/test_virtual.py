@@ -95,3 +95,20 @@ def test_digits_learns_while_agents_move(tmp_path: Path) -> None:
     results = run(tmp_path, "wifi-outdoor-mobile", agents=16, rounds=40)
     assert results["final"]["mean_accuracy"] >= 0.85
     assert results["wireless"]["graph_epochs"] > 1
+
+
+def test_the_progress_and_the_summary_count_the_same_messages(tmp_path: Path) -> None:
+    """A push still in flight when its sender reported its last round is counted by neither
+    the last progress nor the summary (both read the agents' records): once, the progress
+    counted it and the two disagreed by one."""
+    config = load_config(
+        None,
+        {"mode": "virtual", "agents": 8, "rounds": 5, "seed": 1, "wait_timeout_s": 0.01},
+        base=read_scenario(scenario_path("lte-urban")),
+    )
+    seen: list[Any] = []
+    results = run_fleet(config, tmp_path, on_progress=seen.append)
+    last, final = seen[-1], results.final
+    assert (last.slowest_round, last.messages_sent, last.messages_dropped) == (
+        final.round, final.messages_sent, final.messages_dropped,
+    )  # fmt: skip
