@@ -32,8 +32,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
 from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
+from edge.checkpoints import CheckpointStore
 from edge.identity import agent_ids, natural_order
 from edge.metrics import AgentMetrics, MetricsServer
+from edge.security import TlsCredentials, dial, fleet_of
 from edge.settings import AgentSettings
 from edge.stats import FileStatsSink
 from edge.telemetry import LatestStats, Telemetry
@@ -112,6 +114,11 @@ class AgentProcessOptions:
     #: Shape this agent's links in the kernel on this interface of its own network
     #: namespace (a container with NET_ADMIN); in the agent where that is refused.
     kernel_device: str | None = None
+    #: Folder of the agent's TLS credentials (ca.pem, <id>.pem, <id>.key); None: plaintext.
+    certs: Path | None = None
+    #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
+    checkpoint_dir: Path | None = None
+    checkpoint_interval_s: float = 5.0
 
 
 def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) -> Assignment:
@@ -128,7 +135,11 @@ def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) ->
 
 
 def _wait_for_peers(
-    agent_id: str, assignment: Assignment, timeout_s: float, stop: threading.Event
+    agent_id: str,
+    assignment: Assignment,
+    timeout_s: float,
+    stop: threading.Event,
+    security: TlsCredentials | None = None,
 ) -> None:
     """Wait until every peer answers the gRPC health check (bounded by ``timeout_s``),
     saying every few seconds which peers it still waits for."""
@@ -138,7 +149,7 @@ def _wait_for_peers(
     waiting = WaitReporter(agent_id, "its peers")
     while pending and time.monotonic() < deadline and not stop.is_set():
         for peer, address in list(pending.items()):
-            with grpc.insecure_channel(address) as channel:
+            with dial(address, peer, security) as channel:
                 try:
                     reply = health_pb2_grpc.HealthStub(channel).Check(
                         health_pb2.HealthCheckRequest(service=""), timeout=1.0
@@ -296,8 +307,11 @@ def _run_agent(
     if metrics is not None and options.metrics_listen is not None:
         held.exporter = MetricsServer(metrics.registry, options.metrics_listen)
     run: RunInfo | None = None
+    security = TlsCredentials.load(options.certs, options.agent_id) if options.certs else None
     if options.coordinator:
-        held.client = CoordinatorClient(options.coordinator, options.agent_id, token=options.token)
+        held.client = CoordinatorClient(
+            options.coordinator, options.agent_id, token=options.token, security=security
+        )
         try:
             run = held.client.fetch_run(options.declared, timeout_s=options.ready_timeout_s)
         except CoordinatorError:
@@ -342,7 +356,14 @@ def _run_agent(
     shaper = links.shaper if options.shape_links and held.kernel is None else None
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
-    transport = GrpcTransport(options.agent_id, listen=options.listen, shaper=shaper)
+    transport = GrpcTransport(
+        options.agent_id, listen=options.listen, shaper=shaper, security=security
+    )
+    checkpoints = (
+        CheckpointStore(options.checkpoint_dir, options.agent_id)
+        if options.checkpoint_dir is not None
+        else None
+    )
     client = held.client
     agent = held.agent = build_agent(
         options.agent_id,
@@ -352,7 +373,11 @@ def _run_agent(
         transport=transport,
         stats=stats,
         observer=telemetry,
+        fleet=fleet_of(security),
+        checkpoints=checkpoints,
+        checkpoint_interval_s=options.checkpoint_interval_s,
     )
+    agent.resume()  # from the newest intact checkpoint, if it keeps any
     if stop.is_set():
         return 0
     if client is None:
@@ -394,7 +419,7 @@ def _run_agent(
             return 3
     else:
         assert agent.assignment is not None
-        _wait_for_peers(options.agent_id, agent.assignment, options.ready_timeout_s, stop)
+        _wait_for_peers(options.agent_id, agent.assignment, options.ready_timeout_s, stop, security)
     if stop.is_set():
         return 0
     assert agent.assignment is not None

@@ -31,6 +31,7 @@ import grpc
 
 from coordinator.convert import assignment_from_proto, record_to_proto, snapshot_to_proto
 from coordinator.run import MAX_REPORTS_PER_CALL, REASON_FINISHED, REPORT_ESTIMATE_LIMIT
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial
 from edge.stats import RoundRecord
 from edge.telemetry import AgentSnapshot
 from edge.topology import Assignment
@@ -118,13 +119,22 @@ class CoordinatorClient:
         This agent's id.
     token:
         Join token.
+    security:
+        This agent's TLS credentials (the coordinator must prove it is ``coordinator``);
+        None dials in plaintext.
     backoff_cap_s:
         Longest pause between retries while the coordinator is unreachable (lowered to a
         quarter of the heartbeat timeout the coordinator announces).
     """
 
     def __init__(
-        self, address: str, agent_id: str, *, token: str = "", backoff_cap_s: float = 5.0
+        self,
+        address: str,
+        agent_id: str,
+        *,
+        token: str = "",
+        security: TlsCredentials | None = None,
+        backoff_cap_s: float = 5.0,
     ) -> None:
         self.address = address
         self.agent_id = agent_id
@@ -132,7 +142,7 @@ class CoordinatorClient:
         self.backoff_cap_s = backoff_cap_s
         self.heartbeat_interval_s = 2.0
         self.heartbeat_timeout_s = 10.0
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = dial(address, COORDINATOR_IDENTITY, security, CHANNEL_OPTIONS)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -89,13 +89,29 @@ EVENT_COUNTERS = (
 )
 
 
+#: Refused calls so far, by (method, reason).
+RefusalSnapshot = Callable[[], dict[tuple[str, str], int]]
+
+
 class FleetCollector(Collector):
     """Produces the fleet metrics from a fresh :class:`FleetView` at every scrape."""
 
-    def __init__(self, view: Callable[[], FleetView]) -> None:
+    def __init__(
+        self, view: Callable[[], FleetView], refusals: RefusalSnapshot | None = None
+    ) -> None:
         self._view = view
+        self._refusals = refusals
 
     def collect(self) -> Iterator[Metric]:
+        if self._refusals is not None:
+            refused = CounterMetricFamily(
+                "airgossip_coordinator_refusals",
+                "Calls refused, by method and reason.",
+                labels=["method", "reason"],
+            )
+            for (method, reason), count in sorted(self._refusals().items()):
+                refused.add_metric([method, reason], float(count))
+            yield refused
         view = self._view()
         states = {ALIVE: 0, DEAD: 0, LEFT: 0, FINISHED: 0}
         for member in view.members:
@@ -193,8 +209,11 @@ def service_discovery(view: FleetView) -> list[dict[str, Any]]:
     ]
 
 
-def metrics_server(view: Callable[[], FleetView], listen: str) -> MetricsServer:
-    """The coordinator's HTTP server: ``/metrics``, ``/sd`` and ``/fleet``.
+def metrics_server(
+    view: Callable[[], FleetView], listen: str, *, refusals: RefusalSnapshot | None = None
+) -> MetricsServer:
+    """The coordinator's HTTP server: ``/metrics``, ``/sd`` and ``/fleet`` (and the count of
+    refused calls from ``refusals``).
 
     Raises
     ------
@@ -202,7 +221,7 @@ def metrics_server(view: Callable[[], FleetView], listen: str) -> MetricsServer:
         With a one-line reason when ``listen`` cannot be bound.
     """
     registry = CollectorRegistry()
-    registry.register(FleetCollector(view))
+    registry.register(FleetCollector(view, refusals))
     return MetricsServer(
         registry,
         listen,

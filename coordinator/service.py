@@ -4,6 +4,12 @@
 one port, a liveness thread that declares silent agents dead the moment their timeout
 passes, and (optionally) an HTTP port with Prometheus metrics, service discovery and a JSON
 view of the fleet. It is never in the data path.
+
+With TLS (``security``) every call is bound to the caller's certificate: an agent registers,
+heartbeats, watches and leaves only as itself (:mod:`edge.security`). Requests are parsed
+from raw bytes (:func:`edge.transport.guard.parsed_service`); every refusal has its gRPC
+status, a count by method and reason (``airgossip_coordinator_refusals_total``) and a log
+line at a bounded rate, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from coordinator.convert import assignment_to_proto, record_from_proto, snapshot_from_proto
 from coordinator.membership import FINISHED, Fleet, FleetView, LivenessSettings, Refusal
@@ -33,7 +39,9 @@ from coordinator.run import (
 )
 from coordinator.store import FleetStore
 from edge.metrics import MetricsServer
+from edge.security import TlsCredentials, add_port, peer_identity
 from edge.transport.grpc_transport import ensure_bindable
+from edge.transport.guard import HealthService, RefusalCounts, RefusalLog, parsed_service
 from protos import coordinator_pb2, coordinator_pb2_grpc
 
 __all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec"]
@@ -46,6 +54,8 @@ AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 #: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
 #: never queue behind streams.
 SPARE_THREADS = 32
+#: Largest request the coordinator reads: a heartbeat of 1,024 links is about 60 KB.
+MAX_REQUEST_BYTES = 1 << 20
 #: Server keepalive: notice a watcher whose device vanished without closing its connection.
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -56,47 +66,96 @@ KEEPALIVE = [
 ]
 
 
-def _abort(context: grpc.ServicerContext, refusal: Refusal) -> NoReturn:
-    context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
-    raise AssertionError("context.abort always raises")
-
-
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    """gRPC face of :class:`Fleet`: checks tokens and arguments, then delegates."""
+    """gRPC face of :class:`Fleet`: checks who calls, tokens and arguments, then delegates.
 
-    def __init__(self, fleet: Fleet, *, token: str = "") -> None:
+    Parameters
+    ----------
+    fleet:
+        The membership it serves.
+    token:
+        Join token every call must carry (empty: none).
+    secure:
+        Calls come over mutual TLS: each may only act for its certificate's identity.
+    refusals:
+        Where refused calls are counted (the metrics read it).
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        token: str = "",
+        secure: bool = False,
+        refusals: RefusalCounts | None = None,
+    ) -> None:
         self.fleet = fleet
         self.token = token
+        self.secure = secure
+        self.refusals = refusals if refusals is not None else RefusalCounts()
+        self._log = RefusalLog(log)
         self._closed = False
 
-    def _check_token(self, token: str, context: grpc.ServicerContext) -> None:
-        if self.token and token != self.token:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing join token")
+    def refuse(
+        self, context: grpc.ServicerContext, method: str, code: str, reason: str, kind: str
+    ) -> NoReturn:
+        """Count, log (rate-limited) and end the call with ``code`` and ``reason``.
 
-    def _check_id(self, agent_id: str, context: grpc.ServicerContext) -> None:
+        ``NOT_FOUND`` is counted but not logged: it is how an agent that was declared dead or
+        left learns to register again, part of the protocol rather than bad input.
+        """
+        self.refusals.add(method, kind)
+        if code != "NOT_FOUND":
+            self._log.note(kind, f"{method}: {code}: {reason}")
+        context.abort(getattr(grpc.StatusCode, code), reason)
+        raise AssertionError("context.abort always raises")
+
+    def _abort(self, context: grpc.ServicerContext, method: str, refusal: Refusal) -> NoReturn:
+        self.refuse(context, method, refusal.code, refusal.reason, refusal.code.lower())
+
+    def undecodable(self, method: str) -> None:
+        self.refusals.add(method, "undecodable")
+        self._log.note("undecodable", f"{method}: a request that is not a {method} message")
+
+    def _check_caller(
+        self, method: str, agent_id: str, token: str, context: grpc.ServicerContext
+    ) -> None:
+        """The caller may act for ``agent_id``: right token, valid id, and with TLS the id of
+        its certificate."""
+        if self.token and token != self.token:
+            self.refuse(context, method, "UNAUTHENTICATED", "wrong or missing join token", "token")
         if not AGENT_ID.fullmatch(agent_id):
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            self.refuse(
+                context, method, "INVALID_ARGUMENT",
                 f"agent id {agent_id[:64]!r} is not valid: 1-128 letters, digits or ._:@- "
                 "starting with a letter or digit",
-            )
+                "agent_id",
+            )  # fmt: skip
+        if self.secure:
+            identity = peer_identity(context)
+            if identity != agent_id:
+                self.refuse(
+                    context, method, "PERMISSION_DENIED",
+                    f"this certificate is {identity!r}'s; it cannot act for {agent_id!r}",
+                    "identity_mismatch",
+                )  # fmt: skip
 
     def Register(
         self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RegisterReply:
-        self._check_token(request.token, context)
-        self._check_id(request.agent_id, context)
+        self._check_caller("Register", request.agent_id, request.token, context)
         if not 0 < len(request.address) <= 255 or len(request.metrics_address) > 255:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            self.refuse(
+                context, "Register", "INVALID_ARGUMENT",
                 "address (and metrics_address, when given) must be host:port, at most 255 chars",
-            )
+                "address",
+            )  # fmt: skip
         try:
             epoch = self.fleet.register(
                 request.agent_id, request.address, request.fleet_digest, request.metrics_address
             )
         except Refusal as refusal:
-            _abort(context, refusal)
+            self._abort(context, "Register", refusal)
         liveness = self.fleet.liveness
         return coordinator_pb2.RegisterReply(
             epoch=epoch,
@@ -108,34 +167,36 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def Heartbeat(
         self, request: coordinator_pb2.HeartbeatRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.HeartbeatReply:
-        self._check_token(request.token, context)
-        self._check_id(request.agent_id, context)
+        self._check_caller("Heartbeat", request.agent_id, request.token, context)
         if len(request.stats.links) > self.fleet.max_agents:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            self.refuse(
+                context, "Heartbeat", "INVALID_ARGUMENT",
                 f"{len(request.stats.links)} links reported; at most {self.fleet.max_agents}",
-            )
+                "stats",
+            )  # fmt: skip
         try:
             stats = snapshot_from_proto(request.stats) if request.HasField("stats") else None
         except ValueError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            self.refuse(context, "Heartbeat", "INVALID_ARGUMENT", str(err)[:300], "stats")
         try:
             epoch = self.fleet.heartbeat(request.agent_id, stats, request.assignment_epoch)
         except Refusal as refusal:
-            _abort(context, refusal)
+            self._abort(context, "Heartbeat", refusal)
         return coordinator_pb2.HeartbeatReply(epoch=epoch)
 
     def WatchNeighbours(
         self, request: coordinator_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[coordinator_pb2.Assignment]:
-        self._check_token(request.token, context)
+        self._check_caller("WatchNeighbours", request.agent_id, request.token, context)
         fleet = self.fleet
         context.add_callback(self._wake)
         with fleet.changed:
             member = fleet.members.get(request.agent_id)
             if member is None:
-                _abort(
-                    context, Refusal("NOT_FOUND", f"agent '{request.agent_id}' is not registered")
+                self._abort(
+                    context,
+                    "WatchNeighbours",
+                    Refusal("NOT_FOUND", f"agent '{request.agent_id}' is not registered"),
                 )
             # A newer stream for the same agent (it reconnected) ends this one, so half-open
             # connections never pile up server threads.
@@ -149,11 +210,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 if member.watch_generation != generation:
                     return
                 if not member.alive and member.record.state != FINISHED:
-                    context.abort(
-                        grpc.StatusCode.NOT_FOUND,
+                    self.refuse(
+                        context, "WatchNeighbours", "NOT_FOUND",
                         f"agent '{request.agent_id}' was declared {member.record.state}; "
                         "register again",
-                    )
+                        "not_found",
+                    )  # fmt: skip
                 assignment = fleet.assignments.get(request.agent_id)
                 epoch = fleet.epoch
                 if epoch == sent or assignment is None:
@@ -165,7 +227,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def Leave(
         self, request: coordinator_pb2.LeaveRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.LeaveReply:
-        self._check_token(request.token, context)
+        self._check_caller("Leave", request.agent_id, request.token, context)
         self.fleet.leave(request.agent_id, request.reason[:64])
         return coordinator_pb2.LeaveReply()
 
@@ -173,34 +235,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def GetRun(
         self, request: coordinator_pb2.RunRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RunReply:
-        self._check_token(request.token, context)
-        self._check_id(request.agent_id, context)
+        self._check_caller("GetRun", request.agent_id, request.token, context)
         run = self.fleet.run
         if request.declared_json and run.scenario:
-            if len(request.declared_json) > MAX_DECLARED_CHARS:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"declared_json holds more than {MAX_DECLARED_CHARS} characters",
-                )
-            try:
-                declared = json.loads(request.declared_json)
-            except (json.JSONDecodeError, RecursionError) as err:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"declared_json: {err}")
-            if not isinstance(declared, dict):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "declared_json is not an object")
-            try:
-                differ = disagreements(run.scenario, declared)
-            except RecursionError:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "declared_json nests too deep")
-            if differ:
-                log.warning("%s refused: its settings disagree with the fleet's: %s",
-                            request.agent_id, "; ".join(differ))  # fmt: skip
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{request.agent_id}'s settings disagree with the fleet's: "
-                    f"{'; '.join(differ)} (start it with only the coordinator's address, the "
-                    "token and its index, and it runs the fleet's scenario)",
-                )
+            self._check_declared(request.agent_id, request.declared_json, context)
         status = self.fleet.status()
         return coordinator_pb2.RunReply(
             run_id=run.run_id,
@@ -213,27 +251,56 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             complete=status.complete,
         )
 
+    def _check_declared(
+        self, agent_id: str, declared_json: str, context: grpc.ServicerContext
+    ) -> None:
+        """The settings an agent was started with agree with the fleet's scenario."""
+
+        def invalid(reason: str) -> NoReturn:
+            self.refuse(context, "GetRun", "INVALID_ARGUMENT", reason, "declared")
+
+        if len(declared_json) > MAX_DECLARED_CHARS:
+            invalid(f"declared_json holds more than {MAX_DECLARED_CHARS} characters")
+        try:
+            declared = json.loads(declared_json)
+        except (json.JSONDecodeError, RecursionError) as err:
+            invalid(f"declared_json: {str(err)[:200]}")
+        if not isinstance(declared, dict):
+            invalid("declared_json is not an object")
+        try:
+            differ = disagreements(self.fleet.run.scenario or {}, declared)
+        except RecursionError:
+            invalid("declared_json nests too deep")
+        if differ:
+            self.refuse(
+                context, "GetRun", "FAILED_PRECONDITION",
+                f"{agent_id}'s settings disagree with the fleet's: {'; '.join(differ)} (start "
+                "it with only the coordinator's address, the token and its index, and it runs "
+                "the fleet's scenario)",
+                "settings",
+            )  # fmt: skip
+
     def Report(
         self, request: coordinator_pb2.ReportRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.ReportReply:
-        self._check_token(request.token, context)
-        self._check_id(request.agent_id, context)
+        self._check_caller("Report", request.agent_id, request.token, context)
         if len(request.rounds) > MAX_REPORTS_PER_CALL:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            self.refuse(
+                context, "Report", "INVALID_ARGUMENT",
                 f"{len(request.rounds)} round reports in one call; at most {MAX_REPORTS_PER_CALL}",
-            )
+                "reports",
+            )  # fmt: skip
         try:
             records = [record_from_proto(request.agent_id, r) for r in request.rounds]
             for record in records:
                 if record.estimate is not None:
                     check_estimate(record.estimate)
         except ValueError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            self.refuse(context, "Report", "INVALID_ARGUMENT", str(err)[:300], "reports")
         try:
             held = self.fleet.report(request.agent_id, records)
         except Refusal as refusal:
-            _abort(context, refusal)
+            self._abort(context, "Report", refusal)
         return coordinator_pb2.ReportReply(rounds_held=held)
 
     def _wake(self) -> None:
@@ -258,6 +325,8 @@ class CoordinatorServer:
         ``host:port`` of the gRPC service; port 0 picks a free port.
     token:
         Join token agents must present (empty: none).
+    security:
+        The coordinator's TLS credentials (identity ``coordinator``); None serves plaintext.
     db:
         SQLite file to persist the fleet in (None: memory only).
     liveness:
@@ -287,6 +356,7 @@ class CoordinatorServer:
         topology: TopologySpec,
         listen: str = "127.0.0.1:0",
         token: str = "",
+        security: TlsCredentials | None = None,
         db: str | Path | None = None,
         liveness: LivenessSettings | None = None,
         metrics_listen: str | None = None,
@@ -295,6 +365,7 @@ class CoordinatorServer:
     ) -> None:
         policy = make_policy(topology)
         ensure_bindable(listen)
+        refusals = RefusalCounts()
         self.store = FleetStore(db)
         try:
             self.fleet = Fleet(
@@ -307,25 +378,39 @@ class CoordinatorServer:
                 run=run,
             )
             self.metrics: MetricsServer | None = (
-                metrics_server(self.fleet.view, metrics_listen) if metrics_listen else None
+                metrics_server(self.fleet.view, metrics_listen, refusals=refusals.snapshot)
+                if metrics_listen
+                else None
             )
         except BaseException:
             self.store.close()
             raise
         self.metrics_address = self.metrics.address if self.metrics is not None else ""
-        self.servicer = CoordinatorServicer(self.fleet, token=token)
+        self.servicer = CoordinatorServicer(
+            self.fleet, token=token, secure=security is not None, refusals=refusals
+        )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self.fleet.max_agents + SPARE_THREADS, thread_name_prefix="coord"
             ),
-            options=[("grpc.so_reuseport", 0), *KEEPALIVE],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.server_handshake_timeout_ms", 10_000),
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                *KEEPALIVE,
+            ],
         )
-        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.servicer, self._server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
+        self._health = HealthService()
+        self._server.add_generic_rpc_handlers(
+            (
+                parsed_service(service, self.servicer, self.servicer.undecodable),
+                self._health.handler(),
+            )
+        )
         host, _, _ = listen.rpartition(":")
         try:
-            port = self._server.add_insecure_port(listen)
+            port = add_port(self._server, listen, security)
         except RuntimeError as err:
             port, reason = 0, str(err)
         else:

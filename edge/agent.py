@@ -9,8 +9,15 @@ global barrier: an agent never waits on anything but its own in-neighbours, and 
 longer than ``wait_timeout_s``.
 
 The agent is also the transport's :class:`~edge.transport.base.InboundHandler`: every
-incoming message is checked (known sender, algorithm, task digest, shape, finite values)
-before it can touch the gossip state.
+incoming message is checked before it can touch the gossip state: meant for this agent and
+this fleet, from an assigned in-neighbour (or a recent former one), of the right algorithm,
+task digest and shape, with finite values; the algorithm then refuses what does not fit the
+edge or would leave the state out of bounds. Every refusal is counted by reason and logged
+at a bounded rate.
+
+With a :class:`~edge.checkpoints.CheckpointStore` the agent writes its whole state every
+``checkpoint_interval_s`` (and, for algorithms that need it, before every send) and can
+:meth:`Agent.resume` from the newest intact checkpoint after a crash.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from edge.algorithms import (
     algorithm_class,
     create_algorithm,
 )
+from edge.checkpoints import CheckpointError, CheckpointStore
 from edge.compression import Codec, DecodeError, Encoded, decode_blocks, get_codec
 from edge.seeds import derive_seed
 from edge.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
@@ -50,6 +58,7 @@ from edge.transport.base import (
     SendOutcome,
     Transport,
 )
+from edge.transport.guard import RefusalLog
 from edge.transport.wire import MAX_HEADER_BYTES
 
 log = logging.getLogger(__name__)
@@ -60,6 +69,11 @@ PATIENCE_ROUNDS = 4
 #: a share every round: within a few seconds, all of the fleet's push-sum weight); every this
 #: many rounds it gets a zero-weight probe carrying what its edge holds, until one lands.
 PROBE_ROUNDS = 4
+#: A peer that stops being an in-neighbour (the graph changed) may still deliver what its
+#: edge owes for this many of our rounds.
+FORMER_ROUNDS = 64
+#: Largest round number a message may name (it only orders messages; far beyond any run).
+MAX_ROUND = 1 << 48
 
 
 def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
@@ -136,6 +150,13 @@ class Agent:
         Monotonic seconds; wall-clock by default.
     observer:
         Gets plain events (sends, local steps, receptions) as they happen (optional).
+    fleet:
+        The fleet's name on the wire (:func:`edge.security.fleet_of`); messages naming
+        another are refused.
+    checkpoints:
+        Where the agent keeps its checkpoints (None: it keeps none).
+    checkpoint_interval_s:
+        How often it writes one (at the end of a round).
     """
 
     def __init__(
@@ -150,6 +171,9 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         digest: str = "",
         observer: AgentObserver | None = None,
+        fleet: str = "",
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_interval_s: float = 5.0,
     ) -> None:
         self.agent_id = agent_id
         self.task = task
@@ -160,6 +184,10 @@ class Agent:
         self.clock = clock
         self.digest = digest
         self.observer = observer
+        self.fleet = fleet
+        self.checkpoints = checkpoints
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.algorithm.checkpointing = checkpoints is not None
         self.codec: Codec = algorithm.codec
         self.address = ""
         self.round = 0
@@ -175,6 +203,11 @@ class Agent:
         self._last_metrics: dict[str, float] = {}
         self._disagreement: float | None = None
         self._unreachable: set[str] = set()
+        self._in_neighbours: frozenset[str] = frozenset()
+        self._former: dict[str, int] = {}  # former in-neighbour -> our round when it left
+        self._refusals = RefusalLog(log)
+        self._checkpoint_lock = threading.Lock()
+        self._last_checkpoint = clock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -184,12 +217,18 @@ class Agent:
 
     def set_assignment(self, assignment: Assignment) -> None:
         """Install (or replace) the peer directory and mixing schedule; thread-safe."""
+        incoming = frozenset(p for phase in assignment.schedule for p in phase.in_neighbours)
         with self._progress:
             old = self._assignment.peers if self._assignment is not None else {}
             # A peer at a new address (it restarted) is worth a full share again.
             self._unreachable = {
                 p for p in self._unreachable if assignment.peers.get(p) == old.get(p)
             }
+            for peer in self._in_neighbours - incoming:
+                self._former[peer] = self.round
+            for peer in incoming:
+                self._former.pop(peer, None)
+            self._in_neighbours = incoming
             self._assignment = assignment
             self._progress.notify_all()
 
@@ -214,11 +253,14 @@ class Agent:
         self.report(0)
 
     def run(self) -> None:
-        """Run the remaining rounds on the wall clock, reporting round 0 first."""
+        """Run the remaining rounds on the wall clock, reporting round 0 first (unless it
+        resumed from a checkpoint); write a last checkpoint when it stops."""
         if self.round == 0:
             self.begin()
         while self.round < self.settings.rounds and not self._stopped.is_set():
             self.run_round(self.round + 1)
+        if self.checkpoints is not None:
+            self.checkpoint()
 
     def run_round(self, round_index: int) -> None:
         self.local_step(round_index)
@@ -227,6 +269,10 @@ class Agent:
         self.mix(round_index)
         if self.report_due(round_index):
             self.report(round_index)
+        if self.checkpoints is not None and (
+            self.clock() - self._last_checkpoint >= self.checkpoint_interval_s
+        ):
+            self.checkpoint()
 
     def report_due(self, round_index: int) -> bool:
         """Whether ``round_index`` is evaluated and reported (every ``eval_every`` rounds and
@@ -264,13 +310,17 @@ class Agent:
             ready = _Ready(assignment.peers, self._inflight, self._unreachable, probe)
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
+            ahead = self.checkpoints is not None and self.algorithm.checkpoint_before_send
+            state = self._state() if ahead and payloads else None
+        if state is not None:
+            self._write(state)  # before anything it holds leaves (see GossipAlgorithm)
         for peer, payload in payloads.items():
-            message = self._message(round_index, payload)
+            message = self._message(round_index, peer, payload, assignment.epoch)
             address = assignment.peers.get(peer, "")
             sent = partial(self._sent, peer, round_index, self.clock())
             self.transport.send(peer, address, message, sent)
 
-    def _message(self, round_index: int, payload: Payload) -> GossipMessage:
+    def _message(self, round_index: int, peer: str, payload: Payload, epoch: int) -> GossipMessage:
         encoded = payload.encoded
         if encoded is None:
             encoded = self.codec.encode(payload.vector)
@@ -286,6 +336,9 @@ class Agent:
             scalars=payload.scalars,
             fleet_digest=self.digest,
             codec_meta=encoded.meta,
+            receiver=peer,
+            fleet=self.fleet,
+            epoch=epoch,
         )
         return GossipMessage(header, encoded.data)
 
@@ -306,6 +359,8 @@ class Agent:
                 err = outcome.error
                 if err is not None and err.code is RejectCode.UNAVAILABLE:
                     self._unreachable.add(peer)
+                elif err is not None:
+                    self._unreachable.discard(peer)  # it answered, if only to refuse
                 if err is not None and err.code is RejectCode.FAILED_PRECONDITION:
                     self.algorithm.on_refused(peer)
                 key = (peer, err.code.value if err else "?")
@@ -408,45 +463,142 @@ class Agent:
             self.stats.record(record)
         return record
 
+    # -- checkpoints -------------------------------------------------------------------------
+    def _state(self) -> dict[str, object]:
+        """Everything a restarted agent needs (call under the lock)."""
+        return {
+            "agent_id": self.agent_id,
+            "digest": self.digest,
+            "round": self.round,
+            "counters": self._counters.as_dict(),
+            "model": self.algorithm.estimate().to(torch.float32),
+            "algorithm": self.algorithm.state_dict(),
+        }
+
+    def _write(self, state: dict[str, object]) -> None:
+        assert self.checkpoints is not None
+        with self._checkpoint_lock:  # one writer at a time, in the order states were taken
+            self.checkpoints.save(state)
+            self._last_checkpoint = self.clock()
+        with self._lock:
+            self.algorithm.committed(state["algorithm"])  # type: ignore[arg-type]
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint now (atomically; see :mod:`edge.checkpoints`)."""
+        if self.checkpoints is None:
+            raise RuntimeError("this agent keeps no checkpoints")
+        with self._lock:
+            state = self._state()
+        self._write(state)
+
+    def resume(self) -> int | None:
+        """Take up the newest intact checkpoint, if any; return its round (None: none).
+
+        A corrupt newer checkpoint is reported (a warning naming it and why) and the one
+        before it used.
+
+        Raises
+        ------
+        CheckpointError
+            No checkpoint is intact, or the newest is another agent's, task's or algorithm's.
+        """
+        if self.checkpoints is None:
+            return None
+        loaded = self.checkpoints.load_latest()
+        if loaded is None:
+            return None
+        for line in loaded.skipped:
+            log.warning("%s: %s; resuming from %s instead", self.agent_id, line, loaded.path.name)
+        state = loaded.state
+        if state.get("agent_id") != self.agent_id or state.get("digest") != self.digest:
+            raise CheckpointError(
+                f"checkpoint {loaded.path} belongs to {state.get('agent_id')!r} with task digest "
+                f"{state.get('digest')!r}, not to {self.agent_id!r} with {self.digest!r}; "
+                "point --checkpoint-dir elsewhere"
+            )
+        try:
+            with self._lock:
+                self.algorithm.load_state_dict(state["algorithm"])
+                self.round = int(state["round"])
+                self._counters = Counters(**state["counters"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {loaded.path} cannot be resumed: {err}") from None
+        log.info("%s: resumed round %d from %s", self.agent_id, self.round, loaded.path)
+        return self.round
+
     def counters(self) -> Counters:
         """A copy of what this agent has sent and received so far."""
         with self._lock:
             return self._counters.copy()
 
     # -- receiving (InboundHandler) -----------------------------------------------------------
-    def _reject(self, code: RejectCode, reason: str) -> Rejected:
-        with self._lock:
-            self._counters.messages_rejected += 1
-        if self.observer is not None:
-            self.observer.on_receive(ReceiveEvent(False, code=code.value))
-        return Rejected(code, reason)
+    def _reject(self, code: RejectCode, reason: str, kind: str = "") -> Rejected:
+        error = Rejected(code, reason, kind=kind)
+        self.refused(error)
+        return error
 
     def refused(self, error: Rejected) -> None:
         with self._lock:
             self._counters.messages_rejected += 1
+        self._refusals.note(error.kind, f"{self.agent_id}: {error.code.value}: {error.reason}")
         if self.observer is not None:
-            self.observer.on_receive(ReceiveEvent(False, code=error.code.value))
+            self.observer.on_receive(ReceiveEvent(False, code=error.code.value, reason=error.kind))
 
-    def admit(self, header: MessageHeader) -> None:
-        assignment = self._assignment
-        if assignment is None:
-            raise self._reject(RejectCode.UNAVAILABLE, f"{self.agent_id} has no neighbours yet")
-        if header.sender not in assignment.peers:
+    def _hears(self, sender: str) -> bool:
+        """``sender`` is an in-neighbour, or was one within ``FORMER_ROUNDS`` rounds (it may
+        still deliver what its edge owes)."""
+        if sender in self._in_neighbours:
+            return True
+        left = self._former.get(sender)
+        return left is not None and self.round - left <= FORMER_ROUNDS
+
+    def accepts(self, sender: str) -> None:
+        if self._assignment is None:
+            raise self._reject(
+                RejectCode.UNAVAILABLE, f"{self.agent_id} has no neighbours yet", "no_neighbours"
+            )
+        if not self._hears(sender):
             raise self._reject(
                 RejectCode.PERMISSION_DENIED,
-                f"unknown sender '{header.sender}': not a peer of {self.agent_id}",
+                f"sender {sender[:64]!r} is not an in-neighbour of {self.agent_id}",
+                "not_in_neighbour",
             )
+
+    def admit(self, header: MessageHeader) -> None:
+        if header.receiver != self.agent_id:
+            raise self._reject(
+                RejectCode.PERMISSION_DENIED,
+                f"message for {header.receiver[:64]!r} sent to {self.agent_id}",
+                "wrong_receiver",
+            )
+        if header.fleet != self.fleet:
+            raise self._reject(
+                RejectCode.PERMISSION_DENIED,
+                f"message of fleet {header.fleet[:64]!r}; this agent is in fleet {self.fleet!r}",
+                "wrong_fleet",
+            )
+        assignment = self._assignment
+        if assignment is not None and not self._hears(header.sender):
+            raise self._reject(
+                RejectCode.PERMISSION_DENIED,
+                f"sender {header.sender[:64]!r} is not an in-neighbour of {self.agent_id} "
+                f"(its assignment epoch {header.epoch}, ours {assignment.epoch})",
+                "not_in_neighbour",
+            )
+        self.accepts(header.sender)  # no neighbours yet
         if header.algorithm != self.algorithm.name:
             raise self._reject(
                 RejectCode.FAILED_PRECONDITION,
-                f"algorithm '{header.algorithm}' does not match this agent's "
+                f"algorithm '{header.algorithm[:64]}' does not match this agent's "
                 f"'{self.algorithm.name}'",
+                "wrong_algorithm",
             )
         if self.digest and header.fleet_digest != self.digest:
             raise self._reject(
                 RejectCode.FAILED_PRECONDITION,
-                f"sender's task or initial parameters differ (digest {header.fleet_digest!r}, "
-                f"expected {self.digest!r})",
+                f"sender's task or initial parameters differ (digest "
+                f"{header.fleet_digest[:64]!r}, expected {self.digest!r})",
+                "wrong_task",
             )
         block, most = self.algorithm.block_numel, self.algorithm.max_blocks
         blocks, rest = divmod(header.numel, block) if block else (int(header.numel == 0), 0)
@@ -459,24 +611,29 @@ class Agent:
             raise self._reject(
                 RejectCode.INVALID_ARGUMENT,
                 f"wrong shape: {header.numel} elements, {expected}",
+                "wrong_shape",
             )
         try:
             codec = get_codec(header.codec)
         except ValueError as err:
-            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
+            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)[:300], "codec") from None
         bound = blocks * codec.max_bytes(block)
         if header.payload_bytes > bound:
             raise self._reject(
                 RejectCode.INVALID_ARGUMENT,
                 f"payload of {header.payload_bytes} bytes exceeds the {codec.spec} size for "
                 f"{header.numel} elements ({bound})",
+                "too_large",
             )
         if len(header.codec_meta) > MAX_HEADER_BYTES:
-            raise self._reject(RejectCode.INVALID_ARGUMENT, "codec metadata too large")
-        if header.seq < 0 or header.base_seq < 0 or header.base_seq > header.seq:
+            raise self._reject(RejectCode.INVALID_ARGUMENT, "codec metadata too large", "codec")
+        if header.base_seq > header.seq or header.round > MAX_ROUND:
             raise self._reject(
                 RejectCode.INVALID_ARGUMENT,
-                f"sequence numbers out of order (seq {header.seq}, base {header.base_seq})",
+                f"sequence numbers out of order (seq {header.seq}, base {header.base_seq})"
+                if header.base_seq > header.seq
+                else f"round {header.round} is beyond {MAX_ROUND}",
+                "sequence",
             )
 
     def deliver(self, message: GossipMessage) -> Ack:
@@ -490,28 +647,24 @@ class Agent:
                 self.algorithm.dtype,
             )
         except DecodeError as err:
-            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)) from None
+            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err), "undecodable") from None
         if not _all_finite(vector):
-            raise self._reject(RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values")
-        bad = [k for k, v in header.scalars.items() if not math.isfinite(v)]
+            raise self._reject(
+                RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values", "non_finite"
+            )
+        bad = [k[:32] for k, v in header.scalars.items() if not math.isfinite(v)]
         if bad:
             raise self._reject(
-                RejectCode.INVALID_ARGUMENT, f"scalar(s) {', '.join(bad)} not finite"
+                RejectCode.INVALID_ARGUMENT, f"scalar(s) {', '.join(bad)} not finite", "non_finite"
             )
         payload = Payload(vector, dict(header.scalars), header.seq, header.base_seq)
         with self._progress:
             try:
                 ack = self.algorithm.receive(header.sender, payload)
             except ProtocolError as err:
-                self._counters.messages_rejected += 1
-                if self.observer is not None:
-                    self.observer.on_receive(ReceiveEvent(False, code="FAILED_PRECONDITION"))
-                raise Rejected(RejectCode.FAILED_PRECONDITION, str(err)) from None
+                raise self._reject(RejectCode.FAILED_PRECONDITION, str(err), err.reason) from None
             except InvalidPayload as err:
-                self._counters.messages_rejected += 1
-                if self.observer is not None:
-                    self.observer.on_receive(ReceiveEvent(False, code="INVALID_ARGUMENT"))
-                raise Rejected(RejectCode.INVALID_ARGUMENT, str(err)) from None
+                raise self._reject(RejectCode.INVALID_ARGUMENT, str(err), err.reason) from None
             self._counters.messages_received += 1
             if self.observer is not None:
                 self.observer.on_receive(
@@ -520,7 +673,9 @@ class Agent:
             if header.round > self._heard.get(header.sender, 0):
                 self._heard[header.sender] = header.round
                 self._progress.notify_all()
-            return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round)
+            return Ack(
+                ack.last_seq, ack.base_seq, ack.absorbed, self.round, durable_seq=ack.durable
+            )
 
 
 def _all_finite(vector: torch.Tensor) -> bool:
@@ -528,7 +683,8 @@ def _all_finite(vector: torch.Tensor) -> bool:
     # infinity or an overflow of finite values) needs the element-wise check. numpy's dot is
     # the cheapest pass over a small vector.
     array = vector.numpy()
-    return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
+    with np.errstate(over="ignore"):  # huge finite values overflow the sum: checked below
+        return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
 
 
 def check_task_fits(algorithm: str, task: Task) -> None:
@@ -550,10 +706,13 @@ def build_agent(
     stats: StatsSink | None = None,
     clock: Callable[[], float] = time.monotonic,
     observer: AgentObserver | None = None,
+    fleet: str = "",
+    checkpoints: CheckpointStore | None = None,
+    checkpoint_interval_s: float = 5.0,
 ) -> Agent:
     """Build an agent from settings: load the task, start its algorithm from the task's
     initial parameters. Every way of running agents (processes, in-process fleets,
-    emulators) builds them here."""
+    emulators) builds them here (see :class:`Agent` for the keyword arguments)."""
     context = TaskContext(
         agent_index=index,
         num_agents=num_agents,
@@ -584,4 +743,7 @@ def build_agent(
         clock=clock,
         digest=fleet_digest(task, initial),
         observer=observer,
+        fleet=fleet,
+        checkpoints=checkpoints,
+        checkpoint_interval_s=checkpoint_interval_s,
     )

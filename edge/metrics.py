@@ -115,8 +115,8 @@ class AgentMetrics:
         )
         self.rejected = Counter(
             "airgossip_agent_messages_rejected",
-            "Incoming messages refused, by gRPC code.",
-            ["code"],
+            "Incoming messages refused, by gRPC code and reason.",
+            ["code", "reason"],
             registry=r,
         )
         for code in RejectCode:  # every reason exported from the start, at 0
@@ -232,7 +232,8 @@ class AgentMetrics:
             self.received.labels(event.sender).inc()
             self.received_bytes.labels(event.sender).inc(event.payload_bytes)
         else:
-            self.rejected.labels(event.code or "UNKNOWN").inc()
+            code = event.code or "UNKNOWN"
+            self.rejected.labels(code, event.reason or code.lower()).inc()
 
 
 #: A route answers with (status, content type, body); it gets the request's Accept header.
@@ -258,10 +259,39 @@ def json_route(produce: Callable[[], Any]) -> Route:
     return serve
 
 
+#: Most HTTP connections served at once; more are closed at once (scrapers need one or two).
+MAX_CONNECTIONS = 32
+#: Longest an HTTP connection may take to send a request, or sit idle: a client that
+#: trickles bytes (or none) never holds a thread for longer.
+REQUEST_TIMEOUT_S = 10.0
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     # A restarted process must get its port back while old connections sit in TIME_WAIT.
     allow_reuse_address = True
+    request_queue_size = MAX_CONNECTIONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # One thread per connection, but never more than MAX_CONNECTIONS of them.
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN: a DNS lookup that can stall for
@@ -326,6 +356,9 @@ class MetricsServer:
         routes = self.routes
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S  # on the socket: reads and writes
+            protocol_version = "HTTP/1.0"  # one request per connection: nothing idles
+
             def do_GET(self) -> None:
                 route = routes.get(self.path.split("?", 1)[0])
                 if route is None:

@@ -121,6 +121,8 @@ class ReceiveEvent:
     sender: str = ""
     code: str = ""
     payload_bytes: int = 0
+    #: For refusals: a short fixed label of why (``wrong_receiver``, ``weight``...).
+    reason: str = ""
 
 
 @runtime_checkable

@@ -58,8 +58,13 @@ class MessageHeader(_message.Message):
     SCALARS_FIELD_NUMBER: _builtins.int
     FLEET_DIGEST_FIELD_NUMBER: _builtins.int
     CODEC_META_FIELD_NUMBER: _builtins.int
+    RECEIVER_FIELD_NUMBER: _builtins.int
+    FLEET_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
-    """Id of the sending agent; must be a known peer of the receiver."""
+    """Id of the sending agent: one of the receiver's assigned in-neighbours (or a recent former
+    one) and, with TLS, the identity of the sender's certificate.
+    """
     round: _builtins.int
     """The sender's round when it built the message."""
     seq: _builtins.int
@@ -78,6 +83,14 @@ class MessageHeader(_message.Message):
     """Digest of the task and its shared initial parameters; empty when a task starts agents apart."""
     codec_meta: _builtins.bytes
     """Opaque codec side information (scales, indices layout, ...), at most a few KiB."""
+    receiver: _builtins.str
+    """Id of the agent the message is for: a message captured on one edge is refused on another."""
+    fleet: _builtins.str
+    """The fleet the message belongs to (the fingerprint of the fleet's CA with TLS; empty
+    without): must match the receiver's.
+    """
+    epoch: _builtins.int
+    """Epoch of the sender's neighbour assignment when it built the message (0: none)."""
     @_builtins.property
     def scalars(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Small named scalars of the algorithm (e.g. the push-sum weight)."""
@@ -96,10 +109,13 @@ class MessageHeader(_message.Message):
         scalars: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         fleet_digest: _builtins.str = ...,
         codec_meta: _builtins.bytes = ...,
+        receiver: _builtins.str = ...,
+        fleet: _builtins.str = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "fleet_digest", b"fleet_digest", "numel", b"numel", "payload_bytes", b"payload_bytes", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -139,6 +155,7 @@ class PushAck(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     BASE_SEQ_FIELD_NUMBER: _builtins.int
     ABSORBED_FIELD_NUMBER: _builtins.int
+    DURABLE_SEQ_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     """The receiver's current round."""
     last_seq: _builtins.int
@@ -147,6 +164,11 @@ class PushAck(_message.Message):
     """The base the receiver's running sum on this edge is measured from."""
     absorbed: _builtins.bool
     """True when this very message changed the receiver's state (false for duplicates)."""
+    durable_seq: _builtins.int
+    """The highest sequence number on this edge that the receiver's last checkpoint holds (the
+    receiver never rolls back before it); equals last_seq when the receiver keeps none. A
+    sender may measure later running sums from it.
+    """
     def __init__(
         self,
         *,
@@ -154,10 +176,11 @@ class PushAck(_message.Message):
         last_seq: _builtins.int = ...,
         base_seq: _builtins.int = ...,
         absorbed: _builtins.bool = ...,
+        durable_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["absorbed", b"absorbed", "base_seq", b"base_seq", "last_seq", b"last_seq", "round", b"round"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["absorbed", b"absorbed", "base_seq", b"base_seq", "durable_seq", b"durable_seq", "last_seq", b"last_seq", "round", b"round"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

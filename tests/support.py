@@ -16,7 +16,9 @@ of real agent processes driven step by step, and a pure-algorithm fleet on a hos
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import random
@@ -26,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -40,7 +43,9 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.algorithms import GossipAlgorithm, Payload, PushSum, algorithm_class, create_algorithm
+from edge.certificates import throwaway_fleet
 from edge.compression import decode_blocks, get_codec, raw_codec_for
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
 from edge.settings import AgentSettings
 from edge.stats import RoundRecord, read_records
 from edge.telemetry import ReceiveEvent, SendEvent, StepEvent
@@ -157,11 +162,15 @@ class LocalFleet:
         heartbeat_interval_s: float = 0.5,
         heartbeat_timeout_s: float = 4.0,
         token: str = "fleet-token",
+        scenario: str | None = None,
+        checkpoint_interval_s: float | None = None,
     ) -> None:
         self.tmp = tmp
         self.count = agents
         self.scenario = tmp / "scenario.toml"
-        self.scenario.write_text(SCENARIO.format(agents=agents))
+        self.scenario.write_text(scenario or SCENARIO.format(agents=agents))
+        #: Agents keep checkpoints (one folder each, kept across restarts) when set.
+        self.checkpoint_interval_s = checkpoint_interval_s
         self.topology = topology
         self.interval = heartbeat_interval_s
         self.timeout = heartbeat_timeout_s
@@ -199,6 +208,7 @@ class LocalFleet:
                 "coordinator", "--listen", f"127.0.0.1:{self.grpc_port}",
                 "--metrics-port", str(self.metrics_port), "--db", str(self.db),
                 "--token", self.token, "--config", str(self.scenario), *self.topology,
+                "--certs", str(credentials_folder()),
                 "--heartbeat-interval-s", str(self.interval),
                 "--heartbeat-timeout-s", str(self.timeout),
             ],
@@ -223,10 +233,19 @@ class LocalFleet:
                 "agent", "--config", str(self.scenario), "--index", str(index),
                 "--coordinator", f"127.0.0.1:{self.grpc_port}", "--token", self.token,
                 "--stats-dir", str(self.stats_dir(index)), "--parent-pid", str(os.getpid()),
-                "--threads", "1",
+                "--threads", "1", "--certs", str(credentials_folder()),
+                *self.checkpoint_args(index),
             ],
             f"agent-{index}.log",
         )  # fmt: skip
+
+    def checkpoint_args(self, index: int) -> list[str]:
+        if self.checkpoint_interval_s is None:
+            return []
+        return [
+            "--checkpoint-dir", str(self.tmp / "checkpoints" / f"agent-{index}"),
+            "--checkpoint-interval-s", str(self.checkpoint_interval_s), "--linger-s", "120",
+        ]  # fmt: skip
 
     def kill_agent(self, index: int) -> float:
         killed = time.time()
@@ -466,12 +485,32 @@ def promtool_check(text: str) -> None:
     )
 
 
-def grpc_pair(settings: AgentSettings) -> Iterator[tuple[Agent, Agent]]:
-    """Two agents serving real gRPC on loopback, neighbours of each other (fixture body)."""
+#: Identities the tests' certificate authority has certificates for.
+TEST_IDENTITIES = (*(f"agent-{i}" for i in range(16)), COORDINATOR_IDENTITY, "mallory")
+
+
+@functools.cache
+def credentials_folder() -> Path:
+    """One throwaway CA for the whole test session, with a certificate for each of
+    :data:`TEST_IDENTITIES` (the folder is removed when the session ends)."""
+    folder = Path(tempfile.mkdtemp(prefix="airgossip-test-certs-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return throwaway_fleet(folder, TEST_IDENTITIES)
+
+
+def credentials(identity: str) -> TlsCredentials:
+    """The test CA's credentials of ``identity``."""
+    return TlsCredentials.load(credentials_folder(), identity)
+
+
+def grpc_pair(settings: AgentSettings, *, secure: bool = True) -> Iterator[tuple[Agent, Agent]]:
+    """Two agents serving real gRPC (mutual TLS unless ``secure`` is False) on loopback,
+    neighbours of each other (fixture body)."""
+    security = {f"agent-{i}": credentials(f"agent-{i}") if secure else None for i in range(2)}
     agents = [
-        build_agent(f"agent-{i}", index=i, num_agents=2, settings=settings,
-                    transport=GrpcTransport(f"agent-{i}"))
-        for i in range(2)
+        build_agent(a, index=i, num_agents=2, settings=settings, fleet=fleet_of(security[a]),
+                    transport=GrpcTransport(a, security=security[a]))
+        for i, a in enumerate(security)
     ]  # fmt: skip
     addresses = {a.agent_id: a.start() for a in agents}
     assignments = assignments_for_graph(build_graph("complete", 2), addresses)
@@ -499,14 +538,28 @@ def assert_pair_reaches_average(pair: tuple[Agent, Agent], timeout_s: float) -> 
         assert agent.counters().messages_rejected == 0
 
 
-def push(agent: Agent, message: GossipMessage) -> gossip_pb2.PushAck:
-    with grpc.insecure_channel(agent.address) as channel:
+def agent_channel(agent: Agent, identity: str | None = None) -> grpc.Channel:
+    """A channel to ``agent`` as the transport would dial it: with TLS (if the agent serves
+    it) under the certificate of ``identity`` (default: the agent's first in-neighbour)."""
+    if getattr(agent.transport, "security", None) is None:
+        return grpc.insecure_channel(agent.address)
+    if identity is None:
+        identity = next(iter(agent.assignment.phase(1).in_neighbours))  # type: ignore[union-attr]
+    return dial(agent.address, agent.agent_id, credentials(identity))
+
+
+def push(
+    agent: Agent, message: GossipMessage, *, identity: str | None = None
+) -> gossip_pb2.PushAck:
+    """Push ``message`` to ``agent`` over a fresh channel, with the certificate of
+    ``identity`` (default: the message's sender)."""
+    with agent_channel(agent, identity or message.header.sender) as channel:
         return gossip_pb2_grpc.GossipStub(channel).Push(to_chunks(message, 16), timeout=5)
 
 
-def refused(agent: Agent, message: GossipMessage) -> grpc.RpcError:
+def refused(agent: Agent, message: GossipMessage, *, identity: str | None = None) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
-        push(agent, message)
+        push(agent, message, identity=identity)
     return info.value
 
 
@@ -577,3 +630,62 @@ def run_push_sum(fleet: PushSumFleet, rounds: int, *, loss: float = 0.0, duplica
             x, y = fleet.total_mass()
             torch.testing.assert_close(x, check_mass, rtol=0, atol=1e-10)
             assert y == pytest.approx(n, abs=1e-10)
+
+
+class TlsFleet:
+    """A consensus fleet of agents in this process, each serving real gRPC with mutual TLS
+    (the test CA's certificates), on the exponential graph. Tests attack it, then
+    :meth:`run_to_end` and check :meth:`relative_error`."""
+
+    def __init__(self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5) -> None:
+        from edge.settings import TaskSettings
+
+        self.settings = AgentSettings(
+            task=TaskSettings(name="consensus", dim=dim), rounds=rounds, wait_timeout_s=0.5,
+            seed=seed,
+        )  # fmt: skip
+        self.dim = dim
+        self.ids = [f"agent-{i}" for i in range(n)]
+        self.agents: list[Agent] = []
+        for i, agent_id in enumerate(self.ids):
+            security = credentials(agent_id)
+            transport = GrpcTransport(agent_id, security=security)
+            self.agents.append(
+                build_agent(agent_id, index=i, num_agents=n, settings=self.settings,
+                            transport=transport, fleet=fleet_of(security))
+            )  # fmt: skip
+        addresses = {a.agent_id: a.start() for a in self.agents}
+        assignments = assignments_for_graph(build_graph("exponential", n), addresses)
+        for agent in self.agents:
+            agent.set_assignment(assignments[agent.agent_id])
+
+    def __getitem__(self, agent_id: str) -> Agent:
+        return self.agents[self.ids.index(agent_id)]
+
+    def start_running(self) -> None:
+        """Run every agent in a thread of its own (see :meth:`join`)."""
+        self._threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout_s: float = 120) -> None:
+        for thread in self._threads:
+            thread.join(timeout=timeout_s)
+        assert not any(t.is_alive() for t in self._threads), "the fleet did not finish in time"
+
+    def run_to_end(self, timeout_s: float = 120) -> None:
+        self.start_running()
+        self.join(timeout_s)
+
+    def relative_error(self) -> float:
+        """Largest relative error of an agent's estimate against the exact average."""
+        from edge.tasks.consensus import ConsensusOptions, true_average
+
+        target = true_average(self.settings.seed, len(self.ids), ConsensusOptions(dim=self.dim))
+        return max(
+            float((a.algorithm.estimate() - target).norm() / target.norm()) for a in self.agents
+        )
+
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.close()

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import fail
 
 
@@ -88,6 +89,21 @@ def agent(
             "(default: its scenario's, else auto)."
         ),
     ] = None,
+    certs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder with ca.pem, <id>.pem and <id>.key (airgossip certs): mutual TLS with "
+            "peers and the coordinator."
+        ),
+    ] = None,
+    insecure: InsecureOption = False,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(help="Keep checkpoints here and resume from the newest at start."),
+    ] = None,
+    checkpoint_interval_s: Annotated[
+        float, typer.Option(help="Seconds between two checkpoints.")
+    ] = 5.0,
 ) -> None:
     """Run one edge agent over real gRPC (what runs on each device).
 
@@ -108,6 +124,9 @@ def agent(
         die_with_parent(parent_pid)
     if (coordinator is None) == (peers is None):
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    require_transport_choice(certs, insecure)
+    if not checkpoint_interval_s > 0:
+        fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
     if peers is not None and config is None:
         fail("--peers needs --config (the scenario every agent of the list runs)")
     if kernel_links is not None and not link_shaping:
@@ -151,6 +170,7 @@ def agent(
         ),
         metrics_advertise=metrics_advertise, shape_links=link_shaping, declared=declared,
         kernel_device=kernel_links,
+        certs=certs, checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
     from coordinator.client import CoordinatorError
     from edge.tasks import TaskError

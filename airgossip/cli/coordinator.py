@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import console, fail, say, summary_table, write_summary
 from airgossip.cli.scenario import flag_overrides
 
@@ -82,6 +83,14 @@ def coordinator(
     heartbeat_timeout_s: Annotated[
         float, typer.Option(help="Silence after which an agent is declared dead.")
     ] = 10.0,
+    certs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder with ca.pem, coordinator.pem and coordinator.key (airgossip certs): "
+            "mutual TLS, each agent may act only for itself."
+        ),
+    ] = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Run the coordinator of a run: agents started by hand register, get the scenario and
     their neighbours, report their rounds; results.json, the plot and the summary are written
@@ -96,11 +105,13 @@ def coordinator(
     from coordinator.service import CoordinatorServer
     from coordinator.store import StoreError
     from edge.algorithms import algorithm_class
+    from edge.security import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
     from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
     from emulation.fleets import refuse_used_out_dir
     from emulation.networks import network_for
 
+    require_transport_choice(certs, insecure)
     if topology is not None and topology not in POLICIES:
         fail(f"unknown topology '{topology}'; choose one of: {', '.join(POLICIES)}")
     if not 0 <= metrics_port <= 65535:
@@ -133,17 +144,19 @@ def coordinator(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        security = TlsCredentials.load(certs, COORDINATOR_IDENTITY) if certs else None
         server = CoordinatorServer(
             expected=cfg.agents,
             topology=spec,
             listen=listen,
             token=token,
+            security=security,
             db=db,
             liveness=liveness,
             metrics_listen=f"{host}:{metrics_port}",
             run=RunSpec(scenario=cfg.model_dump(mode="json"), rounds=cfg.rounds),
         )
-    except (OSError, StoreError, TopologyError) as err:
+    except (OSError, StoreError, TopologyError, SecurityError) as err:
         fail(str(err))
     run_id = server.fleet.run.run_id
     out_dir = out or Path("runs") / run_id
@@ -156,7 +169,8 @@ def coordinator(
     restored = "restored from " + str(db) if server.fleet.restored else "new fleet"
     links = _links(cfg, network, spec.name)
     say(
-        f"coordinator on {address} ({restored}), run {run_id}: {cfg.agents} agents · "
+        f"coordinator on {address} ({restored}), {'mutual TLS' if certs else 'plaintext'}, "
+        f"run {run_id}: {cfg.agents} agents · "
         f"{links} · {cfg.algorithm} · task {cfg.task.name} · {cfg.rounds} rounds; "
         f"heartbeats every {liveness.heartbeat_interval_s:g} s, timeout "
         f"{liveness.heartbeat_timeout_s:g} s"
@@ -168,6 +182,7 @@ def coordinator(
     say(
         f"agents need only: airgossip agent --coordinator {_dial(address)} --index N"
         + (" --token TOKEN" if token else "")
+        + (" --certs DIR" if certs else " --insecure")
     )
     sys.stdout.flush()  # the address matters to whoever reads a redirected log
     started = time.monotonic()

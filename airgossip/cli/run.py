@@ -118,6 +118,14 @@ def run(
         str | None,
         typer.Option(help="Flower app: its loss metric (default: loss, else eval_loss)."),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Agent processes talk plaintext gRPC (default: mutual TLS with a throwaway "
+            "certificate authority in the run folder).",
+        ),
+    ] = False,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
@@ -174,6 +182,7 @@ def run(
                 coordinator_metrics_listen=(
                     f"127.0.0.1:{metrics_port}" if metrics_port is not None else None
                 ),
+                insecure=insecure,
             )  # fmt: skip
     except ConfigError as err:
         fail(str(err))

@@ -108,3 +108,11 @@ class AdaptiveConsensusDPSGD(DPSGD):
 
     def scalars(self) -> dict[str, float]:
         return {"gamma": self.gamma}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "gamma": self.gamma, "lr_max": self._lr_max}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.gamma = float(state["gamma"])
+        self._lr_max = float(state["lr_max"])

@@ -15,6 +15,7 @@ own (gradient tracking sends two, replaying algorithms send the blocks not yet a
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -35,13 +36,107 @@ from edge.options import validate_options
 from edge.seeds import derive_seed
 from edge.topology.mixing import Phase
 
+#: Most weight an agent may hold or one message carry. A fleet's weights sum to its size, so
+#: anything near this is an attack or a bug, never a fleet.
+MAX_WEIGHT = float(1 << 20)
+#: Largest magnitude an element of an estimate (``x / y``) may reach through an absorption:
+#: far beyond any model's parameters or a consensus vector, well inside float32's range.
+MAX_MAGNITUDE = 1e15
+#: How far past an edge's last sequence number a message may be. Honest senders never get
+#: this far ahead (they number at most one message per round and stop numbering further
+#: past the receiver's last acknowledgement, see :data:`SEQ_SLACK`).
+SEQ_WINDOW = 1024
+#: How far past the receiver's last acknowledged message a sender numbers before it reuses
+#: its latest number (a dead peer probed for hours stays within :data:`SEQ_WINDOW`).
+SEQ_SLACK = SEQ_WINDOW // 2
+#: Largest sequence number an edge without state accepts (a restarted receiver, a new edge).
+SEQ_LIMIT = 1 << 48
+
 
 class ProtocolError(ValueError):
-    """A message that is well formed but does not fit the receiver's per-edge state."""
+    """A message that is well formed but does not fit the receiver's per-edge state.
+
+    ``reason`` is a short fixed label for metrics (never text from the message).
+    """
+
+    def __init__(self, message: str, *, reason: str = "edge_state") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class InvalidPayload(ValueError):
-    """A message that no state could accept (inconsistent block count, bad scalars)."""
+    """A message that no state could accept (inconsistent block count, bad scalars, or an
+    absorption that would leave the state non-finite or out of bounds).
+
+    ``reason`` is a short fixed label for metrics (never text from the message).
+    """
+
+    def __init__(self, message: str, *, reason: str = "payload") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def check_weight(name: str, sender: str, value: float | None, *, positive: bool) -> float:
+    """``value`` as a weight a message may carry; :class:`InvalidPayload` if it is missing,
+    not finite, negative (or zero when ``positive``) or above :data:`MAX_WEIGHT`."""
+    low_ok = value is not None and (value > 0 if positive else value >= 0)
+    if value is None or not math.isfinite(value) or not low_ok or value > MAX_WEIGHT:
+        kind = "positive" if positive else "non-negative"
+        raise InvalidPayload(
+            f"message from '{sender}' needs a finite, {kind} weight '{name}' of at most "
+            f"{MAX_WEIGHT:.0f}, got {value}",
+            reason="weight",
+        )
+    return float(value)
+
+
+def check_absorption(x: torch.Tensor, y: float, sender: str) -> None:
+    """:class:`InvalidPayload` unless ``(x, y)`` is a state an agent may hold: ``x`` finite,
+    ``0 < y <= MAX_WEIGHT`` and every element of ``x / y`` within :data:`MAX_MAGNITUDE`.
+
+    Receivers call it on the state a message *would* leave them in, before changing
+    anything: a message that would make the state non-finite, flip the weight's sign or
+    blow the estimate up is refused whole.
+    """
+    if not (math.isfinite(y) and 0.0 < y <= MAX_WEIGHT):
+        raise InvalidPayload(
+            f"message from '{sender}' would leave this agent's weight at {y:g} (allowed: "
+            f"above 0, at most {MAX_WEIGHT:.0f})",
+            reason="out_of_bounds",
+        )
+    largest = float(x.abs().max()) if x.numel() else 0.0
+    if not math.isfinite(largest) or largest > MAX_MAGNITUDE * y:
+        raise InvalidPayload(
+            f"message from '{sender}' would put an element of this agent's estimate at "
+            f"{largest / y:.3g} (allowed: finite, within {MAX_MAGNITUDE:g})",
+            reason="out_of_bounds",
+        )
+
+
+def check_message(vector: torch.Tensor, y: float, sender: str) -> None:
+    """:class:`InvalidPayload` unless a message's own mass is one an agent could have sent:
+    every element of ``vector`` within :data:`MAX_MAGNITUDE` times its weight ``y`` (a
+    running sum of shares of bounded estimates is)."""
+    largest = float(vector.abs().max()) if vector.numel() else 0.0
+    if not largest <= MAX_MAGNITUDE * y:
+        raise InvalidPayload(
+            f"message from '{sender}' carries values up to {largest:.3g} for a weight of {y:g} "
+            f"(allowed: within {MAX_MAGNITUDE:g} times the weight)",
+            reason="out_of_bounds",
+        )
+
+
+def check_sequence(sender: str, seq: int, last: int | None) -> None:
+    """:class:`InvalidPayload` for a sequence number too far ahead of the edge's ``last``
+    (None: the edge has no state yet, so only :data:`SEQ_LIMIT` bounds it)."""
+    limit = SEQ_LIMIT if last is None else last + SEQ_WINDOW
+    if seq > limit:
+        where = "an edge without state" if last is None else f"this edge's last, {last}"
+        raise InvalidPayload(
+            f"message from '{sender}' has sequence number {seq}, too far ahead of {where} "
+            f"(at most {limit})",
+            reason="sequence_ahead",
+        )
 
 
 def refuse_amplifying_codec(name: str, codec: Codec) -> None:
@@ -65,6 +160,34 @@ def parse_algorithm_options(
 ) -> BaseModel:
     """Validate ``[algorithm_options]`` against ``model``; ``ValueError`` naming what is wrong."""
     return validate_options(model, options, f"algorithm '{name}'")
+
+
+class ModelNumbers:
+    """Sequence numbers per peer of messages that each carry a whole model (the newest makes
+    the older ones stale): one more per message, but never :data:`SEQ_SLACK` past what the
+    peer acknowledged (the latest number again), and past whatever the peer reports holding
+    (after this agent resumed from a checkpoint)."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        self.acked: dict[str, int] = {}
+
+    def next(self, peer: str) -> int:
+        seq = self.sent.get(peer, 0)
+        if seq - self.acked.get(peer, 0) < SEQ_SLACK:
+            seq = self.sent[peer] = seq + 1
+        return seq
+
+    def on_ack(self, peer: str, last_seq: int) -> None:
+        self.acked[peer] = max(self.acked.get(peer, 0), last_seq)
+        self.sent[peer] = max(self.sent.get(peer, 0), last_seq)
+
+    def state(self) -> dict[str, Any]:
+        return {"sent": dict(self.sent), "acked": dict(self.acked)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.sent = {p: int(v) for p, v in state["sent"].items()}
+        self.acked = {p: int(v) for p, v in state["acked"].items()}
 
 
 @dataclass(frozen=True)
@@ -96,12 +219,22 @@ class Payload:
 
 @dataclass(frozen=True)
 class Ack:
-    """What a receiver reports back for one message."""
+    """What a receiver reports back for one message.
+
+    ``durable_seq`` is the highest sequence number on the edge that the receiver's last
+    checkpoint holds: it never rolls back before it, so a sender may forget what it sent up
+    to there. None means ``last_seq`` (a receiver that keeps no checkpoints).
+    """
 
     last_seq: int
     base_seq: int
     absorbed: bool
     round: int = 0
+    durable_seq: int | None = None
+
+    @property
+    def durable(self) -> int:
+        return self.last_seq if self.durable_seq is None else self.durable_seq
 
 
 class GossipAlgorithm(ABC):
@@ -134,6 +267,9 @@ class GossipAlgorithm(ABC):
     max_blocks: ClassVar[int] = 1
     #: Validates ``[algorithm_options]``.
     options_model: ClassVar[type[BaseModel]] = NoOptions
+    #: With checkpoints, the agent writes one after every ``share`` and before sending
+    #: (algorithms whose messages cannot be made again the same way after a rollback).
+    checkpoint_before_send: ClassVar[bool] = False
     #: Combines models by distillation (:meth:`teachers`): the task must implement
     #: :class:`~edge.tasks.base.Distiller`.
     needs_distillation: ClassVar[bool] = False
@@ -160,6 +296,10 @@ class GossipAlgorithm(ABC):
         self.options = parse_algorithm_options(self.name, self.options_model, options)
         self.shared_start = shared_start
         self._encodings = 0
+        #: Set by an agent that keeps checkpoints: acknowledgements then name only what a
+        #: checkpoint holds, and state a peer may rely on changes only when one is written
+        #: (see :meth:`state_dict` and :meth:`committed`).
+        self.checkpointing = False
 
     @classmethod
     def check_codec(cls, codec: Codec) -> None:
@@ -241,3 +381,27 @@ class GossipAlgorithm(ABC):
     def scalars(self) -> dict[str, float]:
         """Small per-agent figures worth reporting (the push-sum weight, ...)."""
         return {}
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    # An agent restarted from a checkpoint has forgotten what it did since; its peers have
+    # not. Algorithms make that safe with two rules: a receiver acknowledges as durable only
+    # what a written checkpoint holds (``Ack.durable_seq``), and a sender lets its peers see a
+    # change they would have to rely on after a rollback only once a checkpoint holds it.
+
+    def state_dict(self) -> dict[str, Any]:
+        """A consistent copy of the whole gossip state: tensors (copies), numbers, strings,
+        bytes, in nested dicts and lists. The caller writes it, then calls :meth:`committed`
+        with it."""
+        return {"algorithm": self.name, "numel": self.numel, "encodings": self._encodings}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a :meth:`state_dict` (of this algorithm and model size)."""
+        if state.get("algorithm") != self.name or state.get("numel") != self.numel:
+            raise ValueError(
+                f"checkpoint of {state.get('algorithm')!r} with {state.get('numel')} elements "
+                f"cannot resume {self.name!r} with {self.numel}"
+            )
+        self._encodings = int(state["encodings"])
+
+    def committed(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """``state`` (from :meth:`state_dict`) is now durable: what it holds may be relied on."""

@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
-from edge.algorithms.base import Ack, GossipAlgorithm, InvalidPayload, Payload
+from edge.algorithms.base import (
+    Ack,
+    GossipAlgorithm,
+    InvalidPayload,
+    ModelNumbers,
+    Payload,
+    check_absorption,
+    check_sequence,
+)
 from edge.compression import Codec
 from edge.topology.mixing import Phase
 
@@ -43,7 +51,7 @@ class DPSGD(GossipAlgorithm):
         super().__init__(initial, **kwargs)
         self._x = initial.detach().to(device="cpu", dtype=self.dtype).clone()
         self._latest: dict[str, tuple[int, torch.Tensor]] = {}
-        self._seq: dict[str, int] = {}
+        self._numbers = ModelNumbers()
         self._phase: Phase | None = None
 
     @property
@@ -61,10 +69,13 @@ class DPSGD(GossipAlgorithm):
         payloads = {}
         for peer in phase.out_weights:
             if peer in ready:
-                seq = self._seq[peer] = self._seq.get(peer, 0) + 1
+                seq = self._numbers.next(peer)
                 encoded, decoded = self.encode(self._x, peer)
                 payloads[peer] = Payload(decoded, {}, seq, 0, encoded=encoded)
         return payloads
+
+    def on_ack(self, peer: str, ack: Ack) -> None:
+        self._numbers.on_ack(peer, ack.last_seq)
 
     def receive(self, sender: str, payload: Payload) -> Ack:
         if payload.vector.numel() != self.numel:
@@ -72,8 +83,27 @@ class DPSGD(GossipAlgorithm):
         last = self._latest.get(sender)
         if last is not None and payload.seq <= last[0]:
             return Ack(last[0], 0, absorbed=False)  # older than what we hold
-        self._latest[sender] = (payload.seq, payload.vector.to(self.dtype))
+        check_sequence(sender, payload.seq, last[0] if last is not None else None)
+        model = payload.vector.to(self.dtype)
+        check_absorption(model, 1.0, sender)  # the mix averages models: each must be bounded
+        self._latest[sender] = (payload.seq, model)
         return Ack(payload.seq, 0, absorbed=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "x": self._x.clone(),
+            "latest": {p: {"seq": s, "x": x} for p, (s, x) in self._latest.items()},
+            "numbers": self._numbers.state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._x = state["x"].to(self.dtype).clone()
+        self._latest = {
+            p: (int(v["seq"]), v["x"].to(self.dtype)) for p, v in state["latest"].items()
+        }
+        self._numbers.load(state["numbers"])
 
     def mix(self) -> None:
         phase = self._phase

@@ -26,7 +26,15 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.algorithms.base import Ack, GossipAlgorithm, InvalidPayload, Payload
+from edge.algorithms.base import (
+    Ack,
+    GossipAlgorithm,
+    InvalidPayload,
+    ModelNumbers,
+    Payload,
+    check_absorption,
+    check_sequence,
+)
 from edge.algorithms.local_sgd import SILENT
 from edge.compression import Codec
 from edge.topology.mixing import Phase
@@ -58,7 +66,7 @@ class EnsembleCompression(GossipAlgorithm):
         assert isinstance(self.options, EnsembleOptions)
         self.period = self.options.period
         self._x = initial.detach().to(device="cpu", dtype=self.dtype).clone()
-        self._seq: dict[str, int] = {}
+        self._numbers = ModelNumbers()
         self._latest: dict[str, int] = {}  # sender -> seq of the model in `_fresh` or absorbed
         self._fresh: dict[str, torch.Tensor] = {}  # received since the last combination
         self._combining = False
@@ -82,7 +90,7 @@ class EnsembleCompression(GossipAlgorithm):
         payloads = {}
         for peer in phase.out_weights:
             if peer in ready:
-                seq = self._seq[peer] = self._seq.get(peer, 0) + 1
+                seq = self._numbers.next(peer)
                 encoded, decoded = self.encode(self._x, peer)
                 payloads[peer] = Payload(decoded, {}, seq, 0, encoded=encoded)
         return payloads
@@ -90,12 +98,18 @@ class EnsembleCompression(GossipAlgorithm):
     def receive(self, sender: str, payload: Payload) -> Ack:
         if payload.vector.numel() != self.numel:
             raise InvalidPayload(f"ensemble message from '{sender}' is not one model")
-        last = self._latest.get(sender, 0)
-        if payload.seq <= last:
+        last = self._latest.get(sender)
+        if last is not None and payload.seq <= last:
             return Ack(last, 0, absorbed=False)  # a duplicate or older model
+        check_sequence(sender, payload.seq, last)
+        model = payload.vector.to(self.dtype)
+        check_absorption(model, 1.0, sender)  # a teacher the task will run: bounded
         self._latest[sender] = payload.seq
-        self._fresh[sender] = payload.vector.to(self.dtype)
+        self._fresh[sender] = model
         return Ack(payload.seq, 0, absorbed=True)
+
+    def on_ack(self, peer: str, ack: Ack) -> None:
+        self._numbers.on_ack(peer, ack.last_seq)
 
     def mix(self) -> None:
         if not self._combining:
@@ -112,3 +126,19 @@ class EnsembleCompression(GossipAlgorithm):
 
     def scalars(self) -> dict[str, float]:
         return {"ensemble_size": float(len(self.last_ensemble))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "x": self._x.clone(), "numbers": self._numbers.state(),
+            "latest": dict(self._latest), "fresh": dict(self._fresh),
+            "combining": self._combining,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._x = state["x"].to(self.dtype).clone()
+        self._numbers.load(state["numbers"])
+        self._latest = {p: int(v) for p, v in state["latest"].items()}
+        self._fresh = {p: v.to(self.dtype) for p, v in state["fresh"].items()}
+        self._combining = bool(state["combining"])

@@ -59,6 +59,13 @@ class GradientTracking(PushSum):
         self._previous = direction
         self._x[: self.numel].sub_(tracker)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "previous": self._previous.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._previous = state["previous"].to(self.dtype).clone()
+
     def mass(self) -> tuple[torch.Tensor, float]:
         """``(x, y)`` held by this agent, unmixed mass included (``x`` without the tracker)."""
         x, y = super().mass()

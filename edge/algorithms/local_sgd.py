@@ -108,6 +108,20 @@ class LocalSGD(PushSum):
             if self._outer:
                 self._outer_step()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "averaging_rounds": self.averaging_rounds, "anchor": self._anchor.clone(),
+            "velocity": self._velocity.clone(), "averaged": self._averaged,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.averaging_rounds = int(state["averaging_rounds"])
+        self._anchor = state["anchor"].to(self.dtype).clone()
+        self._velocity = state["velocity"].to(self.dtype).clone()
+        self._averaged = bool(state["averaged"])
+
     def _outer_step(self) -> None:
         options = self.local_options
         z = self.estimate()

@@ -52,6 +52,8 @@ from edge.algorithms.base import (
     InvalidPayload,
     Payload,
     ProtocolError,
+    check_sequence,
+    check_weight,
     refuse_amplifying_codec,
 )
 from edge.algorithms.push_sum import PushSumCore
@@ -115,14 +117,23 @@ class _OutEdge:
 class _InEdge:
     copy: torch.Tensor
     last: int = 0  # the last block applied
+    durable: int = 0  # the last block a written checkpoint holds
 
 
 class SharedCopyGossip(PushSumCore):
     """Per-edge shared copies of the estimate, compressed increments replayed until
-    acknowledged; see the module docstring."""
+    acknowledged; see the module docstring.
+
+    **Checkpoints.** A receiver acknowledges only blocks its last checkpoint holds, so a
+    sender drops blocks a rolled-back receiver could still need. Blocks are not running sums:
+    a sender rolled back would make different blocks under numbers its receivers have
+    applied, so the agent writes a checkpoint after every ``share`` and before sending
+    (:attr:`checkpoint_before_send`), and a restarted sender replays exactly what it sent.
+    """
 
     max_blocks: ClassVar[int] = MAX_BLOCKS
     options_model: ClassVar[type[BaseModel]] = SharedCopyOptions
+    checkpoint_before_send: ClassVar[bool] = True
 
     @classmethod
     def check_codec(cls, codec: Codec) -> None:
@@ -177,7 +188,7 @@ class SharedCopyGossip(PushSumCore):
     def on_ack(self, peer: str, ack: Ack) -> None:
         edge = self._out.get(peer)
         if edge is not None:
-            edge.blocks = [b for b in edge.blocks if b.index > ack.last_seq]
+            edge.blocks = [b for b in edge.blocks if b.index > ack.durable]
 
     def on_refused(self, peer: str) -> None:
         edge = self._out.get(peer)
@@ -195,16 +206,11 @@ class SharedCopyGossip(PushSumCore):
 
     # -- receiving ---------------------------------------------------------------------------
     def _weights(self, sender: str, payload: Payload, count: int) -> list[float]:
-        weights = []
-        for i in range(1, count + 1):
-            y = payload.scalars.get(f"y{i}")
-            if y is None or not 0.0 <= y < math.inf:
-                raise InvalidPayload(
-                    f"{self.name} message from '{sender}': block {i} needs a finite, "
-                    f"non-negative weight 'y{i}', got {y}"
-                )
-            weights.append(y)
-        return weights
+        # Zero is the weight of a block made for a peer that is only probed.
+        return [
+            check_weight(f"y{i}", sender, payload.scalars.get(f"y{i}"), positive=False)
+            for i in range(1, count + 1)
+        ]
 
     def receive(self, sender: str, payload: Payload) -> Ack:
         n = self.numel
@@ -219,25 +225,86 @@ class SharedCopyGossip(PushSumCore):
         edge = self._in.get(sender)
         last = edge.last if edge is not None else 0
         if payload.seq <= last:
-            return Ack(last, 0, absorbed=False)  # nothing new: a duplicate or a stale copy
+            # nothing new: a duplicate or a stale copy
+            return Ack(last, 0, absorbed=False, durable_seq=self._durable(edge))
         if payload.base_seq > last and not restart:
             raise ProtocolError(
                 f"message from '{sender}' starts after block {payload.base_seq}, but this edge "
                 f"holds blocks up to {last} only"
             )
-        if edge is None:
-            edge = self._in[sender] = _InEdge(self._start.clone())
-        if restart and payload.base_seq >= edge.last:
-            edge.copy, edge.last = self._start.clone(), payload.base_seq
+        if restart:  # a restart may jump ahead, but not arbitrarily far
+            check_sequence(sender, payload.base_seq, last if edge is not None else None)
+        copy, applied = (edge.copy, edge.last) if edge is not None else (self._start, 0)
+        if restart and payload.base_seq >= applied:
+            copy, applied = self._start, payload.base_seq
+        # Apply the new blocks to copies, check the state they lead to, then keep them.
+        copy = copy.clone()
+        pending_x, pending_y = self._pending_x.clone(), self._pending_y
         vector = payload.vector.to(self.dtype)
         for i, y in enumerate(weights):
-            if payload.base_seq + 1 + i <= edge.last:
+            if payload.base_seq + 1 + i <= applied:
                 continue
-            edge.copy.add_(vector[i * n : (i + 1) * n])
-            self._pending_x.add_(edge.copy * y)
-            self._pending_y += y
-        edge.last = payload.seq
-        return Ack(edge.last, 0, absorbed=True)
+            copy.add_(vector[i * n : (i + 1) * n])
+            pending_x.add_(copy * y)
+            pending_y += y
+        self._check_pending(sender, pending_x, pending_y)
+        if edge is None:
+            edge = self._in[sender] = _InEdge(copy)
+        edge.copy, edge.last = copy, payload.seq
+        self._pending_x, self._pending_y = pending_x, pending_y
+        return Ack(edge.last, 0, absorbed=True, durable_seq=self._durable(edge))
+
+    def _durable(self, edge: _InEdge | None) -> int | None:
+        if not self.checkpointing:
+            return None  # what is held is what is acknowledged
+        return edge.durable if edge is not None else 0
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        out = {
+            peer: {
+                "copy": edge.copy.clone(), "next": edge.next, "restart": edge.restart,
+                "blocks": [
+                    {
+                        "index": b.index, "codec": b.encoded.codec, "numel": b.encoded.numel,
+                        "data": bytes(b.encoded.data), "meta": bytes(b.encoded.meta),
+                        "q": b.q, "y": b.y, "flow": b.flow,
+                    }
+                    for b in edge.blocks
+                ],
+            }
+            for peer, edge in self._out.items()
+        }  # fmt: skip
+        incoming = {s: {"copy": e.copy.clone(), "last": e.last} for s, e in self._in.items()}
+        return {**super().state_dict(), "start": self._start.clone(), "out": out, "in": incoming}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._start = state["start"].to(self.dtype).clone()
+        self._out = {
+            peer: _OutEdge(
+                e["copy"].to(self.dtype).clone(), int(e["next"]), int(e["restart"]),
+                [
+                    _Block(
+                        int(b["index"]),
+                        Encoded(str(b["codec"]), int(b["numel"]), b["data"], b["meta"]),
+                        b["q"].to(self.dtype), float(b["y"]), b["flow"].to(self.dtype),
+                    )
+                    for b in e["blocks"]
+                ],
+            )
+            for peer, e in state["out"].items()
+        }  # fmt: skip
+        self._in = {
+            s: _InEdge(e["copy"].to(self.dtype).clone(), int(e["last"]), int(e["last"]))
+            for s, e in state["in"].items()
+        }
+
+    def committed(self, state: dict[str, Any]) -> None:
+        for sender, written in state.get("in", {}).items():
+            edge = self._in.get(sender)
+            if edge is not None:
+                edge.durable = max(edge.durable, int(written["last"]))
 
     # -- inspection (tests, benchmarks) ------------------------------------------------------
     def in_flight(self) -> tuple[torch.Tensor, float]:

@@ -27,16 +27,23 @@ class RejectCode(enum.Enum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    INTERNAL = "INTERNAL"
     UNAVAILABLE = "UNAVAILABLE"
 
 
 class Rejected(Exception):
-    """A refused message, with a code and a reason meant for the sender's operator."""
+    """A refused message, with a code and a reason meant for the sender's operator.
 
-    def __init__(self, code: RejectCode, reason: str) -> None:
+    ``kind`` is a short fixed label of why (``wrong_receiver``, ``sequence_ahead``...) for
+    metrics and rate-limited logs; it never holds text from the message itself.
+    """
+
+    def __init__(self, code: RejectCode, reason: str, *, kind: str = "") -> None:
         super().__init__(f"{code.value}: {reason}")
         self.code = code
         self.reason = reason
+        self.kind = kind or code.value.lower()
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,9 @@ class MessageHeader:
     scalars: dict[str, float] = field(default_factory=dict)
     fleet_digest: str = ""
     codec_meta: bytes = b""
+    receiver: str = ""
+    fleet: str = ""
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,10 @@ class SendOutcome:
 
 
 class InboundHandler(Protocol):
+    def accepts(self, sender: str) -> None:
+        """Check who is sending before anything is read (with TLS the transport knows it from
+        the certificate); raise :class:`Rejected` to refuse."""
+
     def admit(self, header: MessageHeader) -> None:
         """Check a header before its payload is buffered; raise :class:`Rejected` to refuse."""
 

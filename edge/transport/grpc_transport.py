@@ -1,13 +1,22 @@
 """Gossip over real gRPC: a server that reassembles chunked pushes and a client that streams them.
 
-Every agent serves the ``airgossip.v1.Gossip`` service and the standard gRPC health service.
-Sends run on a small thread pool, so a slow or dead link never blocks the agent's loop; the
-caller keeps at most one message in flight per edge.
+Every agent serves the ``airgossip.v1.Gossip`` service and the standard gRPC health check,
+over mutual TLS unless told to run in plaintext (``security=None``). Sends run on a small
+thread pool, so a slow or dead link never blocks the agent's loop; the caller keeps at most
+one message in flight per edge.
+
+The server protects itself (:mod:`edge.transport.guard`): with TLS a push is bound to the
+certificate's identity before a byte is read (a sender the agent does not take is refused
+at once); at most one push per edge at a time and a bounded number in all, so threads are
+left for health checks; a deadline and a progress timeout on every push; requests parsed
+from raw bytes (:mod:`edge.transport.wire`). Every refusal has its gRPC status and goes to
+the handler (metrics and a rate-limited log line), none leaves a traceback.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,9 +24,10 @@ from concurrent import futures
 from typing import NoReturn
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from edge.algorithms.base import Ack
+from edge.security import TlsCredentials, add_port, dial, peer_identity
 from edge.transport.base import (
     GossipMessage,
     InboundHandler,
@@ -27,16 +37,30 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
+from edge.transport.guard import (
+    HealthService,
+    StreamSlots,
+    StreamWatchdog,
+    Watch,
+    raw_stream_unary,
+)
 from edge.transport.wire import (
     CHUNK_BYTES,
     MAX_HEADER_BYTES,
-    header_from_proto,
+    PushAssembler,
+    parse_chunk,
     to_chunks,
     wire_bytes,
 )
 from protos import gossip_pb2, gossip_pb2_grpc
 
 SERVICE_NAME = "airgossip.v1.Gossip"
+log = logging.getLogger(__name__)
+#: Server threads never given to pushes: health checks and refusals always find one.
+RESERVED_THREADS = 4
+#: A push may take its base deadline plus this long per byte announced (64 KiB/s): slow
+#: links carry large models, and a client that claims a huge payload is bounded by admit().
+SECONDS_PER_BYTE = 1 / (64 << 10)
 
 
 class PortInUseError(OSError):
@@ -75,54 +99,137 @@ def ensure_bindable(listen: str) -> None:
             raise PortInUseError(f"cannot listen on {listen}: {reason}") from None
 
 
-class _GossipServicer(gossip_pb2_grpc.GossipServicer):
-    def __init__(self, handler: InboundHandler) -> None:
+def _internal(err: Exception) -> Rejected:
+    return Rejected(
+        RejectCode.INTERNAL, f"{type(err).__name__}: {str(err)[:200]}", kind="internal_error"
+    )
+
+
+class _GossipServer:
+    """The ``Push`` method: checks, reassembles and hands one message to the agent."""
+
+    def __init__(
+        self,
+        handler: InboundHandler,
+        *,
+        secure: bool,
+        slots: StreamSlots,
+        watchdog: StreamWatchdog,
+    ) -> None:
         self._handler = handler
+        self._secure = secure
+        self._slots = slots
+        self._watchdog = watchdog
 
-    def Push(
-        self, request_iterator: Iterator[gossip_pb2.PushChunk], context: grpc.ServicerContext
-    ) -> gossip_pb2.PushAck:
-        def refuse(code: RejectCode, reason: str, *, counted: bool = False) -> NoReturn:
-            if not counted:
-                self._handler.refused(Rejected(code, reason))
-            context.abort(getattr(grpc.StatusCode, code.value), reason)
-            raise AssertionError("context.abort always raises")
+    def _refuse(
+        self, context: grpc.ServicerContext, err: Rejected, *, counted: bool = False
+    ) -> NoReturn:
+        if not counted:
+            self._handler.refused(err)
+        context.abort(getattr(grpc.StatusCode, err.code.value), err.reason)
+        raise AssertionError("context.abort always raises")
 
-        first = next(request_iterator, None)
-        if first is None or not first.HasField("header"):
-            refuse(RejectCode.INVALID_ARGUMENT, "the first chunk of a push must carry the header")
-        header = header_from_proto(first.header)
-        try:
-            self._handler.admit(header)
-        except Rejected as err:
-            refuse(err.code, err.reason, counted=True)
-        total = header.payload_bytes
-        buffer = bytearray(total)
-        offset = 0
-        chunk: gossip_pb2.PushChunk | None = first
-        while chunk is not None:
-            if chunk is not first and chunk.HasField("header"):
-                refuse(RejectCode.INVALID_ARGUMENT, "only the first chunk may carry a header")
-            size = len(chunk.data)
-            if offset + size > total:
-                refuse(
-                    RejectCode.INVALID_ARGUMENT,
-                    f"chunks carry more than the {total} payload bytes the header announced",
-                )
-            buffer[offset : offset + size] = chunk.data
-            offset += size
-            chunk = next(request_iterator, None)
-        if offset != total:
-            refuse(
-                RejectCode.INVALID_ARGUMENT,
-                f"stream ended after {offset} of the {total} payload bytes the header announced",
+    def push(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> gossip_pb2.PushAck:
+        identity: str | None = None
+        if self._secure:
+            identity = peer_identity(context)
+            if identity is None:
+                self._refuse(context, Rejected(
+                    RejectCode.PERMISSION_DENIED,
+                    "the client certificate names no airgossip identity", kind="no_identity",
+                ))  # fmt: skip
+            try:
+                self._handler.accepts(identity)  # before a byte is read
+            except Rejected as err:
+                self._refuse(context, err, counted=True)
+        busy = self._slots.acquire(identity)
+        if busy is not None:
+            what = (
+                f"a push from {identity} is already in progress"
+                if busy == "busy_edge"
+                else "too many pushes in progress"
             )
+            self._refuse(context, Rejected(RejectCode.RESOURCE_EXHAUSTED, what, kind=busy))
+        slot = [identity]  # what the slot is held under (plaintext: the sender, once known)
         try:
-            ack = self._handler.deliver(GossipMessage(header, buffer))
+            with self._watchdog.watch(context) as watch:
+                try:
+                    return self._receive(requests, context, identity, watch, slot)
+                except grpc.RpcError:  # the client went away, or the watchdog ended the call
+                    if watch.expired is None:
+                        raise
+                    self._expired(context, watch.expired)
+        finally:
+            self._slots.release(slot[0])
+
+    def _expired(self, context: grpc.ServicerContext, reason: str) -> NoReturn:
+        self._handler.refused(
+            Rejected(RejectCode.DEADLINE_EXCEEDED, "the push ran past its time", kind=reason)
+        )
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the push ran past its time")
+        raise AssertionError("context.abort always raises")
+
+    def _receive(
+        self,
+        requests: Iterator[bytes],
+        context: grpc.ServicerContext,
+        identity: str | None,
+        watch: Watch,
+        slot: list[str | None],
+    ) -> gossip_pb2.PushAck:
+        try:
+            first = next(requests, None)
+            if watch.expired is not None:
+                self._expired(context, watch.expired)
+            watch.progress()
+            assembler = PushAssembler(parse_chunk(first) if first is not None else None)
+            header = assembler.header
+            if identity is not None and header.sender != identity:
+                raise Rejected(
+                    RejectCode.PERMISSION_DENIED,
+                    f"sender {header.sender[:64]!r} is not the certificate's identity {identity!r}",
+                    kind="identity_mismatch",
+                )
+            if identity is None:  # plaintext: the header is all there is to go by
+                busy = self._slots.rekey(header.sender)
+                if busy is not None:
+                    raise Rejected(
+                        RejectCode.RESOURCE_EXHAUSTED,
+                        f"a push from {header.sender[:64]!r} is already in progress",
+                        kind=busy,
+                    )
+                slot[0] = header.sender
+            try:
+                self._handler.admit(header)
+            except Rejected as err:
+                self._refuse(context, err, counted=True)
+            except Exception as err:  # a bug an input found: one line, never a traceback
+                raise _internal(err) from None
+            watch.extend(self._watchdog.deadline_s + header.payload_bytes * SECONDS_PER_BYTE)
+            assembler.begin()
+            for raw in requests:
+                watch.progress()
+                assembler.add(parse_chunk(raw))
+            if watch.expired is not None:
+                self._expired(context, watch.expired)
+            message = assembler.message()
         except Rejected as err:
-            refuse(err.code, err.reason, counted=True)
+            self._refuse(context, err)
+        try:
+            ack = self._handler.deliver(message)
+        except Rejected as err:
+            self._refuse(context, err, counted=True)
+        except Exception as err:  # a bug an input found: one line, never a traceback
+            self._refuse(context, _internal(err))
         return gossip_pb2.PushAck(
-            round=ack.round, last_seq=ack.last_seq, base_seq=ack.base_seq, absorbed=ack.absorbed
+            round=ack.round, last_seq=ack.last_seq, base_seq=ack.base_seq, absorbed=ack.absorbed,
+            durable_seq=ack.durable,
+        )  # fmt: skip
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {"Push": raw_stream_unary(self.push, gossip_pb2.PushAck.SerializeToString)},
         )
 
 
@@ -135,12 +242,18 @@ class GrpcTransport:
         This agent's id (for the link shaper).
     listen:
         ``host:port`` to serve on; port 0 picks a free port.
+    security:
+        This agent's TLS credentials; None serves and dials in plaintext (``--insecure``).
     shaper:
         Optional link emulation applied to outgoing messages.
     max_workers:
         Threads for serving and for sending, each.
     send_timeout_s:
         Deadline of one push.
+    stream_deadline_s:
+        Longest an inbound push may take (plus 1 s per 64 KiB it announces).
+    progress_timeout_s:
+        Longest an inbound push may go without a chunk (the first one included).
     """
 
     def __init__(
@@ -148,22 +261,30 @@ class GrpcTransport:
         agent_id: str,
         *,
         listen: str = "127.0.0.1:0",
+        security: TlsCredentials | None = None,
         shaper: LinkShaper | None = None,
         max_workers: int = 16,
         send_timeout_s: float = 30.0,
         chunk_bytes: int = CHUNK_BYTES,
+        stream_deadline_s: float = 60.0,
+        progress_timeout_s: float = 10.0,
     ) -> None:
         self.agent_id = agent_id
         self.listen = listen
+        self.security = security
         self.shaper = shaper
         self.send_timeout_s = send_timeout_s
         self.chunk_bytes = chunk_bytes
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
-        self._health: health.HealthServicer | None = None
+        self._health: HealthService | None = None
+        self._watchdog = StreamWatchdog(
+            deadline_s=stream_deadline_s, progress_timeout_s=progress_timeout_s
+        )
+        self.slots = StreamSlots(max_workers - min(RESERVED_THREADS, max_workers // 2))
         self._senders = futures.ThreadPoolExecutor(max_workers, thread_name_prefix="gossip-send")
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, gossip_pb2_grpc.GossipStub] = {}
+        self._channels: dict[tuple[str, str], grpc.Channel] = {}
+        self._stubs: dict[tuple[str, str], gossip_pb2_grpc.GossipStub] = {}
         self._counters: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -176,16 +297,26 @@ class GrpcTransport:
         limit = self.chunk_bytes + MAX_HEADER_BYTES
         server = grpc.server(
             futures.ThreadPoolExecutor(self._max_workers, thread_name_prefix="gossip-recv"),
-            maximum_concurrent_rpcs=4 * self._max_workers,
-            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+            # Calls beyond this are refused by gRPC itself; ours are refused in microseconds
+            # (StreamSlots), so the bound is only ever reached by a flood.
+            maximum_concurrent_rpcs=16 * self._max_workers,
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", 16),  # per connection
+                ("grpc.server_handshake_timeout_ms", 10_000),
+                ("grpc.max_connection_idle_ms", 300_000),
+            ],
         )
-        gossip_pb2_grpc.add_GossipServicer_to_server(_GossipServicer(handler), server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        gossip = _GossipServer(
+            handler, secure=self.security is not None, slots=self.slots, watchdog=self._watchdog
+        )
+        self._health = HealthService()
+        server.add_generic_rpc_handlers((gossip.handler(), self._health.handler()))
         host = self.listen.rpartition(":")[0]
         ensure_bindable(self.listen)
         try:
-            bound = server.add_insecure_port(self.listen)
+            bound = add_port(server, self.listen, self.security)
         except RuntimeError as err:
             raise PortInUseError(f"cannot listen on {self.listen}: {err}") from err
         if bound == 0:
@@ -200,16 +331,15 @@ class GrpcTransport:
         return self.address
 
     # -- sending -----------------------------------------------------------------------------
-    def _stub(self, address: str) -> gossip_pb2_grpc.GossipStub:
+    def _stub(self, peer: str, address: str) -> gossip_pb2_grpc.GossipStub:
+        key = (peer, address)
         with self._lock:
-            stub = self._stubs.get(address)
+            stub = self._stubs.get(key)
             if stub is None:
-                channel = grpc.insecure_channel(
-                    address,
-                    options=[("grpc.max_send_message_length", self.chunk_bytes + MAX_HEADER_BYTES)],
-                )
-                self._channels[address] = channel
-                stub = self._stubs[address] = gossip_pb2_grpc.GossipStub(channel)
+                limit = ("grpc.max_send_message_length", self.chunk_bytes + MAX_HEADER_BYTES)
+                channel = dial(address, peer, self.security, [limit])
+                self._channels[key] = channel
+                stub = self._stubs[key] = gossip_pb2_grpc.GossipStub(channel)
             return stub
 
     def send(self, peer: str, address: str, message: GossipMessage, done: SendCallback) -> None:
@@ -235,7 +365,7 @@ class GrpcTransport:
                 if verdict.drop:
                     done(SendOutcome(False, nbytes, dropped=True))
                     return
-            call = self._stub(address).Push.future(
+            call = self._stub(peer, address).Push.future(
                 to_chunks(message, self.chunk_bytes), timeout=self.send_timeout_s
             )
             with self._lock:
@@ -245,12 +375,20 @@ class GrpcTransport:
             finally:
                 with self._lock:
                     self._calls.discard(call)
-            ack = Ack(reply.last_seq, reply.base_seq, reply.absorbed, reply.round)
+            ack = Ack(
+                reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.durable_seq
+            )
             done(SendOutcome(True, nbytes, ack=ack))
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
             reason = err.details() if hasattr(err, "details") else str(err)
-            reject = RejectCode.__members__.get(code.name, RejectCode.UNAVAILABLE)
+            # A push that ran out of time (ours or the receiver's) counts as an unreachable
+            # peer; every other code is the receiver's answer.
+            reject = (
+                RejectCode.UNAVAILABLE
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED
+                else RejectCode.__members__.get(code.name, RejectCode.UNAVAILABLE)
+            )
             done(SendOutcome(False, nbytes, error=Rejected(reject, f"{code.name}: {reason}")))
         except grpc.FutureCancelledError:
             closed = Rejected(RejectCode.UNAVAILABLE, "transport closed")
@@ -267,6 +405,7 @@ class GrpcTransport:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(grace_s).wait()
+        self._watchdog.close()
         # Pushes still in flight (a slow link, a peer that froze) are cancelled, not awaited.
         self._closing.set()
         with self._lock:

@@ -1,11 +1,20 @@
-"""Conversion between gossip messages and the protobuf chunks that carry them."""
+"""Conversion between gossip messages and the protobuf chunks that carry them.
+
+Every check of the wire format itself lives here, for every transport that reads chunks:
+:func:`parse_chunk` (bytes to a chunk, refusing what is not one) and :class:`PushAssembler`
+(the first chunk must carry the header, no other may, the chunks must add up to exactly the
+payload size the header announced). Whether the *content* is acceptable is the receiving
+agent's business (``InboundHandler.admit`` and ``deliver``).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 
-from edge.transport.base import GossipMessage, MessageHeader
+from google.protobuf.message import DecodeError
+
+from edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
 from protos import gossip_pb2
 
 #: Bytes of payload per chunk: well under gRPC's default 4 MiB message limit.
@@ -29,6 +38,9 @@ def header_to_proto(header: MessageHeader) -> gossip_pb2.MessageHeader:
         scalars=header.scalars,
         fleet_digest=header.fleet_digest,
         codec_meta=header.codec_meta,
+        receiver=header.receiver,
+        fleet=header.fleet,
+        epoch=header.epoch,
     )
 
 
@@ -45,7 +57,76 @@ def header_from_proto(proto: gossip_pb2.MessageHeader) -> MessageHeader:
         scalars=dict(proto.scalars),
         fleet_digest=proto.fleet_digest,
         codec_meta=bytes(proto.codec_meta),
+        receiver=proto.receiver,
+        fleet=proto.fleet,
+        epoch=proto.epoch,
     )
+
+
+def malformed(reason: str, *, kind: str = "malformed") -> Rejected:
+    """The refusal of a stream that breaks the wire format."""
+    return Rejected(RejectCode.INVALID_ARGUMENT, reason, kind=kind)
+
+
+def parse_chunk(data: bytes) -> gossip_pb2.PushChunk:
+    """One chunk from its bytes; :class:`Rejected` (``undecodable``) if they are not one.
+
+    Transports receive raw bytes and parse them here rather than in gRPC's deserialiser,
+    whose failure path keeps memory per refused call.
+    """
+    try:
+        return gossip_pb2.PushChunk.FromString(data)
+    except (DecodeError, ValueError):
+        raise malformed("a chunk is not a valid PushChunk message", kind="undecodable") from None
+
+
+class PushAssembler:
+    """Reassembles one push from its chunks, checking the stream's shape as it goes.
+
+    Build it from the first chunk (which must carry the header), let the receiver check
+    :attr:`header`, then :meth:`begin` (the payload buffer is only allocated now, once the
+    header passed), :meth:`add` every further chunk and take the :meth:`message`. Each step
+    raises :class:`Rejected` (``INVALID_ARGUMENT``) for a stream that breaks the format.
+    """
+
+    def __init__(self, first: gossip_pb2.PushChunk | None) -> None:
+        if first is None or not first.HasField("header"):
+            raise malformed("the first chunk of a push must carry the header")
+        self.header = header_from_proto(first.header)
+        self._first: gossip_pb2.PushChunk | None = first
+        self._buffer = bytearray()
+        self._offset = 0
+
+    def begin(self) -> None:
+        """Allocate the payload buffer and take the first chunk's data."""
+        first, self._first = self._first, None
+        self._buffer = bytearray(self.header.payload_bytes)
+        if first is not None:
+            self._take(first.data)
+
+    def add(self, chunk: gossip_pb2.PushChunk) -> None:
+        if chunk.HasField("header"):
+            raise malformed("only the first chunk may carry a header")
+        self._take(chunk.data)
+
+    def _take(self, data: bytes) -> None:
+        total, size = self.header.payload_bytes, len(data)
+        if self._offset + size > total:
+            raise malformed(
+                f"chunks carry more than the {total} payload bytes the header announced"
+            )
+        self._buffer[self._offset : self._offset + size] = data
+        self._offset += size
+
+    def message(self) -> GossipMessage:
+        """The whole message, once the stream has ended."""
+        total = self.header.payload_bytes
+        if self._offset != total:
+            raise malformed(
+                f"stream ended after {self._offset} of the {total} payload bytes the header "
+                "announced"
+            )
+        return GossipMessage(self.header, self._buffer)
 
 
 def to_chunks(
@@ -82,7 +163,8 @@ def wire_bytes(message: GossipMessage, chunk_bytes: int = CHUNK_BYTES) -> int:
     key = (
         len(message.data), chunk_bytes, h.payload_bytes, h.numel, h.codec, len(h.sender),
         len(h.algorithm), len(h.fleet_digest), len(h.codec_meta), tuple(sorted(h.scalars)),
-        h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(),
+        h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(), len(h.receiver),
+        len(h.fleet), h.epoch.bit_length(),
     )  # fmt: skip
     size = _SIZES.get(key)
     if size is None:

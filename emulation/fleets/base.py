@@ -99,6 +99,9 @@ class Launch:
     on_notice:
         Gets what people running the fleet should know as it becomes known (what a kernel
         could not apply, where the fleet's metrics are), one line each.
+    insecure:
+        Agents that talk over the network do so in plaintext (default: mutual TLS with a
+        throwaway certificate authority in ``out_dir``).
     """
 
     out_dir: Path
@@ -107,6 +110,7 @@ class Launch:
     coordinator_listen: str = "127.0.0.1:0"
     coordinator_metrics_listen: str | None = None
     on_notice: Callable[[str], None] | None = None
+    insecure: bool = False
 
     def notice(self, text: str) -> None:
         """Say ``text`` to the launcher (nothing when it does not listen)."""

@@ -39,7 +39,9 @@ class NamespaceFleet:
         self.network = network
         self.launch = launch
         self.keeper = ProgressKeeper(config, launch.on_progress)
-        self.agents = AgentProcesses(config, launch.out_dir, launch.config_path, self.keeper)
+        self.agents = AgentProcesses(
+            config, launch.out_dir, launch.config_path, self.keeper, insecure=launch.insecure
+        )
         self._clock = network.wall_clock()
         #: What the kernel applied and measured (also written to ``kernel.json``).
         self.report: dict[str, Any] = {}

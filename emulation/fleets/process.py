@@ -29,7 +29,9 @@ class ProcessFleet:
         self.network = network
         self.launch = launch
         self.keeper = ProgressKeeper(config, launch.on_progress)
-        self.agents = AgentProcesses(config, launch.out_dir, launch.config_path, self.keeper)
+        self.agents = AgentProcesses(
+            config, launch.out_dir, launch.config_path, self.keeper, insecure=launch.insecure
+        )
         self._clock = network.wall_clock()
 
     @classmethod
@@ -42,6 +44,7 @@ class ProcessFleet:
             topology=self.network.topology(),
             listen=self.launch.coordinator_listen,
             metrics_listen=self.launch.coordinator_metrics_listen,
+            security=self.agents.coordinator_credentials(),
             run=RunSpec(scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds),
         )
         address = server.start()

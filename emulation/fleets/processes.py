@@ -6,6 +6,10 @@ peers, what wraps its command (``ip netns exec``, ``docker run``) and where the 
 the run's folder (:class:`AgentHost`). Each agent writes its round records as JSON lines
 under ``agents/`` and its log under ``logs/``; the group tails the records for progress and
 reads them back at the end.
+
+Unless the run is ``insecure``, the group makes a throwaway certificate authority under
+``certs/`` with a certificate for every agent and the coordinator, and every agent speaks
+mutual TLS. Each agent keeps its checkpoints under ``checkpoints/<id>/``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge.certificates import throwaway_fleet
+from edge.identity import agent_ids
+from edge.security import COORDINATOR_IDENTITY, TlsCredentials
 from edge.stats import RoundRecord, read_records
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -123,6 +130,8 @@ class AgentProcesses:
         Where progress goes as records arrive.
     host:
         Where the agent commands run (this machine by default).
+    insecure:
+        Plaintext gRPC, no certificates.
     """
 
     def __init__(
@@ -132,6 +141,8 @@ class AgentProcesses:
         config_path: Path,
         progress: ProgressKeeper,
         host: AgentHost | None = None,
+        *,
+        insecure: bool = False,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -139,9 +150,20 @@ class AgentProcesses:
         self.host = host or AgentHost()
         self.stats_dir = out_dir / "agents"
         self.logs_dir = out_dir / "logs"
+        self.checkpoints_dir = out_dir / "checkpoints"
+        self.certs_dir: Path | None = None
+        if not insecure:
+            ids = [*agent_ids(config.agents), COORDINATOR_IDENTITY]
+            self.certs_dir = throwaway_fleet(out_dir / "certs", ids)
         self.progress = progress
         self.agents: list[AgentProcess] = []
         self.stopping = threading.Event()
+
+    def coordinator_credentials(self) -> TlsCredentials | None:
+        """The embedded coordinator's credentials (None for an insecure run)."""
+        if self.certs_dir is None:
+            return None
+        return TlsCredentials.load(self.certs_dir, COORDINATOR_IDENTITY)
 
     def spawn(
         self,
@@ -173,6 +195,8 @@ class AgentProcesses:
             *parent,
             "--linger-s", "3600",
             "--threads", "1",
+            *(["--certs", str(self.certs_dir)] if self.certs_dir else ["--insecure"]),
+            "--checkpoint-dir", self.seen(self.checkpoints_dir / agent_id),
             *extra,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

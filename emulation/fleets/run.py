@@ -124,6 +124,7 @@ def run_fleet(
     on_start: Callable[[Fleet], None] | None = None,
     plan: Plan | None = None,
     on_notice: Callable[[str], None] | None = None,
+    insecure: bool = False,
 ) -> RunResults:
     """Run a fleet to the end; write ``results.json`` and ``results.png`` into ``out_dir``.
 
@@ -132,6 +133,8 @@ def run_fleet(
     ``"interrupted": true``, and ``KeyboardInterrupt`` propagates. ``plan``: the
     :func:`preflight` of ``config`` when the caller already made it; ``on_notice`` gets
     what the fleet says people should know (what a kernel could not apply, say).
+    ``insecure``: agents that talk over the network do so in plaintext (default: mutual TLS,
+    see :class:`~emulation.fleets.base.Launch`).
     """
     plan = plan if plan is not None and plan.config == config else preflight(config)
     refuse_used_out_dir(out_dir)
@@ -142,7 +145,7 @@ def run_fleet(
     config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     launch = Launch(
         out_dir, config_path, on_progress, coordinator_listen, coordinator_metrics_listen,
-        on_notice,
+        on_notice, insecure,
     )  # fmt: skip
     started = time.monotonic()
     fleet = plan.fleet(config, network, launch)

@@ -29,6 +29,7 @@ import ipaddress
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -408,7 +409,9 @@ class NamespaceNetwork:
             raise KernelUnavailable(support.reason)
         self.n = n
         self.netem = support.netem
-        self.tag = tag or f"ag{os.getpid() % 100000}"
+        # The pid names the owner; the random part keeps a run clear of names an earlier,
+        # killed run left behind (or a reused pid).
+        self.tag = tag or f"ag{os.getpid()}x{secrets.token_hex(2)}"
         self.hub = f"{self.tag}-hub"
         self.namespaces = [f"{self.tag}-{i}" for i in range(n)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(n)]

@@ -45,7 +45,7 @@ def test_agent_metrics_follow_prometheus_conventions() -> None:
     metrics.on_send(SendEvent("agent-2", 7, 500, 0.2, "failed", "UNAVAILABLE"))
     metrics.on_step(StepEvent(7, 0.02))
     metrics.on_receive(ReceiveEvent(True, "agent-2", payload_bytes=800))
-    metrics.on_receive(ReceiveEvent(False, code="PERMISSION_DENIED"))
+    metrics.on_receive(ReceiveEvent(False, code="PERMISSION_DENIED", reason="not_in_neighbour"))
     text = generate_latest(metrics.registry).decode()
     promtool_check(text)
     assert "_created" not in text
@@ -62,7 +62,8 @@ def test_agent_metrics_follow_prometheus_conventions() -> None:
         == 1
     )
     assert value("airgossip_agent_local_step_seconds_sum", {}) == pytest.approx(0.02)
-    assert value("airgossip_agent_messages_rejected_total", {"code": "PERMISSION_DENIED"}) == 1
+    refused = {"code": "PERMISSION_DENIED", "reason": "not_in_neighbour"}
+    assert value("airgossip_agent_messages_rejected_total", refused) == 1
     assert value("airgossip_agent_received_bytes_total", {"peer": "agent-2"}) == 800
     assert value("airgossip_agent_accuracy_ratio", {}) == 0.9
     assert value("airgossip_agent_round", {}) == 7
@@ -100,7 +101,11 @@ def test_agents_report_their_events_where_they_happen() -> None:
             agent.mix(r)
             agent.report(r)
     with pytest.raises(Rejected):
-        agents[0].admit(MessageHeader("mallory", 1, 1, 0, "push-sum", "float64", 6, 48, {"y": 1.0}))
+        agents[0].admit(
+            MessageHeader(
+                "mallory", 1, 1, 0, "push-sum", "float64", 6, 48, {"y": 1.0}, receiver="agent-0"
+            )
+        )
     for agent, recorder, exporter, keeper, sink in zip(
         agents, recorders, exporters, latest, sinks, strict=True
     ):
@@ -123,7 +128,7 @@ def test_agents_report_their_events_where_they_happen() -> None:
         disagreement = sink.records[-1].scalars["disagreement"]
         assert 0 <= disagreement < sink.records[1].scalars["disagreement"]  # consensus nears
     refusals = [e for e in recorders[0].events if isinstance(e, ReceiveEvent) and not e.accepted]
-    assert refusals == [ReceiveEvent(False, code="PERMISSION_DENIED")]
+    assert refusals == [ReceiveEvent(False, code="PERMISSION_DENIED", reason="not_in_neighbour")]
     for agent in agents:
         agent.close()
 

@@ -35,7 +35,7 @@ def header(agent: Agent, **overrides: object) -> MessageHeader:
     fields: dict[str, object] = dict(
         sender="agent-1", round=1, seq=1, base_seq=0, algorithm="quantized-push-sum",
         codec="qsgd:4", numel=8, payload_bytes=8, scalars={"y1": 0.25, "restart": 1.0},
-        fleet_digest=agent.digest,
+        fleet_digest=agent.digest, receiver=agent.agent_id, fleet=agent.fleet,
     )  # fmt: skip
     fields.update(overrides)
     return MessageHeader(**fields)  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge.algorithms import PlainPushSum, ProtocolError, PushSum
+from edge.algorithms import InvalidPayload, PlainPushSum, ProtocolError, PushSum
 from edge.algorithms.base import Ack, Payload
 from edge.topology import Phase
 from tests.support import PushSumFleet, run_push_sum
@@ -81,9 +81,10 @@ def test_inconsistent_base_is_refused_without_state_change_and_recovers() -> Non
 
 def test_weight_scalar_is_required() -> None:
     b = PushSum(torch.zeros(2, dtype=torch.float64))
-    with pytest.raises(ProtocolError, match="weight"):
+    # Malformed, not a mismatch with the edge's state: the sender must not restart the edge.
+    with pytest.raises(InvalidPayload, match="weight"):
         b.receive("a", Payload(torch.zeros(2, dtype=torch.float64), {}, 1, 0))
-    with pytest.raises(ProtocolError, match="weight"):
+    with pytest.raises(InvalidPayload, match="weight"):
         b.receive("a", Payload(torch.zeros(2, dtype=torch.float64), {"y": float("nan")}, 1, 0))
 
 

@@ -7,6 +7,7 @@ with the reason otherwise. Every namespace the run creates is deleted, pass or f
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -26,8 +27,14 @@ def namespaces() -> str:
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
+def namespace_names() -> set[str]:
+    """The names only: ``ip netns list`` adds ``(id: N)`` to some."""
+    return {line.split()[0] for line in namespaces().splitlines() if line.strip()}
+
+
 def test_network_is_created_shaped_and_removed() -> None:
-    with NamespaceNetwork(3, tag="agtest") as network:
+    tag = f"agtest{secrets.token_hex(3)}"  # clear of names an earlier, killed run left
+    with NamespaceNetwork(3, tag=tag) as network:
         listed = namespaces()
         assert all(ns in listed for ns in (*network.namespaces, network.hub))
         shaping = subprocess.run(
@@ -57,7 +64,7 @@ def test_network_is_created_shaped_and_removed() -> None:
         finally:
             server.kill()
             server.wait()
-    assert "agtest" not in namespaces()
+    assert not any(name.startswith(tag) for name in namespace_names())
 
 
 @pytest.mark.slow
@@ -95,6 +102,7 @@ positions = [[0, 0], [8, 0], [0, 8], [8, 8]]
 [[wireless.traces]]
 file = "{trace}"
 """)
+    before = namespace_names()
     results = run_fleet(load_config(scenario), tmp_path / "run").to_json()
     assert results["final"]["round"] == 4 and results["final"]["complete"]
     report = json.loads((tmp_path / "run" / "kernel.json").read_text())
@@ -116,7 +124,7 @@ file = "{trace}"
     if not report["netem"]:
         assert any("latency and jitter" in effect for effect in report["unapplied"])
     assert not report["controller_errors"]
-    assert "-hub" not in namespaces()
+    assert namespace_names() <= before, "the run left namespaces behind"
 
 
 @pytest.mark.slow
@@ -130,6 +138,7 @@ def test_a_static_network_in_namespaces_drops_packets_at_its_loss(tmp_path: Path
         "network": {"loss": 0.02, "bandwidth_mbps": 40},
     })  # fmt: skip
     notices: list[str] = []
+    before = namespace_names()
     results = run_fleet(config, tmp_path / "run", on_notice=notices.append).to_json()
     assert results["final"]["round"] == 4 and results["final"]["complete"]
     # The console hears what the kernel does not apply, as kernel.json keeps it.
@@ -144,4 +153,4 @@ def test_a_static_network_in_namespaces_drops_packets_at_its_loss(tmp_path: Path
     assert dropped / seen == pytest.approx(0.02, rel=0.25)
     assert all(link["model_loss"] in (None, pytest.approx(0.02)) for link in report["links"])
     assert any("message loss" in effect for effect in report["unapplied"])
-    assert "-hub" not in namespaces()
+    assert namespace_names() <= before, "the run left namespaces behind"

@@ -2,11 +2,14 @@
 
 The files under ``recorded/`` hold a run's settings and its ``results.json`` as written
 before the fleet and network contracts were introduced; any change to the code that moves a
-number of a seeded run shows up here. Timing fields are left out: the wall-clock time of a
-run and when it was launched (in the virtual mode, ``wall_s`` is virtual time and is
-compared); so are the ``[containers]`` settings, added since. Counts and strings compare
-exactly; floats to 1e-9 relative, which allows the last bits of a BLAS kernel chosen for
-another CPU and nothing else.
+number of a seeded run shows up here. They were re-recorded once since, when the gossip
+header gained the receiver, fleet and epoch: every message grew by those bytes, which moved
+``bytes_sent`` and, in the virtual mode, the airtime messages take (with the new fields'
+bytes left out of the count, the old files still matched exactly). Timing fields are left
+out: the wall-clock time of a run and when it was launched (in the virtual mode, ``wall_s``
+is virtual time and is compared); so are the ``[containers]`` settings, added since. Counts
+and strings compare exactly; floats to 1e-9 relative, which allows the last bits of a BLAS
+kernel chosen for another CPU and nothing else.
 """
 
 from __future__ import annotations

@@ -109,18 +109,21 @@ def test_topology_command() -> None:
     ],
 )
 def test_bad_coordinator_flags_get_one_line_errors(args: list[str], fragments: list[str]) -> None:
-    assert_one_line_error(cli("coordinator", "--listen", "127.0.0.1:0", *args), *fragments)
+    result = cli("coordinator", "--insecure", "--listen", "127.0.0.1:0", *args)
+    assert_one_line_error(result, *fragments)
 
 
 def test_coordinator_refuses_busy_ports_and_unusable_databases(tmp_path: Path) -> None:
-    base = ["coordinator", "--listen", "127.0.0.1:0", "--metrics-port", "0"]
+    base = ["coordinator", "--insecure", "--listen", "127.0.0.1:0", "--metrics-port", "0"]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        busy = cli("coordinator", "--listen", f"127.0.0.1:{port}")
+        busy = cli("coordinator", "--insecure", "--listen", f"127.0.0.1:{port}")
         assert_one_line_error(busy, f"cannot listen on 127.0.0.1:{port}", "in use")
-        busy_metrics = cli("coordinator", "--listen", "127.0.0.1:0", "--metrics-port", str(port))
+        busy_metrics = cli(
+            "coordinator", "--insecure", "--listen", "127.0.0.1:0", "--metrics-port", str(port)
+        )
         assert_one_line_error(busy_metrics, f"127.0.0.1:{port}", "in use")
     missing = tmp_path / "no" / "such" / "fleet.db"
     assert_one_line_error(cli(*base, "--db", str(missing)), str(missing), "does not exist")
@@ -143,7 +146,26 @@ def test_agent_refuses_a_busy_metrics_port(tmp_path: Path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         result = airgossip(
-            "agent", "--coordinator", "127.0.0.1:1", "--metrics-listen", f"127.0.0.1:{port}",
-            "--ready-timeout-s", "5", timeout=120,
+            "agent", "--insecure", "--coordinator", "127.0.0.1:1",
+            "--metrics-listen", f"127.0.0.1:{port}", "--ready-timeout-s", "5", timeout=120,
         )  # fmt: skip
     assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{port}", "in use")
+
+
+def test_plaintext_is_only_ever_explicit() -> None:
+    for command in (["agent", "--coordinator", "127.0.0.1:1"], ["coordinator"]):
+        assert_one_line_error(cli(*command), "--certs DIR", "--insecure")
+
+
+def test_certificates_are_made_and_checked_with_one_line_errors(tmp_path: Path) -> None:
+    folder = tmp_path / "ca"
+    assert cli("certs", "init", "--dir", str(folder)).returncode == 0
+    assert cli("certs", "issue", "coordinator", "--dir", str(folder)).returncode == 0
+    assert_one_line_error(cli("certs", "init", "--dir", str(folder)), "already exists")
+    assert_one_line_error(cli("certs", "issue", "a b", "--dir", str(folder)), "identity")
+    assert_one_line_error(cli("certs", "issue", "x", "--dir", str(tmp_path)), "certs init")
+    result = airgossip(
+        "agent", "--coordinator", "127.0.0.1:1", "--certs", str(folder), "--id", "agent-7",
+        "--ready-timeout-s", "5", timeout=120,
+    )  # fmt: skip
+    assert_one_line_error(result, "agent-7.pem does not exist")

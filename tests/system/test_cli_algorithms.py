@@ -63,5 +63,5 @@ def test_a_compressed_run_reports_its_compression_and_bytes(tmp_path: Path) -> N
 def test_the_coordinator_command_refuses_a_graph_the_algorithm_cannot_use(tmp_path: Path) -> None:
     scenario = tmp_path / "s.toml"
     scenario.write_text('algorithm = "dpsgd"\n')
-    result = cli("coordinator", "--config", str(scenario), "--listen", "127.0.0.1:0")
+    result = cli("coordinator", "--insecure", "--config", str(scenario), "--listen", "127.0.0.1:0")
     assert_one_line_error(result, "algorithm 'dpsgd' needs an undirected graph")

@@ -39,7 +39,7 @@ ACCEPTS = {
     "links": [("scenario", preset_names())],
 }  # fmt: skip
 #: Commands that take no mode, topology or other name from a registry.
-NAMES_NOTHING = {"agent", "baseline", "compare"}
+NAMES_NOTHING = {"agent", "baseline", "certs", "compare"}
 BRACKETED = re.compile(r"\[[^\]]+\]")
 
 
@@ -101,7 +101,7 @@ def test_error_texts_print_their_bracketed_words(tmp_path: Path) -> None:
     peers, scenario = tmp_path / "peers.toml", tmp_path / "s.toml"
     peers.write_text('agent-0 = "127.0.0.1:7000"\n')
     scenario.write_text("agents = 2\n")
-    result = cli("agent", "--peers", str(peers), "--config", str(scenario))
+    result = cli("agent", "--peers", str(peers), "--config", str(scenario), "--insecure")
     assert_one_line_error(result, "needs a [peers] table")
     result = cli("links", str(scenario))
     assert_one_line_error(result, "has no [wireless] table")

@@ -26,6 +26,8 @@ from coordinator.client import CoordinatorClient
 from coordinator.policy import TopologySpec
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
+from edge.certificates import throwaway_fleet
+from edge.identity import agent_ids
 from edge.topology import Assignment, Phase
 from emulation.config import load_config
 from emulation.results import RunResults
@@ -51,15 +53,21 @@ def test_agents_started_by_hand_are_one_run_with_results(tmp_path: Path) -> None
     (coordinator_dir / "scenario.toml").write_text(
         'agents = 4\nrounds = 40\n[task]\nname = "consensus"\ndim = 8\n'
     )
+    # Mutual TLS as on devices: one authority, a certificate per member.
+    certs = throwaway_fleet(tmp_path / "certs", ["coordinator", *agent_ids(4)])
     port = free_port()
     coordinator = spawn(
         ["coordinator", "--listen", f"127.0.0.1:{port}", "--metrics-port", "0",
-         "--token", "s3cret", "--config", "scenario.toml",
+         "--token", "s3cret", "--config", "scenario.toml", "--certs", str(certs),
          # A short timeout: an agent declared dead for finishing would be within the run.
          "--heartbeat-interval-s", "0.5", "--heartbeat-timeout-s", "3"],
         coordinator_dir,
     )  # fmt: skip
-    device = ["agent", "--coordinator", f"127.0.0.1:{port}", "--token", "s3cret", "--index"]
+    device = ["agent", "--coordinator", f"127.0.0.1:{port}", "--token", "s3cret",
+              "--certs", str(certs),
+              # Each serves until the run is complete: on a loaded machine the slowest
+              # agent may finish more than the default 10 s after the fastest.
+              "--linger-s", "120", "--index"]  # fmt: skip
     agents = [spawn([*device, str(i)], tmp_path / f"device-{i}") for i in range(4)]
     try:
         outputs = [agent.communicate(timeout=240)[0] for agent in agents]
@@ -118,7 +126,7 @@ def test_an_agent_that_disagrees_with_the_fleet_is_refused_naming_the_setting(
     try:
         (tmp_path / "mine.toml").write_text(scenario)
         result = airgossip(
-            "agent", "--coordinator", address, "--token", "t", "--index", "0",
+            "agent", "--coordinator", address, "--token", "t", "--index", "0", "--insecure",
             "--config", str(tmp_path / "mine.toml"), timeout=120, cwd=tmp_path,
         )  # fmt: skip
         assert_one_line_error(result, "FAILED_PRECONDITION", named)
@@ -129,7 +137,9 @@ def test_an_agent_that_disagrees_with_the_fleet_is_refused_naming_the_setting(
 
 def test_an_agent_says_what_it_waits_for_and_leaves_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()  # nobody listens there
-    agent = spawn(["agent", "--coordinator", f"127.0.0.1:{port}", "--index", "1"], tmp_path)
+    agent = spawn(
+        ["agent", "--coordinator", f"127.0.0.1:{port}", "--index", "1", "--insecure"], tmp_path
+    )
     lines: list[str] = []
     try:
         assert agent.stdout is not None
@@ -157,6 +167,7 @@ def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -
     args = [
         "coordinator", "--listen", f"127.0.0.1:{free_port()}", "--metrics-port", "0",
         "--db", str(tmp_path / "fleet.db"), "--config", str(scenario), "--agents", "4",
+        "--insecure",
     ]  # fmt: skip
     heads = []
     for _ in range(2):

@@ -15,7 +15,14 @@ import pytest
 
 from edge.stats import read_records
 from edge.tasks.consensus import ConsensusOptions, true_average
-from tests.support import ROOT, airgossip, free_port, kill_all, wait_until_gone
+from tests.support import (
+    ROOT,
+    airgossip,
+    credentials_folder,
+    free_port,
+    kill_all,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -125,6 +132,8 @@ def test_agents_run_from_a_static_peer_list_without_a_coordinator(tmp_path: Path
                 "2",
                 "--parent-pid",
                 str(os.getpid()),
+                "--certs",
+                str(credentials_folder()),
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,

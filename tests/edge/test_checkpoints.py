@@ -1,0 +1,95 @@
+"""Checkpoints: atomic files with a checksum; a corrupt newest one falls back to the one
+before it with a clear message; an agent resumes exactly where its checkpoint was."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from edge.agent import build_agent
+from edge.checkpoints import CheckpointError, CheckpointStore, decode_state, encode_state
+from edge.settings import AgentSettings, TaskSettings
+from edge.topology import assignments_for_graph, build_graph
+from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+
+
+def test_states_round_trip_exactly() -> None:
+    state = {
+        "x": torch.randn(7, dtype=torch.float64), "f": torch.randn(2, 3), "i": 2**60,
+        "y": 0.1 + 0.2, "s": "agent-1", "b": b"\x00\xff", "none": None,
+        "nested": {"list": [torch.arange(3), {"empty": torch.zeros(0)}], "t": True},
+    }  # fmt: skip
+    back = decode_state(encode_state(state))
+    assert torch.equal(back["x"], state["x"]) and back["x"].dtype == torch.float64
+    assert torch.equal(back["f"], state["f"]) and back["f"].shape == (2, 3)
+    assert back["i"] == 2**60 and back["y"] == state["y"] and back["b"] == b"\x00\xff"
+    assert torch.equal(back["nested"]["list"][0], torch.arange(3))
+    assert back["nested"]["list"][1]["empty"].numel() == 0 and back["none"] is None
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, "agent-0", keep=3)
+    paths = [store.save({"round": r, "x": torch.full((4,), float(r))}) for r in range(1, 5)]
+    assert [p.name for p in store.paths()] == [p.name for p in paths[1:]]  # the newest three
+    assert not list(tmp_path.glob(".*.tmp"))
+    data = bytearray(paths[-1].read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit in the newest
+    paths[-1].write_bytes(bytes(data))
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.state["round"] == 3 and loaded.path == paths[-2]
+    assert len(loaded.skipped) == 1 and "checksum mismatch" in loaded.skipped[0]
+    paths[-2].write_bytes(paths[-2].read_bytes()[:100])  # truncated
+    paths[-3].write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no intact checkpoint is left"):
+        store.load_latest()
+    assert CheckpointStore(tmp_path / "empty", "agent-0").load_latest() is None
+
+
+SETTINGS = AgentSettings(task=TaskSettings(name="consensus", dim=6), rounds=40, seed=3)
+
+
+def fleet(folder: Path, n: int = 3) -> list:  # type: ignore[type-arg]
+    network = InMemoryNetwork()
+    agents = [
+        build_agent(f"agent-{i}", index=i, num_agents=n, settings=SETTINGS,
+                    transport=InMemoryTransport(network, f"agent-{i}"),
+                    checkpoints=CheckpointStore(folder / f"agent-{i}", f"agent-{i}"))
+        for i in range(n)
+    ]  # fmt: skip
+    addresses = {a.agent_id: a.start() for a in agents}
+    assignments = assignments_for_graph(build_graph("exponential", n), addresses)
+    for agent in agents:
+        agent.set_assignment(assignments[agent.agent_id])
+    return agents
+
+
+def test_an_agent_resumes_where_its_checkpoint_was(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    agents = fleet(tmp_path)
+    for r in range(1, 6):
+        for agent in agents:
+            agent.local_step(r)
+            agent.push(r)
+        for agent in agents:
+            agent.mix(r)
+    agents[1].checkpoint()
+    written = agents[1].algorithm.state_dict()
+    restarted = fleet(tmp_path)[1]
+    with caplog.at_level(logging.INFO):
+        assert restarted.resume() == 5
+    assert "resumed round 5" in caplog.text
+    back = restarted.algorithm.state_dict()
+    assert torch.equal(back["x"], written["x"]) and back["y"] == written["y"]
+    assert {p: e["seq"] for p, e in back["out"].items()} == {
+        p: e["seq"] for p, e in written["out"].items()
+    }
+    assert restarted.counters() == agents[1].counters()
+    # a checkpoint of another agent (or task) is refused, not silently taken
+    stranger = fleet(tmp_path)[2]
+    stranger.checkpoints = agents[1].checkpoints
+    with pytest.raises(CheckpointError, match="belongs to 'agent-1'"):
+        stranger.resume()
