@@ -57,11 +57,12 @@ RUN set -eu; missing=""; \
         && rm -rf /var/lib/apt/lists/*; \
     fi; \
     useradd --system --uid 10001 --user-group --home-dir /var/lib/airgossip --create-home airgossip; \
-    mkdir -p /var/lib/airgossip/claims /var/lib/airgossip/data; \
+    mkdir -p /var/lib/airgossip/claims /var/lib/airgossip/data /var/lib/airgossip/certs \
+        /var/lib/airgossip/checkpoints; \
     chown -R airgossip:airgossip /var/lib/airgossip
 COPY --from=build /opt/airgossip /opt/airgossip
 COPY deploy/docker/entrypoint.sh /usr/local/bin/airgossip-entrypoint
-COPY deploy/docker/healthcheck.py /usr/local/lib/airgossip/healthcheck.py
+COPY deploy/docker/healthcheck.py deploy/docker/fleet_certs.py /usr/local/lib/airgossip/
 LABEL org.opencontainers.image.title="airgossip" \
       org.opencontainers.image.description="Decentralized learning over directed, lossy links: gossip agents and their coordinator" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -69,7 +70,8 @@ USER airgossip
 WORKDIR /var/lib/airgossip
 # 7000 gossip (agent), 9100 agent metrics, 7070 coordinator gRPC, 9470 coordinator HTTP.
 EXPOSE 7000 7070 9100 9470
-# The gRPC health service of whichever runs here (AIRGOSSIP_HEALTH_ADDRESS; 7000: an agent).
+# The gRPC health service of whichever runs here (AIRGOSSIP_HEALTH_ADDRESS; 7000: an agent),
+# over mutual TLS with the member's own certificate where it has one (healthcheck.py).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "/usr/local/lib/airgossip/healthcheck.py"]
 ENTRYPOINT ["airgossip-entrypoint"]

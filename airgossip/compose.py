@@ -5,11 +5,20 @@
 scenario.toml``, the fleet size from ``AIRGOSSIP_AGENTS``), and ``airgossip compose`` writes
 it for any fleet and scenario into a folder of its own, next to the scenario file.
 
+* A one-shot ``certs`` service makes the fleet's certificate authority and issues
+  ``coordinator`` and ``agent-0`` .. ``agent-<N-1>`` into a named volume (existing ones are
+  kept); everything else starts once it has succeeded and speaks mutual TLS.
 * The coordinator reads the scenario and hands it to every agent, keeps its SQLite database
   on a named volume, serves ``/sd`` and writes the run's results there when it is complete.
 * Agents are replicas of one service; each claims an index in a shared volume (the image's
-  entry point), advertises its own address, and shapes its links in the kernel inside its
-  own container (root with ``NET_ADMIN``; without it the agent shapes them itself).
+  entry point), takes its own certificate from the certificates volume, advertises its own
+  address, keeps checkpoints on a volume (a restarted container resumes from them), and
+  shapes its links in the kernel inside its own container (root with ``NET_ADMIN``; without
+  it the agent shapes them itself).
+
+The certificates volume is mounted read-only into every agent: one trust domain on one host
+(an agent container could read another's key). A fleet of real devices gets a certificate
+per device instead (``docs/deployment.md``).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
   coordinator's ``/sd``); Grafana gets its datasource and dashboards from
   ``deploy/grafana``.
@@ -30,9 +39,12 @@ from emulation.config import RunConfig
 IMAGE = "${AIRGOSSIP_IMAGE:-airgossip:latest}"
 PROMETHEUS_IMAGE = "${PROMETHEUS_IMAGE:-prom/prometheus:v2.53.0}"
 GRAFANA_IMAGE = "${GRAFANA_IMAGE:-grafana/grafana:11.6.0}"
-#: Where containers see the scenario file, and the agents' claimed indices.
+#: Where containers see the scenario file, the agents' claimed indices, the fleet's
+#: certificates and the agents' checkpoints.
 SCENARIO_IN_CONTAINER = "/etc/airgossip/scenario.toml"
 CLAIMS = "/var/lib/airgossip/claims"
+CERTS = "/var/lib/airgossip/certs"
+CHECKPOINTS = "/var/lib/airgossip/checkpoints"
 #: How long agents keep serving after their last round: the fleet stays on the dashboards
 #: until it is brought down.
 LINGER_S = 86_400
@@ -84,24 +96,46 @@ def compose_document(
     coordinator_command = [
         "coordinator", "--listen", "0.0.0.0:7070", "--metrics-port", "9470",
         "--db", "/var/lib/airgossip/data/fleet.db", "--config", SCENARIO_IN_CONTAINER,
-        "--agents", fleet,
+        "--agents", fleet, "--certs", CERTS,
     ]  # fmt: skip
-    # The agents get the scenario (and the fleet size) from the coordinator.
+    # The agents get the scenario (and the fleet size) from the coordinator; the entry point
+    # adds --certs with the claimed index's own certificate (AIRGOSSIP_CERTS).
     agent_command = [
         "agent", "--coordinator", "coordinator:7070", "--listen", "0.0.0.0:7000",
         "--metrics-listen", "0.0.0.0:9100", "--kernel-links", "eth0",
-        "--linger-s", str(LINGER_S), "--threads", "1",
+        "--linger-s", str(LINGER_S), "--threads", "1", "--checkpoint-dir", CHECKPOINTS,
     ]  # fmt: skip
+    certs_ready = {"certs": {"condition": "service_completed_successfully"}}
+    certs = {
+        "image": IMAGE,
+        # The first service to start builds the image (one build for the stack).
+        "build": build,
+        # As the image's own user: the volume starts as the image's folder, owned by it.
+        "entrypoint": ["python", "/usr/local/lib/airgossip/fleet_certs.py"],
+        "command": [CERTS, fleet],
+        "volumes": [f"fleet-certs:{CERTS}"],
+        "restart": "no",
+    }
     coordinator = {
         "image": IMAGE,
-        "build": build,
         "init": True,
         "command": coordinator_command,
-        "environment": {"AIRGOSSIP_HEALTH_ADDRESS": "127.0.0.1:7070", "AIRGOSSIP_TOKEN": token},
+        "environment": {
+            "AIRGOSSIP_HEALTH_ADDRESS": "127.0.0.1:7070",
+            "AIRGOSSIP_HEALTH_CERTS": CERTS,
+            "AIRGOSSIP_HEALTH_IDENTITY": "coordinator",
+            "AIRGOSSIP_TOKEN": token,
+        },
         # The run's results.json, plot and summary go to runs/<run id> in the data volume.
         "working_dir": "/var/lib/airgossip/data",
-        "volumes": ["coordinator-data:/var/lib/airgossip/data", scenario_mount, *trace_mounts],
+        "volumes": [
+            "coordinator-data:/var/lib/airgossip/data",
+            f"fleet-certs:{CERTS}:ro",
+            scenario_mount,
+            *trace_mounts,
+        ],
         "ports": ["127.0.0.1:${AIRGOSSIP_COORDINATOR_PORT:-9470}:9470"],
+        "depends_on": certs_ready,
         # It exits when the run is complete; it comes back (from its database) if it fails.
         "restart": "on-failure",
     }
@@ -114,13 +148,19 @@ def compose_document(
         "command": agent_command,
         "environment": {
             "AIRGOSSIP_INDEX": "claim",
+            "AIRGOSSIP_CERTS": CERTS,
             "AIRGOSSIP_ADVERTISE_PORT": "7000",
             "AIRGOSSIP_HEALTH_ADDRESS": "127.0.0.1:7000",
             "AIRGOSSIP_TOKEN": token,
             "OMP_NUM_THREADS": "1",
         },
-        "volumes": [f"agent-claims:{CLAIMS}", *trace_mounts],
-        "depends_on": ["coordinator"],
+        "volumes": [
+            f"agent-claims:{CLAIMS}",
+            f"fleet-certs:{CERTS}:ro",
+            f"agent-checkpoints:{CHECKPOINTS}",
+            *trace_mounts,
+        ],
+        "depends_on": {**certs_ready, "coordinator": {"condition": "service_started"}},
         "deploy": {"replicas": fleet if not fleet.isdigit() else int(fleet)},
         "restart": "on-failure",
     }
@@ -158,12 +198,19 @@ def compose_document(
     }
     return {
         "services": {
+            "certs": certs,
             "coordinator": coordinator,
             "agent": agent,
             "prometheus": prometheus,
             "grafana": grafana,
         },
-        "volumes": {"coordinator-data": {}, "agent-claims": {}, "prometheus-data": {}},
+        "volumes": {
+            "fleet-certs": {},
+            "coordinator-data": {},
+            "agent-claims": {},
+            "agent-checkpoints": {},
+            "prometheus-data": {},
+        },
     }
 
 
@@ -206,7 +253,9 @@ airgossip: a coordinator, agents, Prometheus and Grafana on one Docker host.
                                 # http://127.0.0.1:3000, Prometheus on :9090
   docker-compose down -v        # stop and remove everything, data included
 
-Each agent shapes its own links in the kernel inside its container (root, NET_ADMIN). The
+Everything speaks mutual TLS with certificates the one-shot `certs` service issues into a
+volume (one trust domain on this host: see docs/deployment.md). Each agent shapes its own
+links in the kernel inside its container (root, NET_ADMIN) and keeps checkpoints. The
 scenario is deploy/compose/scenario.toml (AIRGOSSIP_SCENARIO=FILE for another); other
 variables: AIRGOSSIP_IMAGE, BASE_IMAGE, AIRGOSSIP_TOKEN, PROMETHEUS_IMAGE, GRAFANA_IMAGE,
 AIRGOSSIP_{COORDINATOR,PROMETHEUS,GRAFANA}_PORT. docs/deployment.md has the details.

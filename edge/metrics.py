@@ -119,8 +119,8 @@ class AgentMetrics:
             ["code", "reason"],
             registry=r,
         )
-        for code in RejectCode:  # every reason exported from the start, at 0
-            self.rejected.labels(code.value)
+        for code in RejectCode:  # every code exported from the start, at 0 (its default reason)
+            self.rejected.labels(code.value, code.value.lower())
         self.push_latency = Histogram(
             "airgossip_agent_push_latency_seconds",
             "Time from handing a message to the transport to the peer's acknowledgement.",

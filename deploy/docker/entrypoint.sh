@@ -9,6 +9,12 @@
 #                             this container across restarts
 #   AIRGOSSIP_ADVERTISE_PORT  --advertise ADDRESS:PORT, ADDRESS being $AIRGOSSIP_ADVERTISE_HOST
 #                             or this container's own address
+#   AIRGOSSIP_CERTS           --certs: a folder of the whole fleet's certificates (ca.pem,
+#                             agent-N.pem and agent-N.key for every N: a compose volume, a
+#                             Kubernetes Secret); once the index N is known, ca.pem and
+#                             agent-N's pair are copied to /tmp/airgossip-tls (this container's
+#                             own, mode 0700; the health check dials with them) and --certs
+#                             points there, so the agent process holds no other member's key
 #
 # Flags given on the command line come after these, so they win.
 set -eu
@@ -59,6 +65,24 @@ if [ "${1:-}" = "agent" ]; then
   if [ -n "${AIRGOSSIP_ADVERTISE_PORT:-}" ]; then
     host="${AIRGOSSIP_ADVERTISE_HOST:-$(hostname -i | cut -d' ' -f1)}"
     set -- --advertise "$host:$AIRGOSSIP_ADVERTISE_PORT" "$@"
+  fi
+  if [ -n "${AIRGOSSIP_CERTS:-}" ]; then
+    if [ -z "$index" ]; then
+      echo "airgossip: AIRGOSSIP_CERTS needs AIRGOSSIP_INDEX (whose certificate to use)" >&2
+      exit 2
+    fi
+    tls=/tmp/airgossip-tls
+    for file in ca.pem "agent-$index.pem" "agent-$index.key"; do
+      if [ ! -r "$AIRGOSSIP_CERTS/$file" ]; then
+        echo "airgossip: no $file in $AIRGOSSIP_CERTS (AIRGOSSIP_CERTS); issue agent-$index's" \
+          "certificate there (airgossip certs issue agent-$index)" >&2
+        exit 2
+      fi
+    done
+    (umask 077 && rm -rf "$tls" && mkdir "$tls" \
+      && cp "$AIRGOSSIP_CERTS/ca.pem" "$AIRGOSSIP_CERTS/agent-$index.pem" \
+        "$AIRGOSSIP_CERTS/agent-$index.key" "$tls/")
+    set -- --certs "$tls" "$@"
   fi
   if [ -n "$index" ]; then
     set -- --index "$index" "$@"

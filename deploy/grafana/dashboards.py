@@ -321,14 +321,15 @@ def agent_detail() -> db.Dashboard:
             [
                 series(
                     "Refused messages by reason",
-                    "Incoming messages each agent refused per second, by gRPC status "
-                    "(FAILED_PRECONDITION: measured from a base the agent no longer holds, "
-                    "as after a restart; PERMISSION_DENIED: another task or unknown sender).",
+                    "Incoming messages each agent refused per second, by gRPC status and "
+                    "reason (FAILED_PRECONDITION: measured from a base the agent no longer "
+                    "holds, as after a restart; PERMISSION_DENIED: another task, fleet or "
+                    "unknown sender; docs/security.md lists every reason).",
                     "short",
                     query(
-                        "sum by (agent, code) "
+                        "sum by (agent, code, reason) "
                         f"(rate(airgossip_agent_messages_rejected_total{{{AGENT}}}[{RATE}]))",
-                        "{{agent}} {{code}}",
+                        "{{agent}} {{code}} {{reason}}",
                     ),
                 ).min(0),
                 series(

@@ -4,8 +4,12 @@ agent's links shaped by the kernel inside its own container.
 The fleet makes a Docker network of its own, starts the coordinator in this process on that
 network's gateway address, and runs ``airgossip agent`` in one container per agent (the
 image of ``[containers] image``) through :class:`~emulation.fleets.processes.AgentProcesses`:
-the run's folder is mounted into every container, so records, progress and results work as
-in the process mode. With ``NET_ADMIN`` (the default) every agent applies its share of the
+the parts of the run's folder an agent needs (the config, ``agents/`` for records, its own
+checkpoint folder) are mounted into its container, so records, progress and results work as
+in the process mode. Unless the run is insecure, the run's throwaway certificate authority
+(``certs/``) gives every member a certificate, and each container sees only the CA's
+certificate and its own certificate and key (read-only), never the other members' keys.
+With ``NET_ADMIN`` (the default) every agent applies its share of the
 network's :class:`~emulation.networks.base.KernelLinks` on its own interface
 (:class:`~emulation.networks.kernel.AgentKernelLinks`); without it, or where the engine
 refuses it, the agent says so in its log and shapes its links itself. Containers, and the
@@ -26,6 +30,7 @@ from typing import Any, ClassVar
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from edge.identity import agent_ids
+from edge.security import CA_CERT
 from edge.stats import RoundRecord
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -38,8 +43,10 @@ from emulation.fleets.base import (
 from emulation.fleets.processes import AgentHost, AgentProcesses
 from emulation.networks import LinkRuntime, Network
 
-#: Where an agent container sees the run's folder, and its working directory (the image's).
+#: Where an agent container sees the run's folder, its own certificates, and its working
+#: directory (the image's).
 RUN_DIR = Path("/airgossip/run")
+CERTS_DIR = Path("/airgossip/certs")
 WORKDIR = Path("/var/lib/airgossip")
 #: The port agents serve gossip on inside their containers, and their metrics.
 AGENT_PORT = 7000
@@ -135,7 +142,8 @@ class ContainerFleet:
         self.out_dir = launch.out_dir.resolve()
         self.agents = AgentProcesses(
             config, self.out_dir, launch.config_path.resolve(), self.keeper,
-            host=AgentHost(command=(), run_dir=RUN_DIR, parent_pid=False),
+            host=AgentHost(command=(), run_dir=RUN_DIR, parent_pid=False, certs_dir=CERTS_DIR),
+            insecure=launch.insecure,
         )  # fmt: skip
         self.engine = DockerEngine()
         self.tag = uuid.uuid4().hex[:10]
@@ -152,7 +160,26 @@ class ContainerFleet:
         reason = DockerEngine().unavailable(config.containers.image)
         return None if reason is None else f"mode 'containers': {reason}"
 
-    def _docker_run(self, name: str) -> list[str]:
+    def _mounts(self, agent_id: str) -> list[str]:
+        """What of the run's folder the agent's container sees: the config (read-only), the
+        records folder, its checkpoints and its own credentials (read-only)."""
+        agents = self.agents
+        checkpoints = agents.checkpoints_dir / agent_id
+        agents.stats_dir.mkdir(parents=True, exist_ok=True)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        mounts = [
+            f"{agents.config_path}:{agents.seen(agents.config_path)}:ro",
+            f"{agents.stats_dir}:{agents.seen(agents.stats_dir)}",
+            f"{checkpoints}:{agents.seen(checkpoints)}",
+        ]
+        if agents.certs_dir is not None:
+            mounts += [
+                f"{agents.certs_dir / name}:{CERTS_DIR / name}:ro"
+                for name in (CA_CERT, f"{agent_id}.pem", f"{agent_id}.key")
+            ]
+        return [part for mount in mounts for part in ("--volume", mount)]
+
+    def _docker_run(self, agent_id: str) -> list[str]:
         """``docker run`` up to the image: the rest of the line is the agent's command."""
         if self.settings.net_admin:
             # tc and iptables on the container's own interface: root with NET_ADMIN there.
@@ -166,12 +193,14 @@ class ContainerFleet:
                 inside = trace.file if trace.file.is_absolute() else WORKDIR / trace.file
                 traces += ["--volume", f"{trace.file.resolve()}:{inside}:ro"]
         return [
-            self.engine.docker, "run", "--rm", "--init", "--name", name,
+            self.engine.docker, "run", "--rm", "--init",
+            "--name", f"airgossip-{self.tag}-{agent_id}",
             "--network", f"airgossip-{self.tag}", "--label", f"{LABEL}={self.tag}",
-            *user,
-            "--volume", f"{self.out_dir}:{RUN_DIR}", *traces,
+            *user, *self._mounts(agent_id), *traces,
             "--env", "HOME=/tmp", "--env", "OMP_NUM_THREADS=1", "--env", "PYTHONUNBUFFERED=1",
             "--env", f"AIRGOSSIP_ADVERTISE_PORT={AGENT_PORT}",
+            # The image's health check dials the agent as the agent (mutual TLS).
+            *(["--env", f"AIRGOSSIP_HEALTH_CERTS={CERTS_DIR}"] if self.agents.certs_dir else []),
             self.settings.image,
         ]  # fmt: skip
 
@@ -188,6 +217,7 @@ class ContainerFleet:
                 topology=self.network.topology(),
                 listen=f"{gateway}:{port}",
                 metrics_listen=self.launch.coordinator_metrics_listen,
+                security=self.agents.coordinator_credentials(),
                 run=RunSpec(
                     scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds
                 ),
@@ -209,7 +239,7 @@ class ContainerFleet:
                     index, agent_id,
                     ["--coordinator", address, "--listen", f"0.0.0.0:{AGENT_PORT}",
                      "--metrics-listen", f"0.0.0.0:{METRICS_PORT}"],
-                    prefix=self._docker_run(f"airgossip-{self.tag}-{agent_id}"),
+                    prefix=self._docker_run(agent_id),
                     extra=kernel,
                 )  # fmt: skip
             self.agents.monitor(server.fleet.registered)

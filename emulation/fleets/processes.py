@@ -108,11 +108,15 @@ class AgentHost:
     parent_pid:
         Pass ``--parent-pid`` so the agent never outlives the launcher (only where both
         share a process namespace).
+    certs_dir:
+        Where the agent sees its own ``ca.pem``, ``<id>.pem`` and ``<id>.key`` (None: the
+        run's ``certs/`` folder, which holds every member's).
     """
 
     command: tuple[str, ...] = (sys.executable, "-m", "airgossip")
     run_dir: Path | None = None
     parent_pid: bool = True
+    certs_dir: Path | None = None
 
 
 class AgentProcesses:
@@ -195,7 +199,8 @@ class AgentProcesses:
             *parent,
             "--linger-s", "3600",
             "--threads", "1",
-            *(["--certs", str(self.certs_dir)] if self.certs_dir else ["--insecure"]),
+            *(["--certs", str(self.host.certs_dir or self.certs_dir)] if self.certs_dir
+              else ["--insecure"]),
             "--checkpoint-dir", self.seen(self.checkpoints_dir / agent_id),
             *extra,
         ]  # fmt: skip

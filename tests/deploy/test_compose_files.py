@@ -62,14 +62,28 @@ def test_the_top_level_file_passes_the_compose_schema() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     document = validate(text)
     services = document["services"]
-    assert set(services) == {"coordinator", "agent", "prometheus", "grafana"}
+    assert set(services) == {"certs", "coordinator", "agent", "prometheus", "grafana"}
     assert services["agent"]["deploy"]["replicas"] == "4"
     assert services["agent"]["cap_add"] == ["NET_ADMIN"]
     assert "coordinator-data:/var/lib/airgossip/data" in services["coordinator"]["volumes"]
+    # Mutual TLS: the certs service issues for the fleet's size before anything starts; the
+    # others read its volume, never write it.
+    certs, coordinator, agent = services["certs"], services["coordinator"], services["agent"]
+    assert certs["command"] == ["/var/lib/airgossip/certs", "4"]
+    assert "fleet-certs:/var/lib/airgossip/certs" in certs["volumes"]
+    for service in (coordinator, agent):
+        assert "fleet-certs:/var/lib/airgossip/certs:ro" in service["volumes"]
+        assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+    assert coordinator["command"][-2:] == ["--certs", "/var/lib/airgossip/certs"]
+    assert agent["environment"]["AIRGOSSIP_CERTS"] == "/var/lib/airgossip/certs"
+    assert "--insecure" not in coordinator["command"] + agent["command"]
+    # One build of the image for the stack: the first service's.
+    assert [name for name, s in services.items() if "build" in s] == ["certs"]
     # One variable sets the fleet size: the coordinator waits for as many as run.
     eight = validate(text, {"AIRGOSSIP_AGENTS": "8"})["services"]
     assert eight["agent"]["deploy"]["replicas"] == "8"
-    assert eight["coordinator"]["command"][-2:] == ["--agents", "8"]
+    assert eight["coordinator"]["command"][-4:-2] == ["--agents", "8"]
+    assert eight["certs"]["command"][-1] == "8"
     # The agents get the scenario and the fleet size from the coordinator.
     assert "--config" not in eight["agent"]["command"]
     # What it mounts from the repository exists.
@@ -107,7 +121,8 @@ def test_airgossip_compose_writes_a_bundle_for_a_larger_fleet(tmp_path: Path) ->
     assert config.agents == 32 and config.rounds == 60
     assert config.wireless is not None and config.wireless.name == "wifi-indoor"
     # Paths back to the repository resolve from the bundle's folder.
-    context = out / document["services"]["coordinator"]["build"]["context"]
+    assert document["services"]["certs"]["command"][-1] == "32"
+    context = out / document["services"]["certs"]["build"]["context"]
     assert (context / "Dockerfile").is_file()
     prometheus = document["services"]["prometheus"]["volumes"][0].split(":")[0]
     assert (out / prometheus).is_file()

@@ -1,5 +1,6 @@
 """Agents on other hosts: each device in a network namespace of its own (its own address on
-a bridge), joining a coordinator on a third with a join token, advertising the address the
+a bridge), joining a coordinator on a third with a join token over mutual TLS (each device
+with its own certificate, issued as the unit's comment says), advertising the address the
 others reach it at, started with the command line of ``deploy/systemd/airgossip-agent.service``.
 The unit itself passes ``systemd-analyze verify``.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from emulation.networks.kernel import NamespaceNetwork, kernel_support
-from tests.support import ROOT, wait_until_gone
+from tests.support import ROOT, cli, wait_until_gone
 
 UNIT = ROOT / "deploy" / "systemd" / "airgossip-agent.service"
 ENV = ROOT / "deploy" / "systemd" / "agent.env.example"
@@ -63,6 +64,17 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
 ) -> None:
     scenario = tmp_path / "scenario.toml"
     scenario.write_text('agents = 2\nrounds = 15\ntopology = "complete"\n[network]\nloss = 0.0\n')
+    # The fleet's authority on one machine; each device gets a folder with only its own
+    # certificate and key and ca.pem (what the unit's comment copies to /etc/airgossip/certs).
+    authority = tmp_path / "fleet-ca"
+    devices = {name: tmp_path / "devices" / name for name in ("coordinator", "agent-0", "agent-1")}
+    assert cli("certs", "init", "--dir", str(authority)).returncode == 0
+    for name, folder in devices.items():
+        issued = cli("certs", "issue", name, "--dir", str(authority), "--out", str(folder))
+        assert issued.returncode == 0, issued.stdout
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            ["ca.pem", f"{name}.pem", f"{name}.key"]
+        )
     procs: list[subprocess.Popen[bytes]] = []
     with NamespaceNetwork(4, tag="agdev") as hosts:
         coordinator_host = hosts.addresses[0]
@@ -79,7 +91,8 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
         try:
             start(0, [sys.executable, "-m", "airgossip", "coordinator", "--listen",
                       f"{coordinator_host}:7070", "--metrics-port", "9470", "--config",
-                      str(scenario), "--out", str(tmp_path / "results")],
+                      str(scenario), "--out", str(tmp_path / "results"),
+                      "--certs", str(devices["coordinator"])],
                   "coordinator.log")  # fmt: skip
             agents = []
             for index, host in ((0, 1), (1, 2)):
@@ -94,12 +107,15 @@ def test_agents_on_other_hosts_join_with_a_token_and_their_advertised_address(
                 # This checkout's airgossip, its files where the test keeps them.
                 command[0:1] = [sys.executable, "-m", "airgossip"]
                 command[command.index("--stats-dir") + 1] = str(tmp_path / "records")
+                command[command.index("--certs") + 1] = str(devices[f"agent-{index}"])
+                command[command.index("--checkpoint-dir") + 1] = str(tmp_path / "checkpoints")
                 agents.append(start(host, [*command, "--linger-s", "5"], f"agent-{index}.log"))
             # A device with the wrong token is refused, with one line naming why.
             wrong = subprocess.run(
                 [*hosts.exec_prefix(3), sys.executable, "-m", "airgossip", "agent",
                  "--coordinator", f"{coordinator_host}:7070", "--token", "wrong",
                  "--index", "1", "--listen", "0.0.0.0:7000",
+                 "--certs", str(devices["agent-1"]),
                  "--advertise", f"{hosts.addresses[3]}:7000", "--ready-timeout-s", "20"],
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip

@@ -74,3 +74,29 @@ def test_the_manifests_agree_on_the_fleet(tmp_path: Path) -> None:
     prometheus = yaml.safe_load(find("ConfigMap", "airgossip-prometheus")["data"]["prometheus.yml"])
     sd = [job for job in prometheus["scrape_configs"] if "http_sd_configs" in job]
     assert sd[0]["http_sd_configs"][0]["url"] == "http://airgossip-coordinator:9470/sd"
+
+
+def test_the_manifests_speak_mutual_tls_with_each_member_s_own_certificate() -> None:
+    coordinator = find("Deployment", "airgossip-coordinator")["spec"]["template"]["spec"]
+    container = coordinator["containers"][0]
+    assert "--certs=/var/lib/airgossip/certs" in container["args"]
+    mount = {m["name"]: m for m in container["volumeMounts"]}["certs"]
+    assert mount["mountPath"] == "/var/lib/airgossip/certs" and mount["readOnly"]
+    secret = {v["name"]: v for v in coordinator["volumes"]}["certs"]["secret"]
+    # The coordinator's pod sees its own pair and the CA's certificate, nothing else.
+    assert secret["secretName"] == "airgossip-certs"
+    assert sorted(i["key"] for i in secret["items"]) == [
+        "ca.pem", "coordinator.key", "coordinator.pem"
+    ]  # fmt: skip
+    agents = find("StatefulSet", "airgossip-agent")["spec"]["template"]["spec"]
+    agent = agents["containers"][0]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["AIRGOSSIP_CERTS"] == "/var/lib/airgossip/certs"
+    assert {v["name"]: v for v in agents["volumes"]}["certs"]["secret"]["secretName"] == (
+        "airgossip-certs"
+    )
+    for pod in (container, agent):
+        assert not any("insecure" in arg for arg in pod["args"])
+        # Kubernetes' own gRPC probe has no client certificate: the image's check dials.
+        assert "grpc" not in pod["readinessProbe"]
+        assert pod["readinessProbe"]["exec"]["command"][-1].endswith("healthcheck.py")
