@@ -58,7 +58,7 @@ RUN set -eu; missing=""; \
     fi; \
     useradd --system --uid 10001 --user-group --home-dir /var/lib/airgossip --create-home airgossip; \
     mkdir -p /var/lib/airgossip/claims /var/lib/airgossip/data /var/lib/airgossip/certs \
-        /var/lib/airgossip/checkpoints; \
+        /var/lib/airgossip/checkpoints /var/lib/airgossip/ca; \
     chown -R airgossip:airgossip /var/lib/airgossip
 COPY --from=build /opt/airgossip /opt/airgossip
 COPY deploy/docker/entrypoint.sh /usr/local/bin/airgossip-entrypoint

@@ -5,9 +5,10 @@
 scenario.toml``, the fleet size from ``AIRGOSSIP_AGENTS``), and ``airgossip compose`` writes
 it for any fleet and scenario into a folder of its own, next to the scenario file.
 
-* A one-shot ``certs`` service makes the fleet's certificate authority and issues
-  ``coordinator`` and ``agent-0`` .. ``agent-<N-1>`` into a named volume (existing ones are
-  kept); everything else starts once it has succeeded and speaks mutual TLS.
+* A one-shot ``certs`` service makes the fleet's certificate authority (its key in a volume
+  only it mounts) and issues ``coordinator`` and ``agent-0`` .. ``agent-<N-1>`` into a named
+  volume (existing ones are kept); everything else starts once it has succeeded and speaks
+  mutual TLS.
 * The coordinator reads the scenario and hands it to every agent, keeps its SQLite database
   on a named volume, serves ``/sd`` and writes the run's results there when it is complete.
 * Agents are replicas of one service; each claims an index in a shared volume (the image's
@@ -44,6 +45,7 @@ GRAFANA_IMAGE = "${GRAFANA_IMAGE:-grafana/grafana:11.6.0}"
 SCENARIO_IN_CONTAINER = "/etc/airgossip/scenario.toml"
 CLAIMS = "/var/lib/airgossip/claims"
 CERTS = "/var/lib/airgossip/certs"
+AUTHORITY = "/var/lib/airgossip/ca"
 CHECKPOINTS = "/var/lib/airgossip/checkpoints"
 #: How long agents keep serving after their last round: the fleet stays on the dashboards
 #: until it is brought down.
@@ -112,8 +114,9 @@ def compose_document(
         "build": build,
         # As the image's own user: the volume starts as the image's folder, owned by it.
         "entrypoint": ["python", "/usr/local/lib/airgossip/fleet_certs.py"],
-        "command": [CERTS, fleet],
-        "volumes": [f"fleet-certs:{CERTS}"],
+        "command": [AUTHORITY, CERTS, fleet],
+        # The authority's key in a volume of its own, which no other service mounts.
+        "volumes": [f"fleet-ca:{AUTHORITY}", f"fleet-certs:{CERTS}"],
         "restart": "no",
     }
     coordinator = {
@@ -205,6 +208,7 @@ def compose_document(
             "grafana": grafana,
         },
         "volumes": {
+            "fleet-ca": {},
             "fleet-certs": {},
             "coordinator-data": {},
             "agent-claims": {},

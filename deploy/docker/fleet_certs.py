@@ -1,11 +1,12 @@
-"""The certificates of a fleet on one Docker host, in one folder (the compose stack's
-``certs`` service writes them into a named volume).
+"""The certificates of a fleet on one Docker host (the compose stack's ``certs`` service).
 
-Usage: ``fleet_certs.py DIR AGENTS``. Makes the fleet's certificate authority in ``DIR``
-(``airgossip certs init``) unless it is there, then issues ``coordinator`` and ``agent-0``
-to ``agent-<AGENTS-1>`` (``airgossip certs issue``), keeping every certificate that exists:
-running it again, or for a larger fleet, changes nothing already issued. One process issues
-them all (a fleet of 100 takes well under a second, not one start-up of the CLI per agent).
+Usage: ``fleet_certs.py AUTHORITY CERTS AGENTS``. Makes the fleet's certificate authority in
+the folder ``AUTHORITY`` (``airgossip certs init``) unless it is there, then issues
+``coordinator`` and ``agent-0`` to ``agent-<AGENTS-1>`` into ``CERTS`` with a copy of
+``ca.pem`` (``airgossip certs issue --out``), keeping every certificate that exists: running
+it again, or for a larger fleet, changes nothing already issued. The authority's key stays
+in ``AUTHORITY``, a volume no other service mounts. One process issues them all, not one
+start-up of the CLI per agent.
 """
 
 from __future__ import annotations
@@ -22,31 +23,31 @@ MOST_AGENTS = 4096
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or not argv[2].isdigit() or not 1 <= int(argv[2]) <= MOST_AGENTS:
+    if len(argv) != 4 or not argv[3].isdigit() or not 1 <= int(argv[3]) <= MOST_AGENTS:
         print(
-            f"usage: fleet_certs.py DIR AGENTS (AGENTS from 1 to {MOST_AGENTS}), got "
+            f"usage: fleet_certs.py AUTHORITY CERTS AGENTS (AGENTS from 1 to {MOST_AGENTS}), got "
             f"{' '.join(argv[1:]) or 'nothing'}",
             file=sys.stderr,
         )
         return 2
-    folder, count = Path(argv[1]), int(argv[2])
+    authority, folder, count = Path(argv[1]), Path(argv[2]), int(argv[3])
     issued = []
     try:
-        if not (folder / CA_CERT).exists():
-            init_authority(folder)
+        if not (authority / CA_CERT).exists():
+            init_authority(authority)
             issued.append("the certificate authority")
         for identity in [COORDINATOR_IDENTITY, *agent_ids(count)]:
             if not (folder / f"{identity}.pem").exists():
                 # A key without its certificate is what an interrupted issue leaves.
-                issue(folder, identity, overwrite=True)
+                issue(authority, identity, out=folder, overwrite=True)
                 issued.append(identity)
     except (SecurityError, OSError) as err:
         print(f"fleet_certs: {err}", file=sys.stderr)
         return 1
-    kept = count + 2 - len(issued)
+    kept = count + 1 - sum(1 for name in issued if name != "the certificate authority")
     print(
         f"fleet_certs: {folder}: issued {', '.join(issued) if issued else 'nothing'}"
-        f"{f'; kept {kept} already there' if kept else ''}"
+        f"{f'; kept {kept} members already there' if kept else ''}"
     )
     return 0
 

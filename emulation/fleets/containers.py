@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,6 +58,11 @@ LABEL = "airgossip.run"
 
 class DockerError(RuntimeError):
     """The Docker engine refused or failed a command."""
+
+
+def _gone_anyway(error: str) -> bool:
+    """Whether a ``docker rm`` error line says the container is (being) removed anyway."""
+    return "already in progress" in error or "No such container" in error
 
 
 class DockerEngine:
@@ -108,7 +114,15 @@ class DockerEngine:
         where = f"label={LABEL}={tag}"
         containers = self._run("ps", "-aq", "--filter", where).split()
         if containers:
-            self._run("rm", "-f", *containers, timeout=120)
+            try:
+                self._run("rm", "-f", *containers, timeout=120)
+            except DockerError as err:
+                # Containers that exited are being removed by the engine (--rm) already.
+                if not all(_gone_anyway(line) for line in str(err).splitlines()):
+                    raise
+        deadline = time.monotonic() + 60
+        while self._run("ps", "-aq", "--filter", where) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the network can go only once no container is attached
         networks = self._run("network", "ls", "-q", "--filter", where).split()
         if networks:
             self._run("network", "rm", *networks)

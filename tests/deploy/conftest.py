@@ -31,6 +31,8 @@ from tests.support import ROOT
 IMAGE = "airgossip:latest"
 PROMETHEUS_IMAGE = "airgossip-test-prometheus:local"
 BASE_IMAGE = "airgossip-base:bookworm"
+#: Compose projects of the tests are named with this prefix (and a random part).
+PROJECT_PREFIX = "agtest"
 
 
 def load_script(name: str) -> ModuleType:
@@ -97,8 +99,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"dockerd did not start: {log.read_text()[-2000:]}")
             time.sleep(0.5)
+    engine = Engine(docker, compose)
+    remove_stale(engine)
     try:
-        yield Engine(docker, compose)
+        yield engine
     finally:
         if daemon is not None:
             daemon.send_signal(signal.SIGTERM)
@@ -106,6 +110,33 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
                 daemon.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 daemon.kill()
+
+
+def remove_stale(engine: Engine) -> None:
+    """Remove what an earlier, killed test session left on this engine (a CI machine may be
+    a snapshot of a used one): containers and networks of container fleets (label
+    ``airgossip.run``), and containers, networks and volumes of the tests' compose projects.
+    Names are unique per run, so this is about address pools, ports and disk, not names."""
+
+    def of_tests(kind: str, name: str) -> list[str]:
+        fields = f'{{{{{name}}}}} {{{{.Label "com.docker.compose.project"}}}}'
+        listed = engine.run(*kind.split(), "--format", fields).splitlines()
+        return [
+            name for name, _, project in (line.partition(" ") for line in listed)
+            if project.startswith(PROJECT_PREFIX)
+        ]  # fmt: skip
+
+    containers = engine.run("ps", "-aq", "--filter", "label=airgossip.run").split()
+    networks = engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split()
+    containers += of_tests("ps -a", ".ID")
+    networks += of_tests("network ls", ".ID")
+    if containers:
+        engine.run("rm", "-f", *containers, timeout=300)
+    if networks:
+        engine.run("network", "rm", *networks)
+    volumes = of_tests("volume ls", ".Name")
+    if volumes:
+        engine.run("volume", "rm", "-f", *volumes)
 
 
 @pytest.fixture(scope="session")

@@ -69,8 +69,12 @@ def test_the_top_level_file_passes_the_compose_schema() -> None:
     # Mutual TLS: the certs service issues for the fleet's size before anything starts; the
     # others read its volume, never write it.
     certs, coordinator, agent = services["certs"], services["coordinator"], services["agent"]
-    assert certs["command"] == ["/var/lib/airgossip/certs", "4"]
-    assert "fleet-certs:/var/lib/airgossip/certs" in certs["volumes"]
+    assert certs["command"] == ["/var/lib/airgossip/ca", "/var/lib/airgossip/certs", "4"]
+    assert certs["volumes"] == [
+        "fleet-ca:/var/lib/airgossip/ca", "fleet-certs:/var/lib/airgossip/certs"
+    ]  # fmt: skip
+    # The authority's key is in a volume only the certs service mounts.
+    assert [name for name, s in services.items() if "fleet-ca:" in str(s)] == ["certs"]
     for service in (coordinator, agent):
         assert "fleet-certs:/var/lib/airgossip/certs:ro" in service["volumes"]
         assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}

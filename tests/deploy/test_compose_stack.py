@@ -18,13 +18,14 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from tests.deploy.conftest import Engine, load_script
+from tests.deploy.conftest import PROJECT_PREFIX, Engine, load_script
 from tests.support import ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -132,7 +133,7 @@ class Stack:
 def stack(engine: Engine, image: str, prometheus_image: str, tmp_path: Path) -> Iterator[Stack]:
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO)
-    project = f"agtest{os.getpid()}"
+    project = f"{PROJECT_PREFIX}{uuid.uuid4().hex[:10]}"
     env = {
         **os.environ,
         "AIRGOSSIP_AGENTS": str(AGENTS),
