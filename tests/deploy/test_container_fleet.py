@@ -1,6 +1,7 @@
 """``airgossip run --mode containers``: one Docker container per agent, each shaping its own
 links in the kernel, ending with results.json like every mode; containers and the network
-removed at the end. Without NET_ADMIN the agents say so and shape their links themselves.
+removed at the end (also on Ctrl-C). Each agent container sees only its own certificate and
+key (mutual TLS). Without NET_ADMIN the agents say so and shape their links themselves.
 """
 
 from __future__ import annotations
@@ -60,38 +61,22 @@ def test_eight_agents_in_containers_end_with_results(
 
 
 @pytest.mark.timeout(300)
-def test_without_net_admin_agents_say_so_and_shape_links_themselves(
+def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_everything(
     engine: Engine, image: str, tmp_path: Path
 ) -> None:
+    """One fleet for two checks (each fleet start costs torch imports in every container):
+    agents without NET_ADMIN say so and shape their links themselves; Ctrl-C stops them,
+    writes partial results and removes containers and network."""
+    before = labelled(engine)
     scenario = tmp_path / "no-net-admin.toml"
     scenario.write_text(
-        'agents = 2\nrounds = 6\ntopology = "complete"\n\n'
+        'agents = 3\nrounds = 100000\ntopology = "complete"\n\n'
         "[network]\nloss = 0.3\n\n[containers]\nnet_admin = false\n"
     )
     out = tmp_path / "run"
-    result = airgossip("run", "--mode", "containers", "--config", str(scenario),
-                       "--out", str(out), timeout=280)  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    results = json.loads((out / "results.json").read_text())
-    assert results["final"]["complete"]
-    kernel = json.loads((out / "kernel.json").read_text())
-    assert kernel["agents_shaping_in_kernel"] == 0
-    assert all("NET_ADMIN" in reason for reason in kernel["fallback"].values())
-    for log in (out / "logs").glob("*.log"):
-        assert "shaping them in the agent instead" in log.read_text()
-    # The agents' own shaper lost messages at the configured rate.
-    assert results["final"]["messages_dropped"] > 0
-
-
-@pytest.mark.timeout(300)
-def test_ctrl_c_stops_the_agents_and_removes_containers_and_network(
-    engine: Engine, image: str, tmp_path: Path
-) -> None:
-    before = labelled(engine)
-    out = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "airgossip", "run", "--mode", "containers", "--agents", "3",
-         "--rounds", "100000", "--out", str(out)],
+        [sys.executable, "-m", "airgossip", "run", "--mode", "containers",
+         "--config", str(scenario), "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
@@ -104,6 +89,19 @@ def test_ctrl_c_stops_the_agents_and_removes_containers_and_network(
             time.sleep(1)
         assert launcher.poll() is None, launcher.communicate()
         assert len(labelled(engine)) > len(before)  # the fleet's containers and network
+        # Mutual TLS: each container sees the CA's certificate and its own pair, read-only,
+        # and nothing else of the run's certs/ folder.
+        running = engine.run("ps", "-q", "--filter", "label=airgossip.run").split()
+        assert len(running) == 3
+        for container in running:
+            agent_id = engine.run("inspect", "--format", "{{.Name}}", container).split("-", 2)[2]
+            mounts = json.loads(engine.run("inspect", "--format", "{{json .Mounts}}", container))
+            run_certs = str(out.resolve() / "certs")
+            certs = {m["Destination"]: m for m in mounts if m["Source"].startswith(run_certs)}
+            own = (f"{agent_id}.key", f"{agent_id}.pem", "ca.pem")
+            assert sorted(certs) == [f"/airgossip/certs/{name}" for name in own]
+            assert not any(m["RW"] for m in certs.values())
+            assert str(out.resolve()) not in {m["Source"] for m in mounts}
         launcher.send_signal(signal.SIGINT)
         _, stderr = launcher.communicate(timeout=120)
     finally:
@@ -111,8 +109,17 @@ def test_ctrl_c_stops_the_agents_and_removes_containers_and_network(
             launcher.kill()
     assert launcher.returncode == 130, stderr
     assert "interrupted" in stderr
-    assert json.loads((out / "results.json").read_text())["interrupted"] is True
+    assert (out / "certs" / "ca.pem").is_file()  # the run's throwaway authority
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True
     assert labelled(engine) == before, "containers or networks left behind"
+    kernel = json.loads((out / "kernel.json").read_text())
+    assert kernel["agents_shaping_in_kernel"] == 0
+    assert all("NET_ADMIN" in reason for reason in kernel["fallback"].values())
+    for log in (out / "logs").glob("*.log"):
+        assert "shaping them in the agent instead" in log.read_text()
+    # The agents' own shaper lost messages at the configured rate.
+    assert results["final"]["messages_dropped"] > 0
 
 
 def test_a_missing_image_is_refused_before_anything_starts(engine: Engine, tmp_path: Path) -> None:
