@@ -24,9 +24,27 @@ def compose(
     config: Annotated[
         Path | None, typer.Option("--config", help="TOML scenario file; flags override it.")
     ] = None,
-    topology: Annotated[str | None, typer.Option(help="Topology (default: from config).")] = None,
-    task: Annotated[str | None, typer.Option(help="Task (default: from config).")] = None,
-    algorithm: Annotated[str | None, typer.Option(help="Algorithm (default: from config).")] = None,
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
+            "edges (default: from config, else exponential)."
+        ),
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            help="digits, consensus, separable, or module:callable importable in the image "
+            "(default: from config, else digits)."
+        ),
+    ] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(
+            help="push-sum, push-sum-plain, dpsgd, dpsgd-ac, quantized-push-sum, choco, "
+            "gradient-tracking, local-sgd, ensemble (default: from config, else push-sum)."
+        ),
+    ] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per agent.")] = None,
     loss: Annotated[
         float | None, typer.Option(help="Loss probability on every directed link (static).")
