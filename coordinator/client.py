@@ -30,7 +30,12 @@ from typing import Any, TypeVar
 import grpc
 
 from coordinator.convert import assignment_from_proto, record_to_proto, snapshot_to_proto
-from coordinator.run import MAX_REPORTS_PER_CALL, REASON_FINISHED, REPORT_ESTIMATE_LIMIT
+from coordinator.run import (
+    MAX_REPORTS_PER_CALL,
+    REASON_FINISHED,
+    REPORT_BATCH_BYTES,
+    REPORT_ESTIMATE_LIMIT,
+)
 from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial
 from edge.stats import RoundRecord
 from edge.telemetry import AgentSnapshot
@@ -57,8 +62,6 @@ CHANNEL_OPTIONS = [
 
 #: Round reports an agent keeps while the coordinator cannot be reached (the oldest go first).
 MAX_PENDING_REPORTS = 10_000
-#: Estimate bytes one ``Report`` call carries at most (gRPC's default message limit is 4 MiB).
-REPORT_BATCH_BYTES = 2 << 20
 
 T = TypeVar("T")
 

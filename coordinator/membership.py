@@ -13,6 +13,15 @@ released, collects every agent's round reports (:class:`~coordinator.run.RunLog`
 complete when no agent is alive any more and at least one has *finished* (reported its last
 round). A finished agent is out of the liveness checks: its silence is the end of its run,
 not a failure.
+
+A policy with a graph schedule (:class:`~coordinator.policy.SwitchingPolicy`, a
+``[switching]`` table) is driven by the reports: once every agent alive or finished has
+reported past round ``r``, the schedule's switcher is told the fleet's figures of round ``r``
+(:func:`~edge.topology.switching.fleet_figures`, as a fleet in one process measures them),
+rounds in order; a switch is a new epoch on the next graph in which every agent keeps its
+old peers (:func:`~edge.topology.switching.switched_assignments`), so what edges that left
+the graph still owe is delivered and push-sum stays exact. Agents run on asynchronously:
+each takes the new graph from wherever it is when the assignment reaches it.
 """
 
 from __future__ import annotations
@@ -31,7 +40,12 @@ from coordinator.store import FleetStore, MemberRecord, StoredFleet
 from edge.identity import natural_order
 from edge.stats import RoundRecord
 from edge.telemetry import AgentSnapshot
-from edge.topology import Assignment, assignments_for_graph
+from edge.topology import (
+    Assignment,
+    assignments_for_graph,
+    fleet_figures,
+    switched_assignments,
+)
 
 log = logging.getLogger("airgossip.coordinator")
 
@@ -233,7 +247,9 @@ class Fleet:
         self.run = RunSpec(run_id, run.scenario, run.rounds)
         self.log = RunLog()
         self.started_unix: float | None = None
-        self.restored = self._restore(store.claim(spec.describe(), expected))
+        #: The next round whose figures the policy's switcher is told.
+        self.next_observed = 1
+        self.restored = self._restore(store.claim(policy.describe(), expected))
 
     def _restore(self, stored: StoredFleet | None) -> bool:
         if stored is None:
@@ -246,6 +262,11 @@ class Fleet:
         self.epoch = stored.epoch
         self.graph = FleetGraph.from_json(stored.graph) if stored.graph else None
         self.policy.restore(stored.policy_state)
+        switcher = self.policy.switcher
+        if switcher is not None and switcher.switched_at:
+            # The rounds since the last switch are told again from the stored reports: the
+            # switcher's streak and loss window come back exactly as they were.
+            self.next_observed = switcher.switched_at[-1]
         self.started_unix = stored.started_unix
         for agent_id, records in self.store.load_rounds().items():
             self.log.add(agent_id, records)
@@ -436,7 +457,29 @@ class Fleet:
             self.store.add_rounds(agent_id, records)
             if member.alive and any(r.final for r in records):
                 self._finish(member)
+            self._follow_schedule()
             return held
+
+    def _follow_schedule(self) -> None:
+        """Tell the policy's switcher every round the fleet has passed since the last one
+        told, in order; switch graphs when it says so."""
+        switcher = self.policy.switcher
+        if switcher is None or not self.released:
+            return
+        counted = [i for i, m in self.members.items() if m.record.state in (ALIVE, FINISHED)]
+        latest = [self.log.latest_round(i) for i in counted]
+        passed = min((r if r is not None else -1 for r in latest), default=-1)
+        while self.next_observed <= passed and not switcher.finished:
+            round_index = self.next_observed
+            self.next_observed += 1
+            reported = self.log.at_round(round_index)
+            records = [reported[i] for i in counted if i in reported]
+            graph = switcher.observe(fleet_figures(round_index, records, len(counted)))
+            if graph is not None:
+                self._rebuild(
+                    f"[switching]: {graph.name} from round {round_index + 1}", keep_peers=True
+                )
+                self.changed.notify_all()
 
     def _finish(self, member: Member) -> None:
         member.record.state, member.record.changed_at = FINISHED, self.wall()
@@ -497,14 +540,22 @@ class Fleet:
             self.store.commit(records)
         self.changed.notify_all()
 
-    def _rebuild(self, why: str, extra: Iterable[MemberRecord] = ()) -> None:
+    def _rebuild(
+        self, why: str, *, keep_peers: bool = False, extra: Iterable[MemberRecord] = ()
+    ) -> None:
+        """A new epoch on the policy's next graph (``keep_peers``: every agent's directory
+        keeps its old peers, for a switch of graphs)."""
         alive = self.alive_ids()
         epoch = self.epoch + 1
         graph = self.policy.graph(alive, self.graph, epoch)
         addresses = {i: self.members[i].record.address for i in graph.ids}
-        assignments = assignments_for_graph(
-            graph.graph, addresses, epoch=epoch, scheme=self.spec.scheme
-        )
+        scheme = self.spec.scheme
+        if keep_peers:
+            assignments = switched_assignments(
+                self.assignments, graph.graph, addresses, epoch=epoch, scheme=scheme
+            )
+        else:
+            assignments = assignments_for_graph(graph.graph, addresses, epoch=epoch, scheme=scheme)
         records = {m.record.agent_id: m.record for m in self.members.values() if m.alive}
         records.update({r.agent_id: r for r in extra})
         self.store.commit(

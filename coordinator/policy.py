@@ -11,6 +11,9 @@ A policy turns the set of live agents (and the graph assigned so far) into the n
 * :class:`KOutPolicy`: every agent sends to ``k`` random peers; joins are wired in by
   inserting the newcomer into random existing edges, failures are rewired around the dead
   agent, and a final pass joins any strongly connected components into one.
+* :class:`SwitchingPolicy`: the graphs of a ``[switching]`` schedule, one after the other
+  (the :class:`~edge.topology.TopologySwitcher` decides when, from the fleet's reports),
+  each over the fleet at release with dead agents spliced out as in :class:`StaticPolicy`.
 * :class:`OnePeerExponentialPolicy`: the time-varying one-peer exponential schedule, rebuilt
   over the live agents in natural order whenever they change.
 
@@ -28,7 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from edge.topology import TOPOLOGIES, Graph, TopologyError, build_graph, is_strongly_connected
+from edge.topology import (
+    TOPOLOGIES,
+    Graph,
+    TopologyError,
+    TopologySwitcher,
+    build_graph,
+    is_strongly_connected,
+)
 
 #: Coordinator topologies: the scenario's named ones plus the dynamic k-out graph.
 POLICIES = (*TOPOLOGIES, "k-out")
@@ -169,6 +179,9 @@ class TopologyPolicy(ABC):
 
     #: Whether agents that were not in the fleet at release may join later.
     open_membership: bool = False
+    #: The decider of a graph schedule the fleet follows (None: the graph changes only
+    #: with membership).
+    switcher: TopologySwitcher | None = None
 
     def __init__(self, spec: TopologySpec) -> None:
         self.spec = spec
@@ -190,6 +203,10 @@ class TopologyPolicy(ABC):
     def admits(self, agent_id: str) -> bool:
         """Whether ``agent_id`` may (re)join once the fleet is released."""
         return self.open_membership
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies the topology (stored with a fleet, compared on restart)."""
+        return self.spec.describe()
 
     def state(self) -> dict[str, Any]:
         """What the policy must remember across a coordinator restart."""
@@ -279,6 +296,49 @@ class EdgeListPolicy(StaticPolicy):
         self._pairs = [(str(u), str(v)) for u, v in edges] if edges is not None else None
 
 
+class SwitchingPolicy(StaticPolicy):
+    """The graph a ``[switching]`` schedule is on now, over the fleet at release; dead agents
+    spliced out, returners back.
+
+    The fleet moves the ``switcher`` on from its round reports and rebuilds; the stage
+    reached is policy state, so a coordinator restarted from its database goes on from the
+    graph it had switched to.
+    """
+
+    def __init__(self, spec: TopologySpec, switcher: TopologySwitcher) -> None:
+        first = switcher.settings.topologies[0]
+        if spec.name != first:
+            raise TopologyError(
+                f"the run starts on the first topology of [switching], '{first}', and the "
+                f"coordinator's topology is '{spec.name}'; leave the topology out or make "
+                "them agree"
+            )
+        super().__init__(spec)
+        self.switcher = self.schedule = switcher
+
+    def base(self) -> Graph:
+        graph = self.schedule.graph
+        if graph.n != len(self.universe):
+            raise TopologyError(
+                f"[switching] builds its graphs over {graph.n} agents, and the fleet released "
+                f"with {len(self.universe)}"
+            )
+        return graph
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "switching": self.schedule.settings.model_dump(mode="json")}
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "switched_at": list(self.schedule.switched_at)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        try:
+            self.schedule.restore(state.get("switched_at", []))
+        except (TypeError, ValueError) as err:
+            raise TopologyError(f"stored [switching] state: {err}") from None
+
+
 class OnePeerExponentialPolicy(TopologyPolicy):
     """The one-peer exponential schedule over whoever is alive, in natural order."""
 
@@ -342,8 +402,11 @@ class KOutPolicy(TopologyPolicy):
         return FleetGraph(tuple(alive), Graph(name="k-out", phases=(a,)))
 
 
-def make_policy(spec: TopologySpec) -> TopologyPolicy:
-    """The policy for ``spec.name``; ``TopologyError`` for an unknown name or bad arguments."""
+def make_policy(spec: TopologySpec, switcher: TopologySwitcher | None = None) -> TopologyPolicy:
+    """The policy for ``spec.name``, or for the graph schedule of ``switcher`` (which starts
+    on ``spec.name``); ``TopologyError`` for an unknown name or bad arguments."""
+    if switcher is not None:
+        return SwitchingPolicy(spec, switcher)
     if spec.name == "k-out":
         return KOutPolicy(spec)
     if spec.name == "one-peer-exponential":

@@ -33,10 +33,16 @@ PER_AGENT_SETTINGS = frozenset({"device", "out", "mode"})
 #: count sketch of this many buckets (:func:`edge.stats.probe_estimate`). The coordinator
 #: keeps every report for the results: at most 32 KB per agent and round.
 REPORT_ESTIMATE_LIMIT = 1 << 12
-#: Longest settings an agent may declare (JSON characters).
-MAX_DECLARED_CHARS = 1 << 20
+#: Largest request the coordinator reads (larger ones are refused by gRPC before they are
+#: parsed): a heartbeat of 1,024 links is about 60 KB.
+MAX_REQUEST_BYTES = 1 << 20
+#: Longest settings an agent may declare (JSON characters): well inside one request.
+MAX_DECLARED_CHARS = 1 << 18
 #: Most round reports one ``Report`` call may carry.
 MAX_REPORTS_PER_CALL = 256
+#: Estimate bytes after which an agent closes a batch of round reports: with the largest
+#: single report (32 KB) on top it stays well inside :data:`MAX_REQUEST_BYTES`.
+REPORT_BATCH_BYTES = MAX_REQUEST_BYTES // 2
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -142,6 +148,12 @@ class RunLog:
         """Every agent's records in round order."""
         with self._lock:
             return {a: [rs[r] for r in sorted(rs)] for a, rs in self._records.items()}
+
+    def at_round(self, round_index: int) -> dict[str, RoundRecord]:
+        """Every agent's record of ``round_index``, by agent (agents that did not report it
+        are missing)."""
+        with self._lock:
+            return {a: rs[round_index] for a, rs in self._records.items() if round_index in rs}
 
     def latest_round(self, agent_id: str) -> int | None:
         with self._lock:

@@ -33,6 +33,7 @@ from coordinator.policy import TopologySpec, make_policy
 from coordinator.run import (
     MAX_DECLARED_CHARS,
     MAX_REPORTS_PER_CALL,
+    MAX_REQUEST_BYTES,
     RunSpec,
     check_estimate,
     disagreements,
@@ -40,6 +41,7 @@ from coordinator.run import (
 from coordinator.store import FleetStore
 from edge.metrics import MetricsServer
 from edge.security import TlsCredentials, add_port, peer_identity
+from edge.topology import TopologySwitcher
 from edge.transport.grpc_transport import ensure_bindable
 from edge.transport.guard import HealthService, RefusalCounts, RefusalLog, parsed_service
 from protos import coordinator_pb2, coordinator_pb2_grpc
@@ -54,8 +56,6 @@ AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 #: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
 #: never queue behind streams.
 SPARE_THREADS = 32
-#: Largest request the coordinator reads: a heartbeat of 1,024 links is about 60 KB.
-MAX_REQUEST_BYTES = 1 << 20
 #: Server keepalive: notice a watcher whose device vanished without closing its connection.
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -338,6 +338,9 @@ class CoordinatorServer:
     run:
         The run: its id, the scenario it hands every agent, its rounds (default: a new id,
         no scenario; agents bring their own).
+    switcher:
+        A ``[switching]`` schedule the fleet follows, from ``topology`` (its first graph) on,
+        driven by the agents' round reports (None: the graph changes only with membership).
 
     Raises
     ------
@@ -362,8 +365,9 @@ class CoordinatorServer:
         metrics_listen: str | None = None,
         max_agents: int = 1024,
         run: RunSpec | None = None,
+        switcher: TopologySwitcher | None = None,
     ) -> None:
-        policy = make_policy(topology)
+        policy = make_policy(topology, switcher)
         ensure_bindable(listen)
         refusals = RefusalCounts()
         self.store = FleetStore(db)

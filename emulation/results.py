@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from edge.stats import RoundRecord
+from edge.topology.switching import consensus_distance
 
 
 class _Figures(BaseModel):
@@ -122,17 +123,6 @@ class RunResults(_Figures):
             first = err.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise ValueError(f"{path} is not a results file: {where}: {first['msg']}") from None
-
-
-def consensus_distance(estimates: list[np.ndarray]) -> float | None:
-    """Mean over agents of ``||z_i - mean z|| / ||mean z||`` (None with no estimates)."""
-    if not estimates:
-        return None
-    stack = np.stack(estimates)
-    mean = stack.mean(axis=0)
-    norm = float(np.linalg.norm(mean))
-    spread = np.linalg.norm(stack - mean, axis=1).mean()
-    return float(spread / norm) if norm > 0 else float(spread)
 
 
 def relative_error(estimates: list[np.ndarray], reference: np.ndarray) -> float | None:

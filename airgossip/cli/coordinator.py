@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the CLI imports the coordinator and the fleets only when it
     from coordinator.service import CoordinatorServer
     from edge.topology import Graph
     from emulation.config import RunConfig
-    from emulation.networks import Network
+    from emulation.networks import LinkRuntime, Network
     from emulation.results import RunResults
 
 #: Seconds between two progress lines of the run on the coordinator's console.
@@ -105,6 +105,7 @@ def coordinator(
     from coordinator.service import CoordinatorServer
     from coordinator.store import StoreError
     from edge.algorithms import algorithm_class
+    from edge.identity import agent_ids
     from edge.security import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
     from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
@@ -131,12 +132,20 @@ def coordinator(
         cfg = network_for(_with_stored_epoch(cfg, db)).launch_config(time.time())
         network = network_for(cfg)
         if topology == "k-out":
+            if cfg.switching is not None:
+                fail(
+                    "k-out is the coordinator's own graph; a [switching] schedule names the "
+                    "graphs it goes through: leave --topology out"
+                )
             if not algorithm_class(cfg.algorithm).supports_directed:
                 fail(f"algorithm '{cfg.algorithm}' needs an undirected graph; k-out is directed")
             spec = TopologySpec("k-out", seed=cfg.seed, out_degree=out_degree)
         else:
             spec = network.topology()
         graph = network.first_graph()  # the graph can be built and fits the algorithm
+        # A [switching] schedule: the coordinator plays the runtime's after_round, from the
+        # agents' round reports.
+        runtime = network.runtime(list(agent_ids(cfg.agents))) if network.round_driven else None
     except (ConfigError, StoreError) as err:
         fail(str(err))
     host = listen.rpartition(":")[0]
@@ -155,6 +164,7 @@ def coordinator(
             liveness=liveness,
             metrics_listen=f"{host}:{metrics_port}",
             run=RunSpec(scenario=cfg.model_dump(mode="json"), rounds=cfg.rounds),
+            switcher=runtime.switcher if runtime is not None else None,
         )
     except (OSError, StoreError, TopologyError, SecurityError) as err:
         fail(str(err))
@@ -202,7 +212,7 @@ def coordinator(
     try:
         results = collect_results(
             server, cfg, network, graph, spec.name, out_dir,
-            wall_s=time.monotonic() - started, interrupted=interrupted,
+            wall_s=time.monotonic() - started, interrupted=interrupted, runtime=runtime,
         )  # fmt: skip
     finally:
         server.stop()
@@ -246,6 +256,8 @@ def _links(cfg: RunConfig, network: Network, topology: str) -> str:
     """What the links are: real unless the scenario emulates something."""
     if cfg.wireless is not None:
         return network.describe()
+    if cfg.switching is not None and topology == cfg.topology:
+        topology = " → ".join(cfg.switching.topologies)
     if not cfg.emulates_links:
         return f"{topology} · real links"
     n = cfg.network
@@ -288,8 +300,10 @@ def collect_results(
     *,
     wall_s: float,
     interrupted: bool,
+    runtime: LinkRuntime | None = None,
 ) -> RunResults | None:
-    """The run's results from the round records the agents reported (None: none did)."""
+    """The run's results from the round records the agents reported (None: none did);
+    ``runtime``: the links the coordinator followed (its ``[switching]`` schedule, say)."""
     from emulation.fleets.run import write_results
     from emulation.results import RunIdentity
 
@@ -310,7 +324,7 @@ def collect_results(
         wall_s = ended - status.started_unix  # the run's own time, from the full fleet on
     results = write_results(
         cfg, network, records, out_dir, resolved=resolved, wall_s=wall_s,
-        interrupted=interrupted, end_time_s=network.wall_clock()(),
+        interrupted=interrupted, end_time_s=network.wall_clock()(), runtime=runtime,
         links=_links(cfg, network, topology),
     )  # fmt: skip
     last = [agent_records[-1].counters for agent_records in records.values() if agent_records]

@@ -20,6 +20,8 @@ from edge.topology.switching import (
     FleetFigures,
     SwitchingSettings,
     TopologySwitcher,
+    consensus_distance,
+    fleet_figures,
     parse_switching,
     switched_assignments,
 )
@@ -36,6 +38,8 @@ __all__ = [
     "assignments_for_graph",
     "build_graph",
     "column_stochastic",
+    "consensus_distance",
+    "fleet_figures",
     "is_strongly_connected",
     "metropolis_hastings",
     "mixing_matrices",

@@ -13,9 +13,11 @@ to the next one:
   loss improved by less than ``threshold``, relatively, over the last ``window`` reports).
 
 :class:`TopologySwitcher` is pure: it is told the figures after each round and answers with
-the next graph when a switch is due. Whoever runs the fleet turns that graph into
-assignments with a higher epoch (:func:`switched_assignments`), and every agent installs its
-own with ``Agent.set_assignment``, keeping its gossip state. The old peers stay in each
+the next graph when a switch is due. Whoever sees every agent's rounds (a fleet that runs
+its agents in one process, or the coordinator of agent processes and devices) measures the
+figures with :func:`fleet_figures`, turns a new graph into assignments with a higher epoch
+(:func:`switched_assignments`), and every agent installs its own with
+``Agent.set_assignment``, keeping its gossip state. The old peers stay in each
 directory (:func:`~edge.topology.assignment.transition`), so push-sum weight and
 unacknowledged blocks still owed on edges that left the graph are delivered and the fleet's
 totals stay exact across switches.
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge.options import validate_options
+from edge.stats import RoundRecord
 from edge.topology.assignment import Assignment, assignments_for_graph, transition
 from edge.topology.graphs import TOPOLOGIES, Graph, build_graph
 
@@ -94,6 +98,36 @@ class FleetFigures:
     loss: float | None = None
 
 
+def consensus_distance(estimates: Sequence[np.ndarray]) -> float | None:
+    """Mean over agents of ``||z_i - mean z|| / ||mean z||`` (None with no estimates)."""
+    if not estimates:
+        return None
+    stack = np.stack(estimates)
+    mean = stack.mean(axis=0)
+    norm = float(np.linalg.norm(mean))
+    spread = np.linalg.norm(stack - mean, axis=1).mean()
+    return float(spread / norm) if norm > 0 else float(spread)
+
+
+def fleet_figures(round_index: int, records: Sequence[RoundRecord], agents: int) -> FleetFigures:
+    """What a switcher is told after ``round_index``: the consensus distance of the reported
+    estimates and the mean loss, both only when all ``agents`` reported the round (a figure
+    over part of the fleet is not the fleet's).
+
+    ``records``: the records reported for ``round_index`` (none when it was not an
+    evaluated round). An estimate that is a count sketch (large models, see
+    :func:`edge.stats.probe_estimate`) gives an estimate of the distance.
+    """
+    estimates = [r.estimate for r in records if r.estimate is not None]
+    losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
+    complete = len(estimates) == agents
+    return FleetFigures(
+        round_index,
+        consensus_distance(estimates) if complete else None,
+        float(np.mean(losses)) if complete and losses else None,
+    )
+
+
 class TopologySwitcher:
     """Decides, round by round, when the fleet moves to the next graph of its schedule.
 
@@ -116,9 +150,34 @@ class TopologySwitcher:
         self.settings = settings
         self.graphs = tuple(build_graph(name, n, seed=seed) for name in settings.topologies)
         self.stage = 0
+        #: The first round on each graph after the first.
+        self.switched_at: list[int] = []
         self._entered = 0  # the last round on the previous graph
         self._streak = 0
         self._losses: list[float] = []
+
+    def restore(self, switched_at: Sequence[int]) -> None:
+        """Take back the switches made so far (a coordinator restarted from its database):
+        the stage after them, on its graph since round ``switched_at[-1]``. An adaptive
+        trigger's streak starts again: feed it the figures of the rounds since then, in order,
+        to have it exactly as it was.
+
+        Raises
+        ------
+        ValueError
+            When ``switched_at`` holds more switches than the schedule has, or rounds that
+            do not increase.
+        """
+        rounds = [int(r) for r in switched_at]
+        if len(rounds) >= len(self.graphs) or any(b <= a for a, b in itertools.pairwise(rounds)):
+            raise ValueError(
+                f"switches at rounds {rounds} do not fit a schedule of {len(self.graphs)} graphs"
+            )
+        self.stage = len(rounds)
+        self.switched_at = rounds
+        self._entered = rounds[-1] - 1 if rounds else 0
+        self._streak = 0
+        self._losses = []
 
     @property
     def graph(self) -> Graph:
@@ -135,6 +194,7 @@ class TopologySwitcher:
         if self.finished or not self._due(figures):
             return None
         self.stage += 1
+        self.switched_at.append(figures.round + 1)
         self._entered = figures.round
         self._streak = 0
         self._losses = []
@@ -172,10 +232,13 @@ def switched_assignments(
     addresses: dict[str, str],
     *,
     scheme: str = "column-stochastic",
+    epoch: int | None = None,
 ) -> dict[str, Assignment]:
-    """Every agent's assignment for ``graph``, one epoch above the highest in ``current``,
-    with each agent's old peers kept (:func:`transition`) so what edges still owe arrives."""
-    epoch = max(a.epoch for a in current.values()) + 1
+    """Every agent's assignment for ``graph`` at ``epoch`` (default: one above the highest
+    in ``current``), with each agent's old peers kept (:func:`transition`) so what edges
+    still owe arrives."""
+    if epoch is None:
+        epoch = max(a.epoch for a in current.values()) + 1
     new = assignments_for_graph(graph, addresses, epoch=epoch, scheme=scheme)
     return {
         agent: transition(current[agent], assignment) if agent in current else assignment

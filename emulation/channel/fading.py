@@ -21,7 +21,13 @@ def complex_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarr
     """``CN(0, 1)`` samples (unit mean power), complex64."""
     re = rng.standard_normal(shape, dtype=np.float32)
     im = rng.standard_normal(shape, dtype=np.float32)
-    return np.asarray((re + 1j * im) * np.float32(np.sqrt(0.5)), dtype=np.complex64)
+    out = np.empty(shape, dtype=np.complex64)
+    # Row blocks: the complex128 intermediate of a whole n x n draw would be 16 bytes a link.
+    rows = max(1, (1 << 22) // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    for r in range(0, shape[0], rows):
+        block = slice(r, r + rows)
+        out[block] = (re[block] + 1j * im[block]) * np.float32(np.sqrt(0.5))
+    return out
 
 
 def ar1_step(previous: np.ndarray, rho: np.ndarray, innovation: np.ndarray) -> np.ndarray:

@@ -42,6 +42,17 @@ from emulation.channel.mobility import (
 from emulation.channel.traces import RateTrace, read_trace
 from emulation.scenario import WirelessSettings
 
+#: Bytes per directed link of one computed step (the n x n arrays of a LinkState).
+LINK_STATE_BYTES = 35
+#: What the cache of computed steps may hold by default: eight steps of a 1,000-node fleet
+#: (35 MB each), the minimum of two of a 10,000-node one (3.5 GB each). An evicted step is
+#: recomputed from step 0 when asked again (the same values, slowly); the drivers ask in time
+#: order, looking ahead only as long as a message is on the air.
+CACHE_BYTES = 1 << 29
+
+#: Elements of the n x n arrays computed at once (a block of rows): bounds a step's temporaries.
+BLOCK_ELEMENTS = 1 << 22
+
 # Streams of random draws (the second key of every generator).
 _MOBILITY, _SHADOW, _LOS, _FADING, _BURST, _ACTIVE = 1, 2, 3, 4, 5, 6
 
@@ -109,10 +120,13 @@ class ChannelModel:
     seed:
         Root of every draw.
     cache_steps:
-        How many computed steps to keep.
+        How many computed steps to keep (at least 2); by default as many as fit in
+        :data:`CACHE_BYTES`, at most 8.
     """
 
-    def __init__(self, settings: WirelessSettings, n: int, seed: int, cache_steps: int = 8) -> None:
+    def __init__(
+        self, settings: WirelessSettings, n: int, seed: int, cache_steps: int | None = None
+    ) -> None:
         self.settings = settings
         self.n = n
         self.seed = seed
@@ -157,6 +171,8 @@ class ChannelModel:
         )
         self.trace_links = self._traces()
         self._cache: OrderedDict[int, LinkState] = OrderedDict()
+        if cache_steps is None:
+            cache_steps = min(8, CACHE_BYTES // max(1, LINK_STATE_BYTES * n * n))
         self._cache_steps = max(2, cache_steps)
         self._internal: _Internal | None = None
         self._cursor = -1
@@ -225,15 +241,22 @@ class ChannelModel:
         result: LinkState | None = None
         while self._cursor < step:
             self._cursor += 1
+            # Make room first: the evicted step's arrays are freed before the new ones exist.
+            while len(self._cache) >= self._cache_steps:
+                self._cache.popitem(last=False)
             result = self._advance(self._cursor)
             self._cache[self._cursor] = result
-            while len(self._cache) > self._cache_steps:
-                self._cache.popitem(last=False)
         assert result is not None
         return result
 
     # -- one step ----------------------------------------------------------------------------
     def _advance(self, step: int) -> LinkState:
+        # The next internal state first, so that its temporaries are freed before the link
+        # state (the larger part) is computed.
+        self._internal = self._next_internal(step)
+        return self._link_state(step)
+
+    def _next_internal(self, step: int) -> _Internal:
         n, dt = self.n, self.step_s
         mob_rng = self._rng(_MOBILITY, step)
         if self._internal is None:
@@ -244,35 +267,36 @@ class ChannelModel:
             burst = None
             if self.gilbert is not None:
                 burst = self.gilbert.initial(self._rng(_BURST, 0).random((n, n), dtype=np.float32))
-            self._internal = _Internal(mob, shadow, los, scatter, burst)
-        else:
-            s = self._internal
-            before = s.mobility.positions
-            mob = self.mobility.step(s.mobility, dt, mob_rng)
-            moved = np.linalg.norm(mob.positions - before, axis=1).astype(np.float32)
-            corr = np.exp(-(moved[:, None] + moved[None, :]) / np.float32(self.decorrelation_m))
-            fresh = _symmetric(self._rng(_SHADOW, step).standard_normal((n, n), dtype=np.float32))
-            shadow = corr * s.shadow + np.sqrt(1.0 - corr**2) * fresh
-            speeds = mob.speeds.astype(np.float32)
-            v = (
-                speeds[:, None]
-                + speeds[None, :]
-                + np.float32(self.settings.fading.environment_speed_mps)
+            return _Internal(mob, shadow, los, scatter, burst)
+        s = self._internal
+        before = s.mobility.positions
+        mob = self.mobility.step(s.mobility, dt, mob_rng)
+        moved = np.linalg.norm(mob.positions - before, axis=1).astype(np.float32)
+        corr = np.exp(-(moved[:, None] + moved[None, :]) / np.float32(self.decorrelation_m))
+        fresh = _symmetric(self._rng(_SHADOW, step).standard_normal((n, n), dtype=np.float32))
+        shadow = corr * s.shadow + np.sqrt(1.0 - corr**2) * fresh
+        del corr, fresh
+        speeds = mob.speeds.astype(np.float32)
+        v = (
+            speeds[:, None]
+            + speeds[None, :]
+            + np.float32(self.settings.fading.environment_speed_mps)
+        )
+        rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
+        del v
+        scatter = fad.ar1_step(s.scatter, rho, fad.complex_normal(self._rng(_FADING, step), (n, n)))
+        del rho
+        burst = s.burst
+        if self.gilbert is not None and burst is not None:
+            burst = self.gilbert.step(
+                burst, self._rng(_BURST, step).random((n, n), dtype=np.float32)
             )
-            rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
-            scatter = fad.ar1_step(
-                s.scatter, rho, fad.complex_normal(self._rng(_FADING, step), (n, n))
-            )
-            burst = s.burst
-            if self.gilbert is not None and burst is not None:
-                burst = self.gilbert.step(
-                    burst, self._rng(_BURST, step).random((n, n), dtype=np.float32)
-                )
-            self._internal = _Internal(mob, shadow.astype(np.float32), s.los_draw, scatter, burst)
-        return self._link_state(step)
+        return _Internal(mob, shadow.astype(np.float32), s.los_draw, scatter, burst)
 
-    def _path_loss(self, distance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Path loss and shadowing sigma per link."""
+    def _path_loss(
+        self, distance: np.ndarray, rows: slice = slice(None)
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Path loss and shadowing sigma per link (of the links in ``rows``)."""
         pl = self.settings.path_loss
         f = self.frequency_hz
         if pl.model == "log-distance":
@@ -284,7 +308,7 @@ class ChannelModel:
         if not self._mixed_los:
             return radio.path_loss_38901_db(pl.model, distance, f), np.float32(self.shadow_sigma_db)
         assert self._internal is not None
-        los = self._internal.los_draw < radio.los_probability(pl.model, distance)
+        los = self._internal.los_draw[rows] < radio.los_probability(pl.model, distance)
         loss = np.where(
             los,
             radio.path_loss_38901_db(f"{pl.model}-los", distance, f),
@@ -296,79 +320,132 @@ class ChannelModel:
             sigma = np.full_like(sigma, pl.shadowing_db)
         return loss, sigma
 
+    def _blocks(self) -> list[slice]:
+        """Row blocks of the n x n arrays: every quantity of a link is element-wise in its
+        row but for the few transposes and sums over transmitters, so a step is computed a
+        block of rows at a time and its float64 temporaries stay the size of one block."""
+        rows = max(1, BLOCK_ELEMENTS // max(1, self.n))
+        return [slice(r, min(r + rows, self.n)) for r in range(0, self.n, rows)]
+
     def _link_state(self, step: int) -> LinkState:
         s = self._internal
         assert s is not None
         cfg, n = self.settings, self.n
         pos = s.mobility.positions
-        distance = np.sqrt(((pos[:, None, :] - pos[None, :, :]) ** 2).sum(-1)).astype(np.float32)
-        loss, sigma = self._path_loss(distance)
-        rx = (
-            self.tx_dbm[:, None] + np.float32(cfg.antenna_gain_dbi) - loss - sigma * s.shadow
-        ).astype(np.float32)
-        np.fill_diagonal(rx, -np.inf)
-        exists = rx >= self.sensitivity_dbm[None, :]
-        rx_mw = np.power(np.float32(10.0), rx / np.float32(10.0))  # 0 on the diagonal
+        blocks = self._blocks()
+        distance = np.empty((n, n), dtype=np.float32)
+        rx = np.empty((n, n), dtype=np.float32)
+        exists = np.empty((n, n), dtype=bool)
+        for rows in blocks:
+            diagonal = (np.arange(rows.stop - rows.start), np.arange(rows.start, rows.stop))
+            d = np.sqrt(((pos[rows, None, :] - pos[None, :, :]) ** 2).sum(-1)).astype(np.float32)
+            distance[rows] = d
+            loss, sigma = self._path_loss(d, rows)
+            rx_rows = (
+                self.tx_dbm[rows, None] + np.float32(cfg.antenna_gain_dbi) - loss
+                - sigma * s.shadow[rows]
+            ).astype(np.float32)  # fmt: skip
+            rx_rows[diagonal] = -np.inf
+            rx[rows] = rx_rows
+            exists[rows] = rx_rows >= self.sensitivity_dbm[None, :]
+            del d, loss, sigma, rx_rows
         carrier_sense = cfg.carrier_sense
         # hears[i, k]: node i hears node k (k's power at i) above the carrier-sense level;
         # under scheduled access, "hears" means "is in range of" (for the shared air).
         hears = np.float32(carrier_sense) <= rx.T if carrier_sense is not None else exists.T.copy()
         np.fill_diagonal(hears, True)
         noise_mw = np.power(10.0, self.noise_dbm / 10.0).astype(np.float32)
-        interference = np.zeros((n, n), dtype=np.float32)
+        # The concurrent transmitters of this step: each node is on the air with probability
+        # `activity`. Under CSMA the ones the sender hears defer to it, so only hidden nodes
+        # interfere; under scheduled access every active node does.
+        active = np.zeros(0, dtype=np.int64)
         if cfg.activity > 0 and n > 2:
-            # The concurrent transmitters of this step: each node is on the air with
-            # probability `activity`. Under CSMA the ones the sender hears defer to it, so
-            # only hidden nodes interfere; under scheduled access every active node does.
             active = np.flatnonzero(self._rng(_ACTIVE, step).random(n) < cfg.activity)
+        heard: np.ndarray | None = None
+        total = np.zeros(n, dtype=np.float32)
+        if active.size:
+            a = np.power(np.float32(10.0), rx[active] / np.float32(10.0))  # [k, j]: k's power at j
+            total = a.sum(axis=0)
+            if carrier_sense is not None:
+                heard = hears[:, active].astype(np.float32) @ a
+            del a
+        is_active = np.zeros(n, dtype=bool)
+        is_active[active] = True
+        rate = np.empty((n, n), dtype=np.float32)
+        per = np.empty((n, n), dtype=np.float32)
+        residual = np.empty((n, n), dtype=np.float32)
+        goodput = np.empty((n, n), dtype=np.float32)
+        sinr_db = np.empty((n, n), dtype=np.float32)
+        bad = np.empty((n, n), dtype=bool)
+        latency = np.empty((n, n), dtype=np.float32)
+        t = step * self.step_s
+        trace_values = [
+            np.float32(trace.mean_rate(t, self.step_s)) for trace, _ in self.trace_links
+        ]
+        for rows in blocks:
+            diagonal = (np.arange(rows.stop - rows.start), np.arange(rows.start, rows.stop))
+            rx_mw = np.power(np.float32(10.0), rx[rows] / np.float32(10.0))  # 0 on the diagonal
+            interference = np.zeros(rx_mw.shape, dtype=np.float32)
             if active.size:
-                a = rx_mw[active]  # [k, j]: active node k's mean power at receiver j
-                total = a.sum(axis=0)
-                if carrier_sense is not None:
-                    interference = total[None, :] - hears[:, active].astype(np.float32) @ a
+                if heard is not None:
+                    interference = total[None, :] - heard[rows]
                 else:
                     interference = total[None, :] - np.where(
-                        np.isin(np.arange(n), active)[:, None], rx_mw, 0.0
+                        is_active[rows, None], rx_mw, 0.0
                     ).astype(np.float32)
                 interference = np.maximum(interference, 0.0).astype(np.float32)
-        gain = fad.power_gain(s.scatter, self.k_factor) if cfg.fading.model != "none" else 1.0
-        sinr_lin = rx_mw * gain / (noise_mw[None, :] + interference)
-        sinr_db = radio.linear_to_db(sinr_lin).astype(np.float32)
-        np.fill_diagonal(sinr_db, -np.inf)
-        index = self.table.index(sinr_db)
-        rate = np.where(index >= 0, self.table.rates_bps[np.maximum(index, 0)], 0.0).astype(
-            np.float32
-        )
-        per = np.ones((n, n), dtype=np.float32)
-        if self.table.name == "lte":
-            per = np.where(index >= 0, radio.block_error_shortcut(sinr_lin), 1.0).astype(np.float32)
-        else:
-            for bits in sorted(set(self.table.bits_per_symbol)):
-                levels = [k for k, b in enumerate(self.table.bits_per_symbol) if b == bits]
-                mask = np.isin(index, levels)
-                if mask.any():
-                    ber = radio.bit_error_rate(sinr_lin[mask], bits)
-                    per[mask] = radio.packet_error_rate(ber, cfg.packet_bytes)
-        residual = np.power(per, cfg.retries + 1, dtype=np.float32)
-        goodput = (rate * np.float32(cfg.mac_efficiency) * (1.0 - per)).astype(np.float32)
-        t = step * self.step_s
-        for trace, mask in self.trace_links:
-            value = np.float32(trace.mean_rate(t, self.step_s))
-            rate = np.where(mask, value, rate)
-            goodput = np.where(mask, value, goodput)
+            gain = (
+                fad.power_gain(s.scatter[rows], self.k_factor)
+                if cfg.fading.model != "none"
+                else 1.0
+            )
+            sinr_lin = rx_mw * gain / (noise_mw[None, :] + interference)
+            del rx_mw, interference, gain
+            sinr_rows = radio.linear_to_db(sinr_lin).astype(np.float32)
+            sinr_rows[diagonal] = -np.inf
+            sinr_db[rows] = sinr_rows
+            index = self.table.index(sinr_rows)
+            del sinr_rows
+            rate_rows = np.where(
+                index >= 0, self.table.rates_bps[np.maximum(index, 0)], 0.0
+            ).astype(np.float32)
+            per_rows = np.ones(rate_rows.shape, dtype=np.float32)
+            if self.table.name == "lte":
+                per_rows = np.where(index >= 0, radio.block_error_shortcut(sinr_lin), 1.0).astype(
+                    np.float32
+                )
+            else:
+                for bits in sorted(set(self.table.bits_per_symbol)):
+                    levels = [k for k, b in enumerate(self.table.bits_per_symbol) if b == bits]
+                    mask = np.isin(index, levels)
+                    if mask.any():
+                        ber = radio.bit_error_rate(sinr_lin[mask], bits)
+                        per_rows[mask] = radio.packet_error_rate(ber, cfg.packet_bytes)
+            del sinr_lin
+            residual[rows] = np.power(per_rows, cfg.retries + 1, dtype=np.float32)
+            goodput_rows = (rate_rows * np.float32(cfg.mac_efficiency) * (1.0 - per_rows)).astype(
+                np.float32
+            )
+            for (_, mask), value in zip(self.trace_links, trace_values, strict=True):
+                rate_rows = np.where(mask[rows], value, rate_rows)
+                goodput_rows = np.where(mask[rows], value, goodput_rows)
+            rate[rows], per[rows], goodput[rows] = rate_rows, per_rows, goodput_rows
+            if self.gilbert is not None and s.burst is not None:
+                bad[rows] = s.burst[rows] & exists[rows]
+            elif cfg.burst.model == "fading":
+                bad[rows] = exists[rows] & (index < 0)
+            else:
+                bad[rows] = False
+            latency[rows] = (
+                np.float32(cfg.latency_ms / 1000.0)
+                + distance[rows] / np.float32(radio.SPEED_OF_LIGHT)
+            ).astype(np.float32)
+            del index, rate_rows, per_rows, goodput_rows
         if self.gilbert is not None and s.burst is not None:
-            bad = s.burst & exists
             loss_good, loss_bad = self.gilbert.loss_good, self.gilbert.loss_bad
-        elif cfg.burst.model == "fading":
-            bad = exists & (index < 0)
-            loss_good, loss_bad = 0.0, 1.0
         else:
-            bad = np.zeros((n, n), dtype=bool)
             loss_good, loss_bad = 0.0, 1.0
         np.fill_diagonal(exists, False)
-        latency = (
-            np.float32(cfg.latency_ms / 1000.0) + distance / np.float32(radio.SPEED_OF_LIGHT)
-        ).astype(np.float32)
         return LinkState(
             step=step, time_s=t, positions=pos.copy(), speeds=s.mobility.speeds.copy(),
             distance_m=distance, rx_dbm=rx, exists=exists, sinr_db=sinr_db, rate_bps=rate,

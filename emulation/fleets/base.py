@@ -190,12 +190,13 @@ def group_records(records: Iterable[RoundRecord]) -> dict[str, list[RoundRecord]
 
 
 def refuse_round_driven(mode: str, network: Network) -> str | None:
-    """Why a mode whose agents run in their own processes cannot follow a graph that changes
-    by round (None: the network's graph does not)."""
+    """Why a mode whose agents run on a fixed peer list, without a coordinator, cannot follow
+    a graph that changes by round (None: the network's graph does not)."""
     if not network.round_driven:
         return None
     return (
-        f"mode '{mode}' cannot switch the gossip graph during a run: its agents run in their "
-        "own processes and nothing there sees every agent's rounds to decide a switch and "
-        "hand out the next graph (use --mode inproc for [switching])"
+        f"mode '{mode}' cannot switch the gossip graph during a run: its agents run on a "
+        "fixed peer list without a coordinator, so nothing sees every agent's rounds to "
+        "decide a switch and hand out the next graph (use --mode process, inproc or virtual "
+        "for [switching])"
     )

@@ -39,9 +39,11 @@ class NamespaceFleet:
         self.network = network
         self.launch = launch
         self.keeper = ProgressKeeper(config, launch.on_progress)
+        # Every agent is wrapped in `ip netns exec`: a process of its own, no fork server.
         self.agents = AgentProcesses(
-            config, launch.out_dir, launch.config_path, self.keeper, insecure=launch.insecure
-        )
+            config, launch.out_dir, launch.config_path, self.keeper, insecure=launch.insecure,
+            fork_server=False,
+        )  # fmt: skip
         self._clock = network.wall_clock()
         #: What the kernel applied and measured (also written to ``kernel.json``).
         self.report: dict[str, Any] = {}

@@ -10,14 +10,15 @@ from coordinator.service import CoordinatorServer
 from edge.identity import agent_ids
 from edge.stats import RoundRecord
 from emulation.config import RunConfig
-from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper, refuse_round_driven
+from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper
 from emulation.fleets.processes import AgentProcesses
 from emulation.networks import LinkRuntime, Network
 
 
 class ProcessFleet:
     """Agents as OS processes that find each other through an embedded coordinator; each
-    shapes its own links in the agent (the network's runtime)."""
+    shapes its own links in the agent (the network's runtime). A graph that changes by round
+    (``[switching]``) is switched by the coordinator, from the agents' round reports."""
 
     mode: ClassVar[str] = "process"
     summary: ClassVar[str] = "one OS process per agent, real gRPC, an embedded coordinator"
@@ -33,10 +34,12 @@ class ProcessFleet:
             config, launch.out_dir, launch.config_path, self.keeper, insecure=launch.insecure
         )
         self._clock = network.wall_clock()
+        # The coordinator plays the runtime's after_round: it sees every agent's rounds.
+        self._links = network.runtime(agent_ids(config.agents)) if network.round_driven else None
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
-        return refuse_round_driven(cls.mode, network)
+        return None
 
     def run(self) -> None:
         server = CoordinatorServer(
@@ -46,6 +49,7 @@ class ProcessFleet:
             metrics_listen=self.launch.coordinator_metrics_listen,
             security=self.agents.coordinator_credentials(),
             run=RunSpec(scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds),
+            switcher=self._links.switcher if self._links is not None else None,
         )
         address = server.start()
         if server.metrics_address:
@@ -75,4 +79,4 @@ class ProcessFleet:
 
     @property
     def runtime(self) -> LinkRuntime | None:
-        return None
+        return self._links

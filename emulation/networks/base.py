@@ -33,7 +33,7 @@ from edge.agent import Agent
 from edge.algorithms import algorithm_class
 from edge.stats import RoundRecord, StatsSink
 from edge.telemetry import LinkFigures
-from edge.topology import Assignment, Graph
+from edge.topology import Assignment, Graph, TopologySwitcher
 from edge.transport.base import LinkShaper
 from emulation.config import ConfigError, RunConfig
 from emulation.results import RunResults
@@ -89,6 +89,10 @@ class LinkRuntime(ABC):
 
     #: The in-agent link shaper (None: the links are not shaped in the agent).
     shaper: LinkShaper | None
+    #: The decider of a round-driven graph schedule (None: the graph does not change by
+    #: round). Fleets in one process feed it through :meth:`after_round`; a fleet of agent
+    #: processes hands it to its coordinator, which sees every agent's round reports.
+    switcher: TopologySwitcher | None = None
 
     def refuse_agent(self, agent_id: str) -> str | None:
         """Why ``agent_id`` cannot be one of these links' agents (None: it can)."""

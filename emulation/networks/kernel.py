@@ -45,6 +45,8 @@ from edge.telemetry import LinkPackets
 from emulation.networks.base import Clock, KernelLinks, KernelLinkState
 
 log = logging.getLogger("airgossip.kernel")
+#: Tries to delete one namespace before it is reported as left behind.
+DELETE_ATTEMPTS = 3
 
 SUBNET = "10.213.0"
 AGENT_PORT = 7000
@@ -452,10 +454,29 @@ class NamespaceNetwork:
             self.nodes[i].create(everyone)
 
     def destroy(self) -> None:
-        """Delete every namespace this network created (idempotent)."""
+        """Delete every namespace this network created (idempotent); a namespace that will
+        not go (a busy machine's ``ip`` timing out, say) is tried again, then named in a
+        warning rather than left silently."""
+        left = []
         for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            for attempt in range(DELETE_ATTEMPTS):
+                try:
+                    done = subprocess.run(
+                        ["ip", "netns", "del", ns], capture_output=True, text=True, timeout=30
+                    )
+                except subprocess.TimeoutExpired:
+                    continue
+                if done.returncode == 0 or "No such file" in done.stderr:
+                    break
+                time.sleep(0.2 * (attempt + 1))
+            else:
+                left.append(ns)
         self.created.clear()
+        if left:
+            log.warning(
+                "could not delete network namespaces %s: `ip netns del NAME` removes them",
+                ", ".join(left),
+            )
 
     def __enter__(self) -> NamespaceNetwork:
         self.create()

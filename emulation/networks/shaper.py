@@ -46,6 +46,9 @@ class AirtimeLedger:
     domain later transfers slow down or wait for the next step, and the airtime of a step
     is never handed out twice (a fluid version of CSMA's one-at-a-time that assumes the
     contenders' airtime is spread over the step).
+
+    Not thread-safe: shapers that share one ledger must serialise their calls into it (a
+    shaper holds its own lock around each verdict).
     """
 
     def __init__(self, n: int, keep_steps: int = 64) -> None:
@@ -54,6 +57,10 @@ class AirtimeLedger:
         self._busy: dict[int, np.ndarray] = {}
         #: When each node's last booked transfer ends: finished transfers do not contend.
         self._until = np.full(n, -np.inf)
+        # ``until > now`` for the latest ``now`` asked: the messages of one push all start at
+        # the same time, and a booking moves one node's entry only (kept exact in ``book``).
+        self._on_air_at: float | None = None
+        self._on_air = np.zeros(n, dtype=bool)
 
     def utilisation(self, step: int, hears_row: np.ndarray, step_s: float, now: float) -> float:
         """Share of step ``step`` booked in a node's domain (``hears_row``) by transfers
@@ -61,7 +68,10 @@ class AirtimeLedger:
         busy = self._busy.get(step)
         if busy is None:
             return 0.0
-        used = float(np.dot(hears_row & (self._until > now), busy))
+        if now != self._on_air_at:
+            np.greater(self._until, now, out=self._on_air)
+            self._on_air_at = now
+        used = float(np.dot(hears_row & self._on_air, busy))
         return min(1.0, used / step_s)
 
     def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
@@ -73,6 +83,8 @@ class AirtimeLedger:
         busy[sender] += airtime_s
         if until > self._until[sender]:
             self._until[sender] = until
+            if self._on_air_at is not None:
+                self._on_air[sender] = until > self._on_air_at
 
 
 @dataclass
@@ -161,7 +173,8 @@ class WirelessLinkShaper:
 
     def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
         """Decide the fate of one message starting now on sender->receiver."""
-        i, j = self.index_of.get(sender), self.index_of.get(receiver)
+        index_of = self.index_of
+        i, j = index_of.get(sender), index_of.get(receiver)
         if i is None or j is None:
             return LinkVerdict(drop=True)
         with self._lock:
@@ -172,7 +185,8 @@ class WirelessLinkShaper:
                 counters = self.counters[(i, j)] = LinkCounters()
             counters.messages += 1
             counters.bytes += nbytes
-            counters.drops += int(drop)
+            if drop:
+                counters.drops += 1
             counters.delay_s += delay
             if self.journal is not None:
                 self.journal.append(
@@ -195,10 +209,15 @@ class WirelessLinkShaper:
             latency = max(0.0, latency + cfg.jitter_ms / 1000.0 * _UNIT.inv_cdf(u))
         t = start + latency
         chunk = cfg.chunk_bytes
-        sizes = [min(chunk, nbytes - off) for off in range(0, nbytes, chunk)] or [0]
+        # Most messages are one chunk (a model under chunk_bytes): no list of sizes.
+        sizes = (
+            (nbytes,)
+            if 0 < nbytes <= chunk
+            else [min(chunk, nbytes - off) for off in range(0, nbytes, chunk)] or [0]
+        )
         for c, size in enumerate(sizes):
             chunk_step = model.step_of(t)
-            st = self._state(chunk_step)
+            st = state if chunk_step == step else self._state(chunk_step)
             loss = st.chunk_loss(i, j, size, cfg.packet_bytes)
             h = message_hash if chunk_step == step else keyed_hash(chunk_step, index, start=link)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
@@ -227,6 +246,7 @@ class WirelessLinkShaper:
         airtime share; return the end time and whether the transfer broke (the link went
         out of range, or it stalled in a fade for more than ``max_stall_s``)."""
         model, dt, cfg = self.model, self.model.step_s, self.settings
+        shared_air, ledger = cfg.shared_air, self.ledger
         remaining = nbytes * 8.0
         stall_from: float | None = None
         while remaining > 0:
@@ -237,8 +257,8 @@ class WirelessLinkShaper:
             end = (step + 1) * dt
             rate = float(st.goodput_bps[i, j])
             free = 1.0
-            if rate > 0 and cfg.shared_air:
-                free = 1.0 - self.ledger.utilisation(step, st.hears[i], dt, t)
+            if rate > 0 and shared_air:
+                free = 1.0 - ledger.utilisation(step, st.hears[i], dt, t)
             if rate <= 0 or free <= 1e-6:
                 stall_from = t if stall_from is None else stall_from
                 if end - stall_from > cfg.max_stall_s:
@@ -251,8 +271,8 @@ class WirelessLinkShaper:
             sent = effective * span
             remaining -= sent
             t += span
-            if cfg.shared_air:
-                self.ledger.book(i, step, sent / rate, t)
+            if shared_air:
+                ledger.book(i, step, sent / rate, t)
             if remaining <= 1e-6:
                 break
             t = max(t, end)

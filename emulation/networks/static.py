@@ -22,12 +22,12 @@ from edge.seeds import hash64
 from edge.stats import RoundRecord
 from edge.topology import (
     Assignment,
-    FleetFigures,
     Graph,
     TopologyError,
     TopologySwitcher,
     assignments_for_graph,
     build_graph,
+    fleet_figures,
     mixing_matrices,
     second_largest_eigenvalue,
     switched_assignments,
@@ -35,7 +35,7 @@ from edge.topology import (
 from edge.transport.base import LinkVerdict
 from emulation.config import ConfigError
 from emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
-from emulation.results import RunResults, consensus_distance
+from emulation.results import RunResults
 
 
 def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:
@@ -125,10 +125,13 @@ class StaticLinks(LinkRuntime):
         self.network = network
         self.shaper = shaper
         self.switcher = switcher
-        #: The first round on each graph after the first.
-        self.switched_at: list[int] = []
         self._graph: Graph | None = None
         self._current: dict[str, Assignment] = {}
+
+    @property
+    def switched_at(self) -> list[int]:
+        """The first round on each graph after the first."""
+        return list(self.switcher.switched_at) if self.switcher is not None else []
 
     def assignments(self, time_s: float, addresses: dict[str, str]) -> dict[str, Assignment]:
         if self._graph is None:
@@ -141,18 +144,9 @@ class StaticLinks(LinkRuntime):
     ) -> dict[str, Assignment] | None:
         if self.switcher is None or self.switcher.finished:
             return None
-        estimates = [r.estimate for r in records if r.estimate is not None]
-        losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
-        complete = len(estimates) == len(addresses)
-        figures = FleetFigures(
-            round_index,
-            consensus_distance(estimates) if complete else None,
-            float(np.mean(losses)) if complete and losses else None,
-        )
-        graph = self.switcher.observe(figures)
+        graph = self.switcher.observe(fleet_figures(round_index, records, len(addresses)))
         if graph is None:
             return None
-        self.switched_at.append(round_index + 1)
         scheme = self.network.scheme
         self._current = switched_assignments(self._current, graph, addresses, scheme=scheme)
         return self._current

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from scipy.special import j0
 
 from emulation.channel import fading, radio
+from emulation.channel import model as channel_model
 from emulation.channel.bursts import GilbertElliottLoss
 from emulation.channel.mobility import GaussMarkov, RandomWaypoint
 from emulation.channel.model import ChannelModel, gossip_adjacency, strongly_connected
@@ -266,3 +268,27 @@ def test_traces(tmp_path: Path) -> None:
     backwards.write_text("5\n3\n")
     with pytest.raises(TraceError, match=r"back\.mahi:2"):
         read_mahimahi(backwards)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"radio": "lte", "path_loss": {"model": "uma"}, "access": "scheduled", "activity": 0.2},
+        {"fading": {"model": "rayleigh"}, "activity": 0.3},  # csma: hidden-node interference
+        {"burst": {"model": "gilbert-elliott", "p": 0.1, "r": 0.3}},
+    ],
+)
+def test_a_step_computed_by_row_blocks_equals_the_whole(
+    overrides: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = settings(mobility={"model": "gauss-markov", "area_m": [300, 300]}, **overrides)
+    whole = [ChannelModel(s, 23, 4).state(k) for k in range(3)]
+    monkeypatch.setattr(channel_model, "BLOCK_ELEMENTS", 23 * 3 + 5)  # 3 rows, a short last
+    blocks = [ChannelModel(s, 23, 4).state(k) for k in range(3)]
+    for a, b in zip(whole, blocks, strict=True):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if isinstance(x, np.ndarray):
+                assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+            else:
+                assert x == y, f.name

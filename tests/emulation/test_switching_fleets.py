@@ -1,10 +1,14 @@
-"""A [switching] schedule through the fleet and network layers: inproc and virtual run it
-(push-sum stays exact across switches), modes whose agents run in their own processes refuse
-it, bad combinations stop at start; and what dense-then-sparse, and the reverse, cost and buy
+"""A [switching] schedule through the fleet and network layers: inproc, virtual and process
+run it (push-sum stays exact across switches), namespaces refuses it, bad combinations stop
+at start; and what dense-then-sparse, and the reverse, cost and buy
 on class-skewed digits (Xie et al., arXiv 2509.12213)."""
 
 from __future__ import annotations
 
+import json
+import re
+import threading
+import urllib.request
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -82,11 +86,72 @@ def test_the_virtual_fleet_installs_every_switch_on_every_agent() -> None:
     assert fleet.links.switched_at == [4, 8, 12]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("mode", ["process", "namespaces", "containers"])
-def test_modes_with_agent_processes_refuse_a_schedule(mode: str) -> None:
+class FleetWatcher:
+    """Polls the embedded coordinator's ``/fleet`` while a process fleet runs: the highest
+    assignment epoch each agent has said (in a heartbeat) that it holds."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[str, int] = {}
+        self.stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_notice(self, text: str) -> None:
+        found = re.search(r"http://(\S+)/metrics", text)
+        if found and self._thread is None:
+            url = f"http://{found.group(1)}/fleet"
+            self._thread = threading.Thread(target=self._poll, args=(url,), daemon=True)
+            self._thread.start()
+
+    def _poll(self, url: str) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    view = json.load(reply)
+            except OSError:
+                continue  # not serving yet, or already stopped
+            for member in view["members"]:
+                agent_id, epoch = member["agent_id"], member["assignment_epoch"]
+                self.epochs[agent_id] = max(epoch, self.epochs.get(agent_id, 0))
+
+
+@pytest.mark.slow
+def test_process_mode_switches_through_its_coordinator_and_push_sum_stays_exact(
+    tmp_path: Path,
+) -> None:
+    # Real agent processes over real gRPC (mutual TLS): the coordinator decides the switch
+    # from their round reports, which arrive with their heartbeats (every 2 s), so the
+    # rounds are slowed (50 ms a message) for the agents to run on well past the switch.
+    schedule = {"topologies": ["complete", "ring"], "at_rounds": [6]}
+    settings = consensus(mode="process", agents=6, rounds=80, eval_every=1,
+                         network={"loss": 0.1, "latency_ms": 50}, switching=schedule)  # fmt: skip
+    config = load_config(None, settings)
+    watcher = FleetWatcher()
+    try:
+        results = run_fleet(
+            config, tmp_path / "run", on_notice=watcher.on_notice,
+            coordinator_metrics_listen="127.0.0.1:0",
+        )  # fmt: skip
+    finally:
+        watcher.stop.set()
+    assert results.config["switched_at"] == [6]  # the round the coordinator switched at
+    assert results.final.complete and results.final.agents_reporting == 6
+    assert results.final.relative_error is not None and results.final.relative_error < 1e-6
+    assert results.final.messages_dropped > 0.05 * results.final.messages_sent
+    # Every agent installed the ring's epoch (it reached each a little after round 6).
+    assert watcher.epochs == {f"agent-{i}": 2 for i in range(6)}
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "containers"])
+def test_the_namespaces_and_containers_modes_refuse_a_schedule_and_process_mode_takes_it(
+    mode: str,
+) -> None:
+    # Namespaced agents run on a static peer list, without a coordinator to switch them;
+    # the container fleet does not hand its coordinator a schedule (yet).
     config = load_config(None, consensus(mode=mode, agents=4))
     with pytest.raises(ConfigError, match=f"mode '{mode}' cannot switch the gossip graph"):
         preflight(config)
+    plan = preflight(load_config(None, consensus(mode="process", agents=4)))
+    assert plan.network.round_driven
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,9 @@ def run(
     fleet = LocalFleet(
         tmp, agents=AGENTS, topology=["--topology", "exponential"],
         scenario=scenario.format(rounds=rounds), checkpoint_interval_s=0.5,
+        # The victims are back long before this: never declared dead, so the run does not
+        # end (survivors finished, victims dead) while a loaded machine restarts them.
+        heartbeat_timeout_s=60.0,
     )  # fmt: skip
     fleets.append(fleet)
     fleet.start_coordinator()

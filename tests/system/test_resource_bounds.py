@@ -145,6 +145,9 @@ def threads(pid: int) -> int:
     raise AssertionError(f"no thread count for {pid}")
 
 
+#: Rounds slowed by latency: the coordinator keeps every round report for the run's
+#: results (about 1 KB an agent and round here), so a fleet racing through rounds would grow
+#: its memory by itself, garbage or not.
 CONSENSUS = """\
 agents = 2
 rounds = 10000000
@@ -152,6 +155,9 @@ wait_timeout_s = 0.25
 [task]
 name = "consensus"
 dim = 8
+[network]
+loss = 0.0
+latency_ms = 500
 """
 GARBAGE = b"\\xff\\xff\\xff\\xff\\x0f garbage, not a protobuf message " * 4
 

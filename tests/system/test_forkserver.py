@@ -1,0 +1,173 @@
+"""The fork server as the fleets use it: real forked processes, real signals, real logs.
+
+Its children must behave like the agent processes they replace: their own pid, session and
+log, default signal handlers, exit codes as ``Popen`` reports them (a kill -9 seen as -9),
+random generators seeded apart, and nothing of the server's left open in them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from emulation.config import load_config
+from emulation.fleets.base import FleetError, ProgressKeeper
+from emulation.fleets.forkserver import ForkServer
+from emulation.fleets.processes import AgentProcesses, agent_environment
+from tests.support import ROOT, kill_all, processes_mentioning, wait_until_gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+PROBE = """\
+import json, os, random, signal, sys, time
+import numpy, torch
+print(json.dumps({
+    "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "cwd": os.getcwd(),
+    "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+    "argv": sys.argv[1:], "comm": open("/proc/self/comm").read().strip(),
+    "random": random.random(), "numpy": float(numpy.random.rand()),
+    "torch": float(torch.rand(1)), "seeded": torch.manual_seed(7) and float(torch.rand(1)),
+    "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+    "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    "omp": os.environ.get("OMP_NUM_THREADS"),
+}), flush=True)
+mode = sys.argv[1]
+if mode == "crash":
+    raise RuntimeError("the probe crashed on purpose")
+if mode == "sleep":
+    time.sleep(600)
+sys.exit(int(mode))
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ForkServer]:
+    (tmp_path / "forkprobe.py").write_text(PROBE)
+    env = {**agent_environment(), "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    made = ForkServer(
+        ["torch", "numpy"], env=env, log_path=tmp_path / "server.log", cwd=ROOT,
+        label=str(tmp_path),
+    )  # fmt: skip
+    yield made
+    made.close()
+    kill_all(str(tmp_path))
+
+
+def probe(server: ForkServer, tmp_path: Path, name: str, *args: str) -> tuple[object, Path]:
+    log = tmp_path / f"{name}.log"
+    return server.spawn("forkprobe", [*args, "--id", name], log_path=log, cwd=tmp_path), log
+
+
+def reported(log: Path) -> dict[str, object]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if lines and lines[0].endswith("}"):
+            return dict(json.loads(lines[0]))
+        time.sleep(0.05)
+    raise AssertionError(f"the probe wrote nothing to {log}")
+
+
+def test_children_are_processes_of_their_own(server: ForkServer, tmp_path: Path) -> None:
+    a, a_log = probe(server, tmp_path, "agent-0", "3")
+    b, b_log = probe(server, tmp_path, "agent-1", "0")
+    assert a.wait(60) == 3 and b.wait(60) == 0  # type: ignore[attr-defined]
+    first, second = reported(a_log), reported(b_log)
+    assert first["pid"] == a.pid and first["pid"] != second["pid"]  # type: ignore[attr-defined]
+    assert first["ppid"] == server.pid and first["sid"] == first["pid"]  # own session
+    assert first["cwd"] == str(tmp_path) and first["argv"] == ["3", "--id", "agent-0"]
+    assert first["comm"] == "agent-0"
+    # stdin, stdout, stderr and nothing the server held (its request and answer pipes).
+    assert first["fds"][:3] == [0, 1, 2] and len(first["fds"]) <= 4, first["fds"]
+    assert first["sigterm"] and first["sigint"] and first["omp"] == "1"
+    # Unseeded generators differ between children, as between fresh interpreters; a seeded
+    # one draws what a fresh interpreter draws.
+    for key in ("random", "numpy", "torch"):
+        assert first[key] != second[key], key
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; torch.manual_seed(7); print(float(torch.rand(1)))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert first["seeded"] == second["seeded"] == float(fresh.stdout)
+
+
+def test_a_child_killed_with_sigkill_is_seen_dead(server: ForkServer, tmp_path: Path) -> None:
+    child, log = probe(server, tmp_path, "agent-0", "sleep")
+    reported(log)
+    assert child.poll() is None  # type: ignore[attr-defined]
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    assert child.wait(30) == -signal.SIGKILL  # type: ignore[attr-defined]
+    # The server goes on forking.
+    other, _ = probe(server, tmp_path, "agent-1", "5")
+    assert other.wait(60) == 5  # type: ignore[attr-defined]
+
+
+def test_a_crash_is_in_the_childs_log(server: ForkServer, tmp_path: Path) -> None:
+    child, log = probe(server, tmp_path, "agent-0", "crash")
+    assert child.wait(60) == 1  # type: ignore[attr-defined]
+    assert "RuntimeError: the probe crashed on purpose" in log.read_text()
+
+
+def test_closing_the_server_stops_its_children(server: ForkServer, tmp_path: Path) -> None:
+    children = [probe(server, tmp_path, f"agent-{i}", "sleep") for i in range(2)]
+    for _, log in children:
+        reported(log)
+    server.close()
+    for child, _ in children:
+        assert child.wait(30) == -signal.SIGTERM  # type: ignore[attr-defined]
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_the_server_dies_with_its_launcher(tmp_path: Path) -> None:
+    (tmp_path / "forkprobe.py").write_text(PROBE)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import os, sys, time; from pathlib import Path\n"
+            "from emulation.fleets.forkserver import ForkServer\n"
+            "s = ForkServer(['torch'], env=dict(os.environ),"
+            f" log_path=Path({str(tmp_path / 's.log')!r}),"
+            f" cwd=Path('.'), label={str(tmp_path)!r})\n"
+            f"s.spawn('forkprobe', ['sleep'], log_path=Path({str(tmp_path / 'c.log')!r}),"
+            " cwd=Path('.'))\n"
+            "print('spawned', flush=True); time.sleep(600)\n"
+        )],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+    )  # fmt: skip
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline() == "spawned\n"
+        # This launcher (its command names the folder), the server and its child.
+        assert len(processes_mentioning(str(tmp_path))) == 3
+        launcher.kill()
+        launcher.wait(10)
+        assert wait_until_gone(str(tmp_path), timeout=20) == []
+    finally:
+        launcher.kill()
+        kill_all(str(tmp_path))
+
+
+def test_an_agent_that_fails_is_reported_with_its_error(tmp_path: Path) -> None:
+    """The fleet's own helper: a forked agent that exits at once is a FleetError naming
+    the agent, its exit code and the error line from its log."""
+    config = load_config(None, {"agents": 2, "rounds": 2, "mode": "process"})
+    missing = tmp_path / "missing.toml"
+    group = AgentProcesses(config, tmp_path / "run", missing, ProgressKeeper(config, None))
+    try:
+        assert group.fork_server is not None
+        agent = group.spawn(0, "agent-0", ["--coordinator", "127.0.0.1:1"])
+        assert agent.process.wait(120) == 2
+        with pytest.raises(FleetError) as caught:
+            group.monitor(lambda: 0)
+        message = str(caught.value)
+        assert "agent-0 exited with code 2 before finishing" in message
+        assert str(missing) in message and "agent-0.log" in message
+    finally:
+        group.terminate()
