@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -43,6 +44,7 @@ from edge.transport.grpc_transport import GrpcTransport
 from edge.waiting import WaitReporter
 from emulation.config import ConfigError, RunConfig, load_config, merge
 from emulation.networks import Network, network_for
+from emulation.networks.kernel import AgentKernelLinks, KernelUnavailable
 
 log = logging.getLogger("airgossip.agent")
 
@@ -109,6 +111,9 @@ class AgentProcessOptions:
     declared: dict[str, Any] | None = None
     #: Longest wait for the coordinator to take the last round reports.
     report_timeout_s: float = 30.0
+    #: Shape this agent's links in the kernel on this interface of its own network
+    #: namespace (a container with NET_ADMIN); in the agent where that is refused.
+    kernel_device: str | None = None
     #: Folder of the agent's TLS credentials (ca.pem, <id>.pem, <id>.key); None: plaintext.
     certs: Path | None = None
     #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
@@ -202,6 +207,9 @@ class _Held:
     client: CoordinatorClient | None = None
     agent: Agent | None = None
     exporter: MetricsServer | None = None
+    kernel: AgentKernelLinks | None = None
+    #: Where the kernel's report goes when the agent ends (None: nowhere).
+    kernel_report: Path | None = None
     finished: bool = False
 
     def close(self, *, stopped: bool) -> None:
@@ -215,8 +223,51 @@ class _Held:
             self.client.close()
         if self.agent is not None:
             self.agent.close()
+        if self.kernel is not None:
+            write_kernel_report(self.kernel_report, {"kernel": True, **self.kernel.close()})
         if self.exporter is not None:
             self.exporter.stop()
+
+
+def kernel_links(
+    network: Network, ids: list[str], options: AgentProcessOptions, metrics: AgentMetrics | None
+) -> AgentKernelLinks | None:
+    """This agent's links shaped by the kernel on ``options.kernel_device``, or None (and a
+    line in the log, and the reason in ``<id>.kernel.json``) where the kernel refuses."""
+    assert options.kernel_device is not None
+    if options.agent_id not in ids:
+        raise ConfigError(
+            f"--kernel-links needs one of the fleet's agent ids ({ids[0]} to {ids[-1]}), "
+            f"not '{options.agent_id}'"
+        )
+    links = AgentKernelLinks(
+        network.kernel_links(), ids.index(options.agent_id), ids, network.wall_clock(),
+        device=options.kernel_device,
+        on_packets=metrics.observe_link_packets if metrics is not None else None,
+    )  # fmt: skip
+    try:
+        links.start()
+    except KernelUnavailable as err:
+        log.warning(
+            "%s cannot shape its links in the kernel: %s; shaping them in the agent instead",
+            options.agent_id,
+            err,
+        )
+        report = {"agent": options.agent_id, "kernel": False, "reason": str(err)}
+        write_kernel_report(kernel_report_path(options), report)
+        return None
+    log.info("%s shapes its links in the kernel on %s", options.agent_id, options.kernel_device)
+    return links
+
+
+def kernel_report_path(options: AgentProcessOptions) -> Path | None:
+    """``<id>.kernel.json`` beside the agent's records (the container fleet gathers them)."""
+    return options.stats_dir / f"{options.agent_id}.kernel.json" if options.stats_dir else None
+
+
+def write_kernel_report(path: Path | None, report: dict[str, object]) -> None:
+    if path is not None:
+        path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def run_agent_process(
@@ -299,7 +350,10 @@ def _run_agent(
         latest,
         held.client,  # round reports for the run's results
     )
-    shaper = links.shaper if options.shape_links else None
+    if options.kernel_device is not None and config.emulates_links:
+        held.kernel = kernel_links(network, list(ids), options, metrics)
+        held.kernel_report = kernel_report_path(options)
+    shaper = links.shaper if options.shape_links and held.kernel is None else None
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
     transport = GrpcTransport(
@@ -374,6 +428,8 @@ def _run_agent(
     if stop.is_set():
         return 0
     assert agent.assignment is not None
+    if held.kernel is not None:
+        held.kernel.follow(lambda: agent.assignment.peers if agent.assignment else {})
     # A network whose graph changes with time installs it from now on; the radio figures
     # of the agent's out-links go to its metrics.
     links.follow(agent, stop, metrics.observe_links if metrics is not None else None)

@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from edge.stats import RoundRecord
-from edge.telemetry import LinkFigures, ReceiveEvent, SendEvent, StepEvent
+from edge.telemetry import LinkFigures, LinkPackets, ReceiveEvent, SendEvent, StepEvent
+from edge.transport.base import RejectCode
 
 # `*_created` series double every counter and histogram for a timestamp nobody queries.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -62,6 +63,10 @@ class AgentMetrics:
             registry=r,
         )  # fmt: skip
         self.round = Gauge("airgossip_agent_round", "Latest round the agent reported.", registry=r)
+        self.rounds = Counter(
+            "airgossip_agent_rounds", "Rounds this agent process completed (rate: rounds/s).",
+            registry=r,
+        )  # fmt: skip
         self.accuracy = Gauge(
             "airgossip_agent_accuracy_ratio", "Test accuracy of the agent's estimate.", registry=r
         )
@@ -114,6 +119,8 @@ class AgentMetrics:
             ["code", "reason"],
             registry=r,
         )
+        for code in RejectCode:  # every code exported from the start, at 0 (its default reason)
+            self.rejected.labels(code.value, code.value.lower())
         self.push_latency = Histogram(
             "airgossip_agent_push_latency_seconds",
             "Time from handing a message to the transport to the peer's acknowledgement.",
@@ -156,10 +163,27 @@ class AgentMetrics:
             "1 while the link to peer is in the bad state of its bursty-loss chain.",
             ["peer"], registry=r,
         )  # fmt: skip
+        # Packets of each in-link at the agent's interface, when a kernel link emulator
+        # shapes it (see observe_link_packets); ``peer`` is the sender.
+        self.link_arrived = Counter(
+            "airgossip_link_arrived_packets",
+            "Packets from peer that reached this agent's interface (kernel link emulation; "
+            "dropped ones included).",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self.link_dropped = Counter(
+            "airgossip_link_dropped_packets",
+            "Packets from peer dropped by the emulated link at this agent's interface.",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self._packets: dict[str, tuple[int, int]] = {}
+        self._last_round = 0
         self.info.labels(agent_id).set(1)
 
     # -- StatsSink --------------------------------------------------------------------------
     def record(self, record: RoundRecord) -> None:
+        self.rounds.inc(max(0, record.round - self._last_round))
+        self._last_round = max(self._last_round, record.round)
         self.round.set(record.round)
         if "accuracy" in record.metrics:
             self.accuracy.set(record.metrics["accuracy"])
@@ -178,6 +202,15 @@ class AgentMetrics:
             self.link_rate.labels(link.peer).set(link.rate_bps)
             self.link_error.labels(link.peer).set(link.error_ratio)
             self.link_burst.labels(link.peer).set(1.0 if link.burst_bad else 0.0)
+
+    def observe_link_packets(self, links: list[LinkPackets]) -> None:
+        """Advance the in-link packet counters to a kernel emulator's cumulative counts."""
+        for link in links:
+            arrived, dropped = self._packets.get(link.peer, (0, 0))
+            # Counts that went backwards (rules rewritten without their counters) restart.
+            self.link_arrived.labels(link.peer).inc(max(0, link.arrived - arrived))
+            self.link_dropped.labels(link.peer).inc(max(0, link.dropped - dropped))
+            self._packets[link.peer] = (link.arrived, link.dropped)
 
     # -- AgentObserver ----------------------------------------------------------------------
     def on_send(self, event: SendEvent) -> None:

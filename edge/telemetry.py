@@ -82,6 +82,26 @@ class LinkFigures:
 
 
 @dataclass(frozen=True)
+class LinkPackets:
+    """Packets of one in-link at this agent's interface, from a kernel link emulator
+    (cumulative counts since the emulation started; plain data).
+
+    Attributes
+    ----------
+    peer:
+        The sender of the directed link.
+    arrived:
+        Packets from ``peer`` that reached the interface (those dropped included).
+    dropped:
+        Packets from ``peer`` the emulated link dropped.
+    """
+
+    peer: str
+    arrived: int
+    dropped: int
+
+
+@dataclass(frozen=True)
 class StepEvent:
     """One local optimisation step (``task.train`` plus folding its update into the state)."""
 

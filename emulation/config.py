@@ -28,6 +28,7 @@ Example scenario (every key optional)::
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,24 @@ class NetworkSettings(BaseModel):
     bandwidth_mbps: float = Field(0.0, ge=0, description="0 means unlimited")
 
 
+class ContainerSettings(BaseModel):
+    """``[containers]``: how ``mode = "containers"`` runs its agents."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = Field(
+        "airgossip:latest",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+        description="the agent image (docker-compose build, or deploy/docker/build)",
+    )
+    net_admin: bool = Field(
+        True,
+        description="give agents NET_ADMIN so each shapes its links in the kernel (without "
+        "it they shape them in the agent)",
+    )
+
+
 class RunConfig(AgentSettings):
     """A whole fleet run: the agents' settings plus fleet size, graph, network and mode."""
 
@@ -85,6 +104,7 @@ class RunConfig(AgentSettings):
     switching: SwitchingSettings | None = Field(
         None, description="change the gossip graph during the run (its first graph is the topology)"
     )
+    containers: ContainerSettings = Field(default_factory=ContainerSettings)
     out: Path | None = None
 
     @field_validator("topology")
@@ -207,3 +227,46 @@ def load_config(
     except ValidationError as err:
         source = f"scenario {path}" if path is not None else "settings"
         raise ConfigError(f"bad {source}: {_format(err)}") from None
+
+
+def scenario_toml(config: RunConfig) -> str:
+    """``config`` as a scenario file: every setting that differs from its default, and the
+    whole ``[network]`` table (whose defaults differ on real links), so that
+    :func:`load_config` of the text gives ``config`` back, with ``real_links`` or without."""
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    data["network"] = config.network.model_dump(mode="json")
+    lines: list[str] = []
+    _toml_table(data, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _toml_table(data: dict[str, Any], path: list[str], lines: list[str]) -> None:
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    arrays = {k: v for k, v in data.items()
+              if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}  # fmt: skip
+    for key, value in data.items():
+        if key not in tables and key not in arrays and value is not None:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, table in tables.items():
+        lines += ["", f"[{'.'.join(_toml_key(k) for k in [*path, key])}]"]
+        _toml_table(table, [*path, key], lines)
+    for key, items in arrays.items():
+        for item in items:
+            lines += ["", f"[[{'.'.join(_toml_key(k) for k in [*path, key])}]]"]
+            _toml_table(item, [*path, key], lines)
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)

@@ -3,8 +3,9 @@
 ``run`` (a whole fleet on this machine), ``agent`` (one agent, what runs on each device),
 ``coordinator`` (the optional control plane), ``topology`` and ``links`` (describe a graph
 or a wireless scenario), ``baseline`` (an app on another system's runtime: Flower's),
-``compare`` (runs side by side) and ``certs`` (a fleet's TLS certificates). Commands import
-the heavy parts (torch, the fleets, Flower) only when they run, so ``--help`` stays fast.
+``compare`` (runs side by side), ``certs`` (a fleet's TLS certificates) and ``compose`` (a
+compose file for a fleet in containers). Commands import the heavy parts (torch, the fleets,
+Flower) only when they run, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from airgossip.cli.agent import agent
 from airgossip.cli.baseline import baseline_app
 from airgossip.cli.certs import certs_app
 from airgossip.cli.compare import compare
+from airgossip.cli.compose import compose
 from airgossip.cli.coordinator import coordinator
 from airgossip.cli.links import links_command
 from airgossip.cli.run import run
@@ -41,6 +43,7 @@ app.command("links")(links_command)
 app.add_typer(baseline_app, name="baseline")
 app.command("compare")(compare)
 app.add_typer(certs_app)
+app.command("compose")(compose)
 
 
 def main() -> None:

@@ -74,6 +74,21 @@ def agent(
             "already shapes them)."
         ),
     ] = True,
+    kernel_links: Annotated[
+        str | None,
+        typer.Option(
+            help="Emulate this agent's links with the kernel (tc, iptables) on this interface "
+            "of its own network namespace, e.g. eth0 in a container (needs NET_ADMIN; in the "
+            "agent where refused)."
+        ),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="Where this agent computes: auto (CUDA when torch sees a GPU), cpu or cuda "
+            "(default: its scenario's, else auto)."
+        ),
+    ] = None,
     certs: Annotated[
         Path | None,
         typer.Option(
@@ -114,6 +129,8 @@ def agent(
         fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
     if peers is not None and config is None:
         fail("--peers needs --config (the scenario every agent of the list runs)")
+    if kernel_links is not None and not link_shaping:
+        fail("--kernel-links shapes the links: it cannot go with --no-link-shaping")
     declared: dict[str, Any] | None = None
     cfg = None
     try:
@@ -134,6 +151,11 @@ def agent(
             if not isinstance(table, dict) or not table:
                 fail(f'{peers} needs a [peers] table of id = "host:port" entries')
             peer_table = {str(k): str(v) for k, v in table.items()}
+        if device is not None:
+            # The agent's own choice (a setting each agent makes for itself).
+            declared = {**(declared or {}), "device": device}
+            cfg = cfg.model_copy(update={"device": device}) if cfg is not None else None
+            load_config(None, {"device": device})  # a bad value fails here, with the others
     except ConfigError as err:
         fail(str(err))
     if index < 0:
@@ -147,6 +169,7 @@ def agent(
             metrics_listen or f"{listen.rpartition(':')[0]}:0"
         ),
         metrics_advertise=metrics_advertise, shape_links=link_shaping, declared=declared,
+        kernel_device=kernel_links,
         certs=certs, checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
     from coordinator.client import CoordinatorError

@@ -69,7 +69,8 @@ def run(
             help="process (one OS process per agent, real gRPC), inproc (all agents in this "
             "process in lock step), virtual (a wireless scenario on a virtual clock) or "
             "namespaces (one network namespace per agent, links shaped by the kernel; root) "
-            "(default: process)."
+            "or containers (one Docker container per agent, each shaping its own links; "
+            "docs/deployment.md) (default: process)."
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,

@@ -1,8 +1,9 @@
 """Fleets: one module per way of running agents (see :mod:`.base` for the contract).
 
 ``process`` (OS processes, real gRPC), ``inproc`` (lock step in this process), ``virtual``
-(discrete events on a virtual clock) and ``namespaces`` (network namespaces, links shaped by
-the kernel), registered by mode in :mod:`.registry`; :mod:`.processes` is the agent-process
+(discrete events on a virtual clock), ``namespaces`` (network namespaces, links shaped by
+the kernel) and ``containers`` (Docker containers, each agent shaping its own links in the
+kernel), registered by mode in :mod:`.registry`; :mod:`.processes` is the agent-process
 helper the process-based fleets share; :mod:`.run` checks a run and carries it to
 ``results.json``.
 """

@@ -1,10 +1,11 @@
 """Agents as OS processes: start them, follow their records, stop them.
 
-:class:`AgentProcesses` is the one way fleets run ``python -m airgossip agent``: the process
-fleet and the namespace fleet each hold one (composition), differing only in how an agent
-finds its peers and what wraps its command (``ip netns exec``, say). Each agent writes its
-round records as JSON lines under ``agents/`` and its log under ``logs/``; the group tails
-the records for progress and reads them back at the end.
+:class:`AgentProcesses` is the one way fleets run ``airgossip agent``: the process, namespace
+and container fleets each hold one (composition), differing only in how an agent finds its
+peers, what wraps its command (``ip netns exec``, ``docker run``) and where the agent sees
+the run's folder (:class:`AgentHost`). Each agent writes its round records as JSON lines
+under ``agents/`` and its log under ``logs/``; the group tails the records for progress and
+reads them back at the end.
 
 Agents without a command prefix are forked by a :class:`~emulation.fleets.forkserver.ForkServer`
 (on Linux): one process imports torch and the agent's modules once and forks every agent,
@@ -128,6 +129,32 @@ class AgentProcess:
         return errors[-1].removeprefix("error: ") if errors else self.log_tail()
 
 
+@dataclass(frozen=True)
+class AgentHost:
+    """Where agent commands run: how the ``airgossip`` command is called there and where
+    the run's folder is seen.
+
+    Attributes
+    ----------
+    command:
+        What runs ``airgossip`` (this Python by default; nothing inside an image whose
+        entry point it is).
+    run_dir:
+        The run's output folder as the agent sees it (None: the launcher's own path).
+    parent_pid:
+        Pass ``--parent-pid`` so the agent never outlives the launcher (only where both
+        share a process namespace).
+    certs_dir:
+        Where the agent sees its own ``ca.pem``, ``<id>.pem`` and ``<id>.key`` (None: the
+        run's ``certs/`` folder, which holds every member's).
+    """
+
+    command: tuple[str, ...] = (sys.executable, "-m", "airgossip")
+    run_dir: Path | None = None
+    parent_pid: bool = True
+    certs_dir: Path | None = None
+
+
 class AgentProcesses:
     """The agent processes of one fleet, under one output folder.
 
@@ -141,11 +168,14 @@ class AgentProcesses:
         The config file every agent reads.
     progress:
         Where progress goes as records arrive.
+    host:
+        Where the agent commands run (this machine by default).
     insecure:
         Plaintext gRPC, no certificates.
     fork_server:
         Fork the agents started without a command prefix from a fork server, started now
-        (default: on Linux); False: every agent a fresh interpreter.
+        (default: on Linux, for agents on this machine); False: every agent a fresh
+        interpreter.
     """
 
     def __init__(
@@ -154,6 +184,7 @@ class AgentProcesses:
         out_dir: Path,
         config_path: Path,
         progress: ProgressKeeper,
+        host: AgentHost | None = None,
         *,
         insecure: bool = False,
         fork_server: bool | None = None,
@@ -161,12 +192,13 @@ class AgentProcesses:
         self.config = config
         self.config_path = config_path
         self.out_dir = out_dir
+        self.host = host or AgentHost()
         self.stats_dir = out_dir / "agents"
         self.logs_dir = out_dir / "logs"
         self.checkpoints_dir = out_dir / "checkpoints"
         self.fork_server: ForkServer | None = None
-        if fork_server is None:
-            fork_server = sys.platform.startswith("linux") and hasattr(os, "fork")
+        if fork_server is None:  # agents on this machine, where it can fork
+            fork_server = host is None and sys.platform.startswith("linux") and hasattr(os, "fork")
         if fork_server:
             # Started first: its imports run while this process makes the certificates and
             # the fleet starts its coordinator.
@@ -204,20 +236,23 @@ class AgentProcesses:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.logs_dir / f"{agent_id}.log"
         server = None if prefix else self.fork_server
-        # A forked agent's parent is the fork server (which dies with this process).
-        parent_pid = server.pid if server is not None else os.getpid()
+        parent = []
+        if self.host.parent_pid:
+            # A forked agent's parent is the fork server (which dies with this process).
+            parent = ["--parent-pid", str(server.pid if server is not None else os.getpid())]
         args = [
             "agent",
-            "--config", str(self.config_path),
+            "--config", self.seen(self.config_path),
             "--id", agent_id,
             "--index", str(index),
             *peering,
-            "--stats-dir", str(self.stats_dir),
-            "--parent-pid", str(parent_pid),
+            "--stats-dir", self.seen(self.stats_dir),
+            *parent,
             "--linger-s", "3600",
             "--threads", "1",
-            *(["--certs", str(self.certs_dir)] if self.certs_dir else ["--insecure"]),
-            "--checkpoint-dir", str(self.checkpoints_dir / agent_id),
+            *(["--certs", str(self.host.certs_dir or self.certs_dir)] if self.certs_dir
+              else ["--insecure"]),
+            "--checkpoint-dir", self.seen(self.checkpoints_dir / agent_id),
             *extra,
         ]  # fmt: skip
         process: ProcessHandle
@@ -226,7 +261,7 @@ class AgentProcesses:
         else:
             with log_path.open("wb") as log:
                 process = subprocess.Popen(
-                    [*prefix, sys.executable, "-m", "airgossip", *args],
+                    [*prefix, *self.host.command, *args],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -239,6 +274,12 @@ class AgentProcesses:
         )
         self.agents.append(agent)
         return agent
+
+    def seen(self, path: Path) -> str:
+        """``path`` (inside the run's folder) as the agents see it."""
+        if self.host.run_dir is None:
+            return str(path)
+        return str(self.host.run_dir / path.relative_to(self.out_dir))
 
     def _start_fork_server(self) -> ForkServer:
         # Imported here: the server runs as ``python -m emulation.fleets.forkserver``, which

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from emulation.config import ConfigError
 from emulation.fleets.base import Fleet
+from emulation.fleets.containers import ContainerFleet
 from emulation.fleets.inproc import InProcessFleet
 from emulation.fleets.namespaces import NamespaceFleet
 from emulation.fleets.process import ProcessFleet
@@ -11,7 +12,8 @@ from emulation.fleets.virtual import VirtualFleet
 
 #: Every fleet mode, by the name ``--mode`` takes, in the order help texts list them.
 FLEETS: dict[str, type[Fleet]] = {
-    cls.mode: cls for cls in (ProcessFleet, InProcessFleet, VirtualFleet, NamespaceFleet)
+    cls.mode: cls
+    for cls in (ProcessFleet, InProcessFleet, VirtualFleet, NamespaceFleet, ContainerFleet)
 }
 
 

@@ -135,8 +135,14 @@ class WirelessLinks(LinkRuntime):
 
         def install() -> None:
             graph = topology.graph(self.clock())
+            replaced = agent.assignment is not current["assignment"]
+            if replaced and agent.assignment is not None and current["assignment"] is not None:
+                # A coordinator update: take the addresses it knows (a restarted peer may
+                # be back at another one).
+                peers.update(agent.assignment.peers)
+                peers.pop(agent.agent_id, None)
             # Re-install too when something else (a coordinator update) replaced ours.
-            if current["epoch"] != graph.epoch or agent.assignment is not current["assignment"]:
+            if current["epoch"] != graph.epoch or replaced:
                 new = topology.assignment(graph, node, peers)
                 agent.set_assignment(new)
                 current.update(epoch=graph.epoch, assignment=new)

@@ -228,3 +228,45 @@ def test_scenarios_that_cannot_run_fail_before_anything_starts(
     with pytest.raises(ConfigError, match=message):
         run_fleet(load_config(None, {"mode": "virtual", **settings}), tmp_path)
     assert not (tmp_path / "results.json").exists()
+
+
+class FollowedAgent:
+    """What ``WirelessLinks.follow`` needs of an agent: an id and its assignment."""
+
+    def __init__(self, agent_id: str, assignment: Any) -> None:
+        self.agent_id = agent_id
+        self.assignment = assignment
+
+    def set_assignment(self, assignment: Any) -> None:
+        self.assignment = assignment
+
+
+def test_a_followed_agent_takes_a_peers_new_address_from_the_coordinator(
+    tmp_path: Path,
+) -> None:
+    """A peer restarted elsewhere (a container back at another address) re-registers; the
+    coordinator's next assignment carries the address, and the wireless graph keeps it."""
+    import threading
+    import time
+
+    from edge.topology import Assignment
+
+    ids = [f"agent-{i}" for i in range(4)]
+    run = WirelessRun(link_settings(tmp_path), ids, seed=1, clock=Clock())
+    links = WirelessLinks(run)
+    first = {a: f"10.0.0.{i}:7000" for i, a in enumerate(ids)}
+    agent = FollowedAgent("agent-0", Assignment(1, first, ()))
+    stop = threading.Event()
+    try:
+        links.follow(agent, stop)  # type: ignore[arg-type]
+        installed = agent.assignment
+        assert installed.peers["agent-2"] == "10.0.0.2:7000"
+        agent.set_assignment(Assignment(2, {**first, "agent-2": "10.0.0.9:7000"}, ()))
+        deadline = time.monotonic() + 10
+        while agent.assignment.schedule == () and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agent.assignment.schedule != ()  # the wireless graph, installed again
+        assert agent.assignment.peers["agent-2"] == "10.0.0.9:7000"
+        assert "agent-0" not in agent.assignment.peers
+    finally:
+        stop.set()

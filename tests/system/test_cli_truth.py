@@ -37,6 +37,9 @@ ACCEPTS = {
     "coordinator": [("topology", list(POLICIES))],
     "topology": [("name", [p for p in POLICIES if p != "edges"])],
     "links": [("scenario", preset_names())],
+    "compose": [("topology", list(TOPOLOGIES)), ("algorithm", list(ALGORITHMS)),
+                ("task", [t for t in BUILTIN_TASKS if t != "flower"]),
+                ("scenario", preset_names())],
 }  # fmt: skip
 #: Commands that take no mode, topology or other name from a registry.
 NAMES_NOTHING = {"agent", "baseline", "certs", "compare"}

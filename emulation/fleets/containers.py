@@ -1,0 +1,320 @@
+"""``containers`` mode: one Docker container per agent, an embedded coordinator, and each
+agent's links shaped by the kernel inside its own container.
+
+The fleet makes a Docker network of its own, starts the coordinator in this process on that
+network's gateway address, and runs ``airgossip agent`` in one container per agent (the
+image of ``[containers] image``) through :class:`~emulation.fleets.processes.AgentProcesses`:
+the parts of the run's folder an agent needs (the config, ``agents/`` for records, its own
+checkpoint folder) are mounted into its container, so records, progress and results work as
+in the process mode. Unless the run is insecure, the run's throwaway certificate authority
+(``certs/``) gives every member a certificate, and each container sees only the CA's
+certificate and its own certificate and key (read-only), never the other members' keys.
+With ``NET_ADMIN`` (the default) every agent applies its share of the
+network's :class:`~emulation.networks.base.KernelLinks` on its own interface
+(:class:`~emulation.networks.kernel.AgentKernelLinks`); without it, or where the engine
+refuses it, the agent says so in its log and shapes its links itself. Containers, and the
+network, are removed at the end, on Ctrl-C and on errors; all carry the label
+``airgossip.run=<tag>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from coordinator.run import RunSpec
+from coordinator.service import CoordinatorServer
+from edge.identity import agent_ids
+from edge.security import CA_CERT
+from edge.stats import RoundRecord
+from emulation.config import RunConfig
+from emulation.fleets.base import (
+    FleetError,
+    FleetProgress,
+    Launch,
+    ProgressKeeper,
+    refuse_round_driven,
+)
+from emulation.fleets.processes import AgentHost, AgentProcesses
+from emulation.networks import LinkRuntime, Network
+
+#: Where an agent container sees the run's folder, its own certificates, and its working
+#: directory (the image's).
+RUN_DIR = Path("/airgossip/run")
+CERTS_DIR = Path("/airgossip/certs")
+WORKDIR = Path("/var/lib/airgossip")
+#: The port agents serve gossip on inside their containers, and their metrics.
+AGENT_PORT = 7000
+METRICS_PORT = 9100
+#: Label on every container and network a run makes.
+LABEL = "airgossip.run"
+
+
+class DockerError(RuntimeError):
+    """The Docker engine refused or failed a command."""
+
+
+def _gone_anyway(error: str) -> bool:
+    """Whether a ``docker rm`` error line says the container is (being) removed anyway."""
+    return "already in progress" in error or "No such container" in error
+
+
+class DockerEngine:
+    """The few ``docker`` commands a container fleet needs (the CLI of this machine)."""
+
+    def __init__(self, docker: str = "docker") -> None:
+        self.docker = docker
+
+    def _run(self, *args: str, timeout: float = 60) -> str:
+        try:
+            result = subprocess.run(
+                [self.docker, *args], capture_output=True, text=True, timeout=timeout
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise DockerError(f"docker {args[0]}: {err}") from None
+        if result.returncode != 0:
+            raise DockerError(f"docker {' '.join(args[:2])}: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def unavailable(self, image: str) -> str | None:
+        """Why containers cannot run here (None: they can)."""
+        if shutil.which(self.docker) is None:
+            return "the docker command is not installed (apt-get install docker.io)"
+        try:
+            self._run("version", "--format", "{{.Server.Version}}", timeout=20)
+        except DockerError as err:
+            return f"the Docker engine does not answer ({err}); start it (dockerd)"
+        try:
+            self._run("image", "inspect", "--format", "{{.Id}}", image, timeout=20)
+        except DockerError:
+            return (
+                f"image '{image}' not found; build it with `docker-compose build` or "
+                "deploy/docker/build, or name another in [containers] image"
+            )
+        return None
+
+    def create_network(self, name: str, tag: str) -> str:
+        """Create a bridge network; return its gateway address (this machine on it)."""
+        self._run("network", "create", "--driver", "bridge", "--label", f"{LABEL}={tag}", name)
+        gateway = self._run(
+            "network", "inspect", "--format", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", name
+        )
+        if not gateway:
+            raise DockerError(f"network {name} has no IPv4 gateway")
+        return gateway
+
+    def remove(self, tag: str) -> None:
+        """Remove every container and network labelled with ``tag`` (idempotent)."""
+        where = f"label={LABEL}={tag}"
+        containers = self._run("ps", "-aq", "--filter", where).split()
+        if containers:
+            try:
+                self._run("rm", "-f", *containers, timeout=120)
+            except DockerError as err:
+                # Containers that exited are being removed by the engine (--rm) already.
+                if not all(_gone_anyway(line) for line in str(err).splitlines()):
+                    raise
+        deadline = time.monotonic() + 60
+        while self._run("ps", "-aq", "--filter", where) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the network can go only once no container is attached
+        networks = self._run("network", "ls", "-q", "--filter", where).split()
+        if networks:
+            self._run("network", "rm", *networks)
+
+    def left(self, tag: str) -> list[str]:
+        """Containers and networks still labelled with ``tag``."""
+        where = f"label={LABEL}={tag}"
+        return [
+            *self._run("ps", "-aq", "--filter", where).split(),
+            *self._run("network", "ls", "-q", "--filter", where).split(),
+        ]
+
+
+class ContainerFleet:
+    """Agents in Docker containers on a network of their own, an embedded coordinator on
+    its gateway; each agent shapes its own links in the kernel (NET_ADMIN)."""
+
+    mode: ClassVar[str] = "containers"
+    summary: ClassVar[str] = (
+        "one Docker container per agent, each shaping its own links in the kernel (NET_ADMIN)"
+    )
+    in_process: ClassVar[bool] = False
+    serves_metrics: ClassVar[bool] = True
+
+    def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
+        self.config = config
+        self.network = network
+        self.launch = launch
+        self.settings = config.containers
+        self.keeper = ProgressKeeper(config, launch.on_progress)
+        self.out_dir = launch.out_dir.resolve()
+        self.agents = AgentProcesses(
+            config, self.out_dir, launch.config_path.resolve(), self.keeper,
+            host=AgentHost(command=(), run_dir=RUN_DIR, parent_pid=False, certs_dir=CERTS_DIR),
+            insecure=launch.insecure,
+        )  # fmt: skip
+        self.engine = DockerEngine()
+        self.tag = uuid.uuid4().hex[:10]
+        self._clock = network.wall_clock()
+        #: What each agent's kernel shaping applied and measured (also ``kernel.json``).
+        self.report: dict[str, Any] = {}
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        if not 1 <= config.agents <= 250:
+            return f"mode 'containers' runs 1 to 250 agents, not {config.agents}"
+        if network.round_driven:
+            return refuse_round_driven(cls.mode, network)
+        reason = DockerEngine().unavailable(config.containers.image)
+        return None if reason is None else f"mode 'containers': {reason}"
+
+    def _mounts(self, agent_id: str) -> list[str]:
+        """What of the run's folder the agent's container sees: the config (read-only), the
+        records folder, its checkpoints and its own credentials (read-only)."""
+        agents = self.agents
+        checkpoints = agents.checkpoints_dir / agent_id
+        agents.stats_dir.mkdir(parents=True, exist_ok=True)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        mounts = [
+            f"{agents.config_path}:{agents.seen(agents.config_path)}:ro",
+            f"{agents.stats_dir}:{agents.seen(agents.stats_dir)}",
+            f"{checkpoints}:{agents.seen(checkpoints)}",
+        ]
+        if agents.certs_dir is not None:
+            mounts += [
+                f"{agents.certs_dir / name}:{CERTS_DIR / name}:ro"
+                for name in (CA_CERT, f"{agent_id}.pem", f"{agent_id}.key")
+            ]
+        return [part for mount in mounts for part in ("--volume", mount)]
+
+    def _docker_run(self, agent_id: str) -> list[str]:
+        """``docker run`` up to the image: the rest of the line is the agent's command."""
+        if self.settings.net_admin:
+            # tc and iptables on the container's own interface: root with NET_ADMIN there.
+            user = ["--cap-add", "NET_ADMIN", "--user", "0:0"]
+        else:
+            user = ["--user", f"{os.getuid()}:{os.getgid()}"]
+        # A wireless scenario's rate traces, where the agents' config names them.
+        traces = []
+        if self.config.wireless is not None:
+            for trace in self.config.wireless.traces:
+                inside = trace.file if trace.file.is_absolute() else WORKDIR / trace.file
+                traces += ["--volume", f"{trace.file.resolve()}:{inside}:ro"]
+        return [
+            self.engine.docker, "run", "--rm", "--init",
+            "--name", f"airgossip-{self.tag}-{agent_id}",
+            "--network", f"airgossip-{self.tag}", "--label", f"{LABEL}={self.tag}",
+            *user, *self._mounts(agent_id), *traces,
+            "--env", "HOME=/tmp", "--env", "OMP_NUM_THREADS=1", "--env", "PYTHONUNBUFFERED=1",
+            "--env", f"AIRGOSSIP_ADVERTISE_PORT={AGENT_PORT}",
+            # The image's health check dials the agent as the agent (mutual TLS).
+            *(["--env", f"AIRGOSSIP_HEALTH_CERTS={CERTS_DIR}"] if self.agents.certs_dir else []),
+            self.settings.image,
+        ]  # fmt: skip
+
+    def run(self) -> None:
+        try:
+            gateway = self.engine.create_network(f"airgossip-{self.tag}", self.tag)
+        except DockerError as err:
+            raise FleetError(f"mode 'containers': {err}") from None
+        server: CoordinatorServer | None = None
+        try:
+            port = self.launch.coordinator_listen.rpartition(":")[2]
+            server = CoordinatorServer(
+                expected=self.config.agents,
+                topology=self.network.topology(),
+                listen=f"{gateway}:{port}",
+                metrics_listen=self.launch.coordinator_metrics_listen,
+                security=self.agents.coordinator_credentials(),
+                run=RunSpec(
+                    scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds
+                ),
+            )
+            address = server.start()
+            if server.metrics_address:
+                self.launch.notice(
+                    f"fleet metrics at http://{server.metrics_address}/metrics "
+                    "(service discovery /sd, fleet /fleet; agents' metrics on their containers)"
+                )
+            unapplied = self.network.kernel_links().unapplied
+            if unapplied:
+                self.launch.notice("the kernel does not apply: " + "; ".join(unapplied))
+            # Every agent tries the kernel; one without NET_ADMIN says so and shapes its
+            # links itself.
+            kernel = ["--kernel-links", "eth0"]
+            for index, agent_id in enumerate(agent_ids(self.config.agents)):
+                self.agents.spawn(
+                    index, agent_id,
+                    ["--coordinator", address, "--listen", f"0.0.0.0:{AGENT_PORT}",
+                     "--metrics-listen", f"0.0.0.0:{METRICS_PORT}"],
+                    prefix=self._docker_run(agent_id),
+                    extra=kernel,
+                )  # fmt: skip
+            self.agents.monitor(server.fleet.registered)
+        finally:
+            self.agents.terminate()
+            try:
+                self.engine.remove(self.tag)
+            finally:
+                if server is not None:
+                    server.stop(grace_s=0.5)
+                self._own_files()
+                self._write_report()
+
+    def _own_files(self) -> None:
+        """Hand files the agents wrote as root back to the launcher's user."""
+        if not self.settings.net_admin or os.geteuid() == 0:
+            return
+        subprocess.run(
+            [self.engine.docker, "run", "--rm", "--user", "0:0", "--entrypoint", "chown",
+             "--volume", f"{self.out_dir}:{RUN_DIR}", self.settings.image,
+             "-R", f"{os.getuid()}:{os.getgid()}", str(RUN_DIR)],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    def _write_report(self) -> None:
+        """``kernel.json``: every agent's kernel shaping (its in-links), or why it had none."""
+        agents = []
+        for agent in self.agents.agents:
+            path = self.agents.stats_dir / f"{agent.agent_id}.kernel.json"
+            try:
+                agents.append(json.loads(path.read_text()))
+            except (OSError, json.JSONDecodeError):
+                agents.append({"agent": agent.agent_id, "kernel": False})
+        if not agents:
+            return
+        self.report = {
+            "agents_shaping_in_kernel": sum(1 for a in agents if a.get("kernel")),
+            "fallback": {a["agent"]: a.get("reason", "") for a in agents if not a.get("kernel")},
+            "unapplied": sorted({u for a in agents for u in a.get("unapplied", [])}),
+            "controller_errors": [e for a in agents for e in a.get("controller_errors", [])][:5],
+            "links": [link for a in agents for link in a.get("links", [])],
+        }
+        (self.out_dir / "kernel.json").write_text(json.dumps(self.report, indent=2) + "\n")
+        if self.report["fallback"]:
+            self.launch.notice(
+                f"{len(self.report['fallback'])} of {len(agents)} agents shaped their links in "
+                f"the agent, not the kernel (kernel.json says why)"
+            )
+
+    def stop(self) -> None:
+        self.agents.stop()
+
+    def progress(self) -> FleetProgress:
+        return self.keeper.latest
+
+    def records(self) -> dict[str, list[RoundRecord]]:
+        return self.agents.records()
+
+    def clock_s(self) -> float:
+        return self._clock()
+
+    @property
+    def runtime(self) -> LinkRuntime | None:
+        return None

@@ -1,0 +1,245 @@
+"""The repository's docker-compose.yml, brought up for real: a coordinator, 4 agents and
+Prometheus on a Docker engine (Grafana's image cannot be pulled here; its dashboards are
+checked by running every panel's queries against this Prometheus instead).
+
+The agents learn digits over links each shapes inside its own container (5% of packets
+dropped by the kernel, measured by the agents' counters), Prometheus finds every agent
+through the coordinator's ``/sd``, every query of every dashboard panel returns data, one
+agent container killed mid-run leaves the others going and rejoins when restarted, and
+``down`` leaves nothing behind. The fleet's main dashboard is drawn from this Prometheus's
+data (``AIRGOSSIP_DASHBOARD_PNG=path`` keeps the PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.deploy.conftest import PROJECT_PREFIX, Engine, load_script
+from tests.support import ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+AGENTS = 4
+LOSS = 0.05
+#: A run longer than the test: the test ends it with `down`.
+SCENARIO = f"""\
+rounds = 100000
+
+[task]
+name = "digits"
+
+[wireless]
+name = "compose-test"
+step_s = 0.5
+activity = 0.0
+max_out_degree = 3
+graph_interval_s = 60
+latency_ms = 0
+jitter_ms = 0
+
+[wireless.fading]
+model = "none"
+
+[wireless.burst]  # every packet of every link dropped with probability {LOSS}
+model = "gilbert-elliott"
+p = 0.0
+r = 1.0
+loss_good = {LOSS}
+
+[wireless.mobility]
+model = "static"
+positions = [[0, 0], [8, 0], [0, 8], [8, 8]]
+"""
+DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
+T = TypeVar("T")
+
+
+class Stack:
+    """The compose project of one test, and what it serves on loopback."""
+
+    def __init__(self, engine: Engine, project: str, env: dict[str, str]) -> None:
+        self.engine = engine
+        self.project = project
+        self.env = env
+        self.prometheus = f"http://127.0.0.1:{env['AIRGOSSIP_PROMETHEUS_PORT']}"
+        self.coordinator = f"http://127.0.0.1:{env['AIRGOSSIP_COORDINATOR_PORT']}"
+
+    def compose(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run(
+            [self.engine.compose, "-f", str(ROOT / "docker-compose.yml"), "-p", self.project,
+             *args],
+            capture_output=True, text=True, timeout=timeout, env=self.env, cwd=ROOT,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    def get(self, url: str) -> Any:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        body = self.get(f"{self.prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def value(self, expr: str) -> float:
+        result = self.query(expr)
+        assert len(result) == 1, (expr, result)
+        return float(result[0]["value"][1])
+
+    def by_agent(self, expr: str) -> dict[str, float]:
+        return {r["metric"]["agent"]: float(r["value"][1]) for r in self.query(expr)}
+
+    def fleet(self) -> dict[str, str]:
+        """Each member's state, from the coordinator's ``/fleet``."""
+        return {m["agent_id"]: m["state"] for m in self.get(f"{self.coordinator}/fleet")["members"]}
+
+    def wait(self, what: str, probe: Callable[[], T | None], timeout: float) -> T:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = probe()
+            except (OSError, AssertionError, KeyError, ValueError) as err:
+                last = err
+            else:
+                if last:
+                    return last
+            time.sleep(1.0)
+        logs = self.compose("logs", "--tail", "15")
+        raise AssertionError(f"timed out waiting for {what} (last: {last!r})\n{logs[-4000:]}")
+
+    def left(self) -> list[str]:
+        where = f"label=com.docker.compose.project={self.project}"
+        return [
+            *self.engine.run("ps", "-aq", "--filter", where).split(),
+            *self.engine.run("network", "ls", "-q", "--filter", where).split(),
+            *self.engine.run("volume", "ls", "-q", "--filter", where).split(),
+        ]
+
+
+@pytest.fixture
+def stack(engine: Engine, image: str, prometheus_image: str, tmp_path: Path) -> Iterator[Stack]:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SCENARIO)
+    project = f"{PROJECT_PREFIX}{uuid.uuid4().hex[:10]}"
+    env = {
+        **os.environ,
+        "AIRGOSSIP_AGENTS": str(AGENTS),
+        "AIRGOSSIP_IMAGE": image,
+        "PROMETHEUS_IMAGE": prometheus_image,
+        "AIRGOSSIP_SCENARIO": str(scenario),
+        "AIRGOSSIP_PROMETHEUS_PORT": str(free_port()),
+        "AIRGOSSIP_COORDINATOR_PORT": str(free_port()),
+    }
+    stack = Stack(engine, project, env)
+    try:
+        stack.compose("up", "-d", "coordinator", "agent", "prometheus")
+        yield stack
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", "--timeout", "10")
+        assert not stack.left(), f"left behind by {project}: {stack.left()}"
+
+
+@pytest.mark.timeout(900)
+def test_compose_stack_learns_over_kernel_shaped_links_and_survives_a_killed_agent(
+    stack: Stack, tmp_path: Path
+) -> None:
+    started = time.time()
+    ids = [f"agent-{i}" for i in range(AGENTS)]
+
+    # Prometheus finds every agent through the coordinator's service discovery.
+    def discovered() -> bool:
+        up = stack.by_agent('up{job="airgossip-agents"}')
+        return sorted(up) == ids and all(v == 1 for v in up.values())
+
+    stack.wait("Prometheus to scrape every agent found through /sd", discovered, 300)
+    targets = stack.get(f"{stack.prometheus}/api/v1/targets")["data"]["activeTargets"]
+    assert {t["labels"]["agent"] for t in targets if t["labels"]["job"] == "airgossip-agents"} \
+        == set(ids)  # fmt: skip
+
+    # The agents learn.
+    def learned() -> float | None:
+        accuracy = stack.by_agent("airgossip_agent_accuracy_ratio")
+        mean = sum(accuracy.values()) / AGENTS
+        return mean if len(accuracy) == AGENTS and mean >= 0.90 else None
+
+    learned_at_first = stack.wait("a mean accuracy of 0.90", learned, 240)
+
+    # One agent container killed: the coordinator declares it dead, the others go on.
+    containers = stack.compose("ps", "-q", "agent").split()
+    assert len(containers) == AGENTS
+    victim = containers[-1]
+    address = stack.engine.run(
+        "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        victim,
+    )  # fmt: skip
+    info = stack.query(f'airgossip_agent_info{{instance="{address}:9100"}}')
+    victim_id = info[0]["metric"]["agent"]
+    survivors = [a for a in ids if a != victim_id]
+    stack.engine.run("kill", victim)
+    rounds_at_kill = stack.by_agent("airgossip_fleet_agent_round")
+    stack.wait(f"{victim_id} to be declared dead", lambda: stack.fleet()[victim_id] == "dead", 60)
+
+    def went_on() -> bool:
+        rounds = stack.by_agent("airgossip_fleet_agent_round")
+        return all(rounds[a] >= rounds_at_kill[a] + 20 for a in survivors)
+
+    stack.wait("the survivors to go on without it", went_on, 120)
+
+    # Restarted, it rejoins: alive again, gossiping, its metrics scraped again.
+    from_victim = f'sum by (agent) (airgossip_agent_messages_received_total{{peer="{victim_id}"}})'
+    received = stack.by_agent(from_victim)
+    stack.engine.run("start", victim)
+    stack.wait(f"{victim_id} to rejoin", lambda: stack.fleet()[victim_id] == "alive", 120)
+
+    def gossiping_again() -> bool:
+        now = stack.by_agent(from_victim)
+        restarted = stack.by_agent(f'airgossip_agent_round{{agent="{victim_id}"}}')
+        # The survivors' counters keep counting; the restarted agent's own start again.
+        return restarted.get(victim_id, 0) >= 10 and any(
+            now.get(a, 0) > received.get(a, 0) + 5 for a in survivors
+        )
+
+    stack.wait(f"{victim_id} to gossip again", gossiping_again, 120)
+    learned_again = stack.wait("a mean accuracy of 0.90 with the restarted agent", learned, 240)
+
+    # The links were shaped inside the containers: the measured drop rate is the scenario's.
+    drop_rate = stack.value(
+        "sum(airgossip_link_dropped_packets_total) / sum(airgossip_link_arrived_packets_total)"
+    )
+    packets = stack.value("sum(airgossip_link_arrived_packets_total)")
+    assert packets > 2000, "too little traffic crossed the shaped links"
+    assert drop_rate == pytest.approx(LOSS, rel=0.2)
+
+    # Every query of every dashboard panel returns data from this Prometheus.
+    renderer = load_script("render")
+    empty = []
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel.get("targets", []):
+                if not stack.query(renderer.substitute(target["expr"], "1m")):
+                    empty.append(f"{path.name}: {panel['title']} ({target['expr']})")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+    # The main dashboard, drawn from the run's data as Grafana would show it.
+    png = Path(os.environ.get("AIRGOSSIP_DASHBOARD_PNG") or tmp_path / "fleet.png")
+    dashboard = json.loads((DASHBOARDS / "airgossip-fleet.json").read_text())
+    counts = renderer.render(dashboard, stack.prometheus, started, time.time(), png)
+    assert png.stat().st_size > 10_000
+    assert all(n > 0 for title, n in counts.items() if "/" not in title), counts
+    print(
+        f"\nmean accuracy {learned_at_first:.3f} before the kill, {learned_again:.3f} after; "
+        f"drop rate {drop_rate:.4f} of {packets:.0f} packets; dashboard {png}"
+    )

@@ -1,0 +1,133 @@
+"""``airgossip run --mode containers``: one Docker container per agent, each shaping its own
+links in the kernel, ending with results.json like every mode; containers and the network
+removed at the end (also on Ctrl-C). Each agent container sees only its own certificate and
+key (mutual TLS). Without NET_ADMIN the agents say so and shape their links themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emulation.fleets.containers import DockerEngine
+from tests.deploy.conftest import Engine
+from tests.support import ROOT, airgossip
+
+pytestmark = pytest.mark.slow
+
+
+def labelled(engine: Engine) -> list[str]:
+    """Containers and networks of any container fleet."""
+    return [
+        *engine.run("ps", "-aq", "--filter", "label=airgossip.run").split(),
+        *engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split(),
+    ]
+
+
+@pytest.mark.timeout(900)
+def test_eight_agents_in_containers_end_with_results(
+    engine: Engine, image: str, tmp_path: Path
+) -> None:
+    before = labelled(engine)
+    out = tmp_path / "run"
+    result = airgossip("run", "--mode", "containers", "--agents", "8", "--out", str(out),
+                       timeout=800)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["mode"] == "containers"
+    assert results["final"]["round"] == 40 and results["final"]["complete"]
+    assert results["final"]["mean_accuracy"] >= 0.9
+    assert (out / "results.png").stat().st_size > 0
+    assert sorted(p.name for p in (out / "agents").glob("*.jsonl")) == [
+        f"agent-{i}.jsonl" for i in range(8)
+    ]
+    # Every agent shaped its links in the kernel: 10% of packets dropped at the receivers.
+    kernel = json.loads((out / "kernel.json").read_text())
+    assert kernel["agents_shaping_in_kernel"] == 8 and not kernel["fallback"]
+    seen = sum(link["packets_seen"] for link in kernel["links"])
+    dropped = sum(link["packets_dropped"] for link in kernel["links"])
+    assert seen > 2000
+    assert dropped / seen == pytest.approx(0.1, rel=0.2)
+    # No message was lost by an in-agent shaper: TCP carried them through the drops.
+    assert results["final"]["messages_dropped"] == 0
+    assert labelled(engine) == before, "containers or networks left behind"
+
+
+@pytest.mark.timeout(300)
+def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_everything(
+    engine: Engine, image: str, tmp_path: Path
+) -> None:
+    """One fleet for two checks (each fleet start costs torch imports in every container):
+    agents without NET_ADMIN say so and shape their links themselves; Ctrl-C stops them,
+    writes partial results and removes containers and network."""
+    before = labelled(engine)
+    scenario = tmp_path / "no-net-admin.toml"
+    scenario.write_text(
+        'agents = 3\nrounds = 100000\ntopology = "complete"\n\n'
+        "[network]\nloss = 0.3\n\n[containers]\nnet_admin = false\n"
+    )
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "airgossip", "run", "--mode", "containers",
+         "--config", str(scenario), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and launcher.poll() is None:
+            records = list((out / "agents").glob("*.jsonl")) if out.exists() else []
+            if len(records) == 3 and all(len(p.read_text().splitlines()) > 5 for p in records):
+                break
+            time.sleep(1)
+        assert launcher.poll() is None, launcher.communicate()
+        assert len(labelled(engine)) > len(before)  # the fleet's containers and network
+        # Mutual TLS: each container sees the CA's certificate and its own pair, read-only,
+        # and nothing else of the run's certs/ folder.
+        running = engine.run("ps", "-q", "--filter", "label=airgossip.run").split()
+        assert len(running) == 3
+        for container in running:
+            agent_id = engine.run("inspect", "--format", "{{.Name}}", container).split("-", 2)[2]
+            mounts = json.loads(engine.run("inspect", "--format", "{{json .Mounts}}", container))
+            run_certs = str(out.resolve() / "certs")
+            certs = {m["Destination"]: m for m in mounts if m["Source"].startswith(run_certs)}
+            own = (f"{agent_id}.key", f"{agent_id}.pem", "ca.pem")
+            assert sorted(certs) == [f"/airgossip/certs/{name}" for name in own]
+            assert not any(m["RW"] for m in certs.values())
+            assert str(out.resolve()) not in {m["Source"] for m in mounts}
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert (out / "certs" / "ca.pem").is_file()  # the run's throwaway authority
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True
+    assert labelled(engine) == before, "containers or networks left behind"
+    kernel = json.loads((out / "kernel.json").read_text())
+    assert kernel["agents_shaping_in_kernel"] == 0
+    assert all("NET_ADMIN" in reason for reason in kernel["fallback"].values())
+    for log in (out / "logs").glob("*.log"):
+        assert "shaping them in the agent instead" in log.read_text()
+    # The agents' own shaper lost messages at the configured rate.
+    assert results["final"]["messages_dropped"] > 0
+
+
+def test_a_missing_image_is_refused_before_anything_starts(engine: Engine, tmp_path: Path) -> None:
+    scenario = tmp_path / "missing.toml"
+    scenario.write_text('[containers]\nimage = "airgossip-no-such-image:0"\n')
+    result = airgossip("run", "--mode", "containers", "--config", str(scenario),
+                       "--out", str(tmp_path / "run"))  # fmt: skip
+    assert result.returncode == 2
+    assert "image 'airgossip-no-such-image:0' not found" in result.stderr
+    assert not (tmp_path / "run").exists()
+    assert DockerEngine(engine.docker).unavailable("airgossip-no-such-image:0") is not None
