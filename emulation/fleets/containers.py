@@ -39,7 +39,6 @@ from emulation.fleets.base import (
     FleetProgress,
     Launch,
     ProgressKeeper,
-    refuse_round_driven,
 )
 from emulation.fleets.processes import AgentHost, AgentProcesses
 from emulation.networks import LinkRuntime, Network
@@ -162,6 +161,8 @@ class ContainerFleet:
         self.engine = DockerEngine()
         self.tag = uuid.uuid4().hex[:10]
         self._clock = network.wall_clock()
+        # The coordinator plays the runtime's after_round ([switching]), as in process mode.
+        self._links = network.runtime(agent_ids(config.agents)) if network.round_driven else None
         #: What each agent's kernel shaping applied and measured (also ``kernel.json``).
         self.report: dict[str, Any] = {}
 
@@ -169,8 +170,6 @@ class ContainerFleet:
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
         if not 1 <= config.agents <= 250:
             return f"mode 'containers' runs 1 to 250 agents, not {config.agents}"
-        if network.round_driven:
-            return refuse_round_driven(cls.mode, network)
         reason = DockerEngine().unavailable(config.containers.image)
         return None if reason is None else f"mode 'containers': {reason}"
 
@@ -235,6 +234,7 @@ class ContainerFleet:
                 run=RunSpec(
                     scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds
                 ),
+                switcher=self._links.switcher if self._links is not None else None,
             )
             address = server.start()
             if server.metrics_address:
@@ -317,4 +317,4 @@ class ContainerFleet:
 
     @property
     def runtime(self) -> LinkRuntime | None:
-        return None
+        return self._links

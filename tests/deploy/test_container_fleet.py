@@ -60,6 +60,28 @@ def test_eight_agents_in_containers_end_with_results(
     assert labelled(engine) == before, "containers or networks left behind"
 
 
+@pytest.mark.timeout(600)
+def test_containers_switch_graphs_through_their_coordinator(
+    engine: Engine, image: str, tmp_path: Path
+) -> None:
+    """A [switching] schedule in containers: the embedded coordinator switches the graph
+    from the agents' round reports (as in process mode) and push-sum stays exact."""
+    scenario = tmp_path / "switching.toml"
+    scenario.write_text(
+        'agents = 4\nrounds = 60\ntopology = "complete"\neval_every = 1\n\n'
+        '[task]\nname = "consensus"\ndim = 30\n\n[network]\nloss = 0.0\nlatency_ms = 50\n\n'
+        '[switching]\ntopologies = ["complete", "ring"]\nat_rounds = [6]\n'
+    )
+    out = tmp_path / "run"
+    result = airgossip("run", "--mode", "containers", "--config", str(scenario),
+                       "--out", str(out), timeout=500)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["switched_at"] == [6]
+    assert results["final"]["complete"] and results["final"]["round"] == 60
+    assert results["final"]["relative_error"] < 1e-6
+
+
 @pytest.mark.timeout(300)
 def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_everything(
     engine: Engine, image: str, tmp_path: Path

@@ -141,14 +141,11 @@ def test_process_mode_switches_through_its_coordinator_and_push_sum_stays_exact(
     assert watcher.epochs == {f"agent-{i}": 2 for i in range(6)}
 
 
-@pytest.mark.parametrize("mode", ["namespaces", "containers"])
-def test_the_namespaces_and_containers_modes_refuse_a_schedule_and_process_mode_takes_it(
-    mode: str,
-) -> None:
-    # Namespaced agents run on a static peer list, without a coordinator to switch them;
-    # the container fleet does not hand its coordinator a schedule (yet).
-    config = load_config(None, consensus(mode=mode, agents=4))
-    with pytest.raises(ConfigError, match=f"mode '{mode}' cannot switch the gossip graph"):
+def test_the_namespaces_mode_refuses_a_schedule_and_process_mode_takes_it() -> None:
+    # Namespaced agents run on a static peer list, without a coordinator to switch them.
+    # (The containers mode switches through its coordinator: tests/deploy.)
+    config = load_config(None, consensus(mode="namespaces", agents=4))
+    with pytest.raises(ConfigError, match="mode 'namespaces' cannot switch the gossip graph"):
         preflight(config)
     plan = preflight(load_config(None, consensus(mode="process", agents=4)))
     assert plan.network.round_driven
