@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 torch.set_num_threads(1)
+# A suite started in the background of a non-interactive shell (``./scripts/test &``)
+# inherits SIGINT ignored, and so would every launcher it starts: the tests that press
+# Ctrl-C on a launcher would wait in vain. An ignored signal stays ignored across exec; a
+# handled one is reset to its default, so handling it here gives the children Ctrl-C back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,16 @@ from tests.support import ROOT, airgossip
 pytestmark = pytest.mark.slow
 
 
+def remove_new(engine: Engine, before: list[str]) -> None:
+    """Remove the labelled containers and networks that are not in ``before``."""
+    containers = engine.run("ps", "-aq", "--filter", "label=airgossip.run").split()
+    if fresh := [c for c in containers if c not in before]:
+        engine.run("rm", "-f", *fresh, check=False)
+    networks = engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split()
+    if fresh := [n for n in networks if n not in before]:
+        engine.run("network", "rm", *fresh, check=False)
+
+
 def labelled(engine: Engine) -> list[str]:
     """Containers and networks of any container fleet."""
     return [
@@ -129,6 +139,9 @@ def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_ever
     finally:
         if launcher.poll() is None:
             launcher.kill()
+            # A killed launcher cleans nothing up: remove what this fleet started, so a
+            # failed check does not leave three agents training on the machine.
+            remove_new(engine, before)
     assert launcher.returncode == 130, stderr
     assert "interrupted" in stderr
     assert (out / "certs" / "ca.pem").is_file()  # the run's throwaway authority
