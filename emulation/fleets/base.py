@@ -197,6 +197,6 @@ def refuse_round_driven(mode: str, network: Network) -> str | None:
     return (
         f"mode '{mode}' cannot switch the gossip graph during a run: its agents run on a "
         "fixed peer list without a coordinator, so nothing sees every agent's rounds to "
-        "decide a switch and hand out the next graph (use --mode process, containers, inproc or virtual "
-        "for [switching])"
+        "decide a switch and hand out the next graph (use --mode process, containers, inproc "
+        "or virtual for [switching])"
     )
