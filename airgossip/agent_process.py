@@ -32,16 +32,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
 from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
-from edge.checkpoints import CheckpointStore
-from edge.identity import agent_ids, natural_order
-from edge.metrics import AgentMetrics, MetricsServer
-from edge.security import TlsCredentials, dial, fleet_of
-from edge.settings import AgentSettings
-from edge.stats import FileStatsSink
-from edge.telemetry import LatestStats, Telemetry
+from edge.agent.checkpoints import CheckpointStore
+from edge.agent.waiting import WaitReporter
+from edge.config.identity import agent_ids, natural_order
+from edge.config.settings import AgentSettings
+from edge.observability.metrics import AgentMetrics, MetricsServer
+from edge.observability.stats import FileStatsSink
+from edge.observability.telemetry import LatestStats, Telemetry
+from edge.security.tls import TlsCredentials, dial, fleet_of
 from edge.topology import Assignment, TopologyError, assignments_for_graph
 from edge.transport.grpc_transport import GrpcTransport
-from edge.waiting import WaitReporter
 from emulation.config import ConfigError, RunConfig, load_config, merge
 from emulation.networks import Network, network_for
 from emulation.networks.kernel import AgentKernelLinks, KernelUnavailable

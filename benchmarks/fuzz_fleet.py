@@ -45,9 +45,9 @@ import grpc
 import numpy as np
 
 from edge.agent import fleet_digest
-from edge.certificates import throwaway_fleet
-from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
-from edge.stats import read_records
+from edge.observability.stats import read_records
+from edge.security.certificates import throwaway_fleet
+from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
 from edge.tasks import TaskContext, load_task
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.transport import MessageHeader

@@ -80,8 +80,8 @@ def _timed(send: Callable[[], None], receiver: int) -> tuple[float, float]:
 def grpc_sender(ctx: Context, secure: bool) -> Iterator[Push]:
     """A receiver process and a sender here; yields one push's seconds, as often as asked."""
     from edge.algorithms.base import Ack
-    from edge.certificates import throwaway_fleet
-    from edge.security import TlsCredentials
+    from edge.security.certificates import throwaway_fleet
+    from edge.security.tls import TlsCredentials
     from edge.transport.base import GossipMessage, MessageHeader, SendOutcome
     from edge.transport.grpc_transport import GrpcTransport
 
@@ -192,7 +192,7 @@ def gloo_rates(ctx: Context, pushes: int) -> list[float]:
 # -- receivers (run as python -m benchmarks.transport KIND READY_FILE) -------------------------
 def serve_grpc(ready: Path, credentials: str | None = None) -> None:
     from edge.algorithms.base import Ack
-    from edge.security import TlsCredentials
+    from edge.security.tls import TlsCredentials
     from edge.transport.base import GossipMessage, MessageHeader, Rejected
     from edge.transport.grpc_transport import GrpcTransport
 

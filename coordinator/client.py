@@ -36,11 +36,11 @@ from coordinator.run import (
     REPORT_BATCH_BYTES,
     REPORT_ESTIMATE_LIMIT,
 )
-from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial
-from edge.stats import RoundRecord
-from edge.telemetry import AgentSnapshot
+from edge.agent.waiting import WaitReporter
+from edge.observability.stats import RoundRecord
+from edge.observability.telemetry import AgentSnapshot
+from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from edge.topology import Assignment
-from edge.waiting import WaitReporter
 from protos import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from edge.stats import Counters, RoundRecord, probe_estimate
-from edge.telemetry import AgentSnapshot, LinkTotals
+from edge.observability.stats import Counters, RoundRecord, probe_estimate
+from edge.observability.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import Assignment, Phase
 from protos import coordinator_pb2
 

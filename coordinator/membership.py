@@ -37,9 +37,9 @@ from typing import Any
 from coordinator.policy import FleetGraph, TopologyPolicy, TopologySpec
 from coordinator.run import REASON_FINISHED, RunLog, RunSpec
 from coordinator.store import FleetStore, MemberRecord, StoredFleet
-from edge.identity import natural_order
-from edge.stats import RoundRecord
-from edge.telemetry import AgentSnapshot
+from edge.config.identity import natural_order
+from edge.observability.stats import RoundRecord
+from edge.observability.telemetry import AgentSnapshot
 from edge.topology import (
     Assignment,
     assignments_for_graph,

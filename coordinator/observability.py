@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from coordinator.membership import ALIVE, DEAD, FINISHED, LEFT, FleetView
-from edge.metrics import MetricsServer, json_route
+from edge.observability.metrics import MetricsServer, json_route
 
 #: Per-agent gauges from heartbeats: (metric name, help, AgentSnapshot attribute).
 AGENT_GAUGES = (
@@ -42,7 +42,7 @@ AGENT_GAUGES = (
     ),
 )
 #: Per-agent counters from heartbeats (cumulative since the agent started): (metric name,
-#: help, field of :class:`~edge.stats.Counters`).
+#: help, field of :class:`~edge.observability.stats.Counters`).
 AGENT_COUNTERS = (
     ("airgossip_fleet_agent_sent_bytes", "Bytes each agent pushed.", "bytes_sent"),
     ("airgossip_fleet_agent_messages_sent", "Messages each agent pushed.", "messages_sent"),

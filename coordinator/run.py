@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.stats import RoundRecord
+from edge.observability.stats import RoundRecord
 
 #: The reason a finished agent gives when it leaves (``LeaveRequest.reason``).
 REASON_FINISHED = "finished"
@@ -30,8 +30,8 @@ REASON_FINISHED = "finished"
 #: every other setting is the fleet's.
 PER_AGENT_SETTINGS = frozenset({"device", "out", "mode"})
 #: Longest estimate (elements) a round report may carry: a larger model is reported as a
-#: count sketch of this many buckets (:func:`edge.stats.probe_estimate`). The coordinator
-#: keeps every report for the results: at most 32 KB per agent and round.
+#: count sketch of this many buckets (:func:`edge.observability.stats.probe_estimate`).
+#: The coordinator keeps every report for the results: at most 32 KB per agent and round.
 REPORT_ESTIMATE_LIMIT = 1 << 12
 #: Largest request the coordinator reads (larger ones are refused by gRPC before they are
 #: parsed): a heartbeat of 1,024 links is about 60 KB.

@@ -6,7 +6,7 @@ passes, and (optionally) an HTTP port with Prometheus metrics, service discovery
 view of the fleet. It is never in the data path.
 
 With TLS (``security``) every call is bound to the caller's certificate: an agent registers,
-heartbeats, watches and leaves only as itself (:mod:`edge.security`). Requests are parsed
+heartbeats, watches and leaves only as itself (:mod:`edge.security.tls`). Requests are parsed
 from raw bytes (:func:`edge.transport.guard.parsed_service`); every refusal has its gRPC
 status, a count by method and reason (``airgossip_coordinator_refusals_total``) and a log
 line at a bounded rate, never a traceback.
@@ -39,8 +39,8 @@ from coordinator.run import (
     disagreements,
 )
 from coordinator.store import FleetStore
-from edge.metrics import MetricsServer
-from edge.security import TlsCredentials, add_port, peer_identity
+from edge.observability.metrics import MetricsServer
+from edge.security.tls import TlsCredentials, add_port, peer_identity
 from edge.topology import TopologySwitcher
 from edge.transport.grpc_transport import ensure_bindable
 from edge.transport.guard import HealthService, RefusalCounts, RefusalLog, parsed_service

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.stats import RoundRecord
+from edge.observability.stats import RoundRecord
 from edge.topology import Assignment, Phase
 
 SCHEMA_VERSION = 1

@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from edge.settings import AgentSettings
+from edge.config.settings import AgentSettings
 from edge.topology import TOPOLOGIES, SwitchingSettings
 from emulation.scenario import WirelessSettings
 

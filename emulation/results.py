@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from edge.stats import RoundRecord
+from edge.observability.stats import RoundRecord
 from edge.topology.switching import consensus_distance
 
 

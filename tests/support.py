@@ -43,12 +43,12 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.algorithms import GossipAlgorithm, Payload, PushSum, algorithm_class, create_algorithm
-from edge.certificates import throwaway_fleet
 from edge.compression import decode_blocks, get_codec, raw_codec_for
-from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
-from edge.settings import AgentSettings
-from edge.stats import RoundRecord, read_records
-from edge.telemetry import ReceiveEvent, SendEvent, StepEvent
+from edge.config.settings import AgentSettings
+from edge.observability.stats import RoundRecord, read_records
+from edge.observability.telemetry import ReceiveEvent, SendEvent, StepEvent
+from edge.security.certificates import throwaway_fleet
+from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
 from edge.topology import Phase, assignments_for_graph, build_graph, node_phases
 from edge.transport import GossipMessage
 from edge.transport.grpc_transport import GrpcTransport
@@ -638,7 +638,7 @@ class TlsFleet:
     :meth:`run_to_end` and check :meth:`relative_error`."""
 
     def __init__(self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5) -> None:
-        from edge.settings import TaskSettings
+        from edge.config.settings import TaskSettings
 
         self.settings = AgentSettings(
             task=TaskSettings(name="consensus", dim=dim), rounds=rounds, wait_timeout_s=0.5,

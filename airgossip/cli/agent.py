@@ -117,7 +117,7 @@ def agent(
         die_with_parent,
         run_agent_process,
     )
-    from edge.identity import agent_id as default_id
+    from edge.config.identity import agent_id as default_id
     from emulation.config import ConfigError, load_config, read_scenario
 
     if parent_pid is not None:

@@ -50,8 +50,8 @@ def init(
     force: Annotated[bool, typer.Option(help="Replace an existing authority.")] = False,
 ) -> None:
     """Create a fleet's certificate authority (ca.pem and ca.key)."""
-    from edge.certificates import init_authority
-    from edge.security import SecurityError
+    from edge.security.certificates import init_authority
+    from edge.security.tls import SecurityError
 
     if days <= 0:
         fail(f"--days must be positive, got {days:g}")
@@ -79,8 +79,8 @@ def issue(
     force: Annotated[bool, typer.Option(help="Replace an existing certificate.")] = False,
 ) -> None:
     """Issue a certificate and key naming IDENTITY, signed by the authority in --dir."""
-    from edge.certificates import issue as issue_certificate
-    from edge.security import SecurityError
+    from edge.security.certificates import issue as issue_certificate
+    from edge.security.tls import SecurityError
 
     if days <= 0:
         fail(f"--days must be positive, got {days:g}")

@@ -105,8 +105,8 @@ def coordinator(
     from coordinator.service import CoordinatorServer
     from coordinator.store import StoreError
     from edge.algorithms import algorithm_class
-    from edge.identity import agent_ids
-    from edge.security import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
+    from edge.config.identity import agent_ids
+    from edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
     from edge.topology import TopologyError
     from emulation.config import ConfigError, load_config
     from emulation.fleets import refuse_used_out_dir

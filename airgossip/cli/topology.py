@@ -23,7 +23,7 @@ def topology_info(
 ) -> None:
     """Describe a topology: degree, period, connectivity and mixing |λ2|."""
     from coordinator.policy import POLICIES, TopologySpec, make_policy
-    from edge.identity import agent_ids
+    from edge.config.identity import agent_ids
     from edge.topology import (
         Graph,
         TopologyError,

@@ -13,7 +13,7 @@ end of a directed link):
 * agent detail: push latency (quantiles and histogram), refused messages by reason, local
   step time.
 
-The metric names are those of ``edge/metrics.py`` (agents) and
+The metric names are those of ``edge/observability/metrics.py`` (agents) and
 ``coordinator/observability.py`` (the coordinator). ``tests/deploy/test_dashboards.py``
 checks that the JSON files are what this script writes, and the compose test runs every
 panel's queries against a Prometheus scraping a running fleet.

@@ -32,8 +32,8 @@ from edge.compression import (
     encode_blocks,
     raw_codec_for,
 )
-from edge.options import validate_options
-from edge.seeds import derive_seed
+from edge.config.options import validate_options
+from edge.config.seeds import derive_seed
 from edge.topology.mixing import Phase
 
 #: Most weight an agent may hold or one message carry. A fleet's weights sum to its size, so
@@ -250,7 +250,7 @@ class GossipAlgorithm(ABC):
         Codec of every payload (default: the lossless codec of ``dtype``).
     seed:
         Root of the algorithm's random draws (stochastic rounding, random-k indices); give
-        every agent its own (see :func:`~edge.seeds.derive_seed`).
+        every agent its own (see :func:`~edge.config.seeds.derive_seed`).
     options:
         The algorithm's ``[algorithm_options]``, validated against :attr:`options_model`.
     shared_start:

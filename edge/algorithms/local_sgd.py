@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge.algorithms.base import Payload
 from edge.algorithms.push_sum import PushSum
-from edge.seeds import derive_seed
+from edge.config.seeds import derive_seed
 from edge.topology.mixing import Phase
 
 #: The phase of a silent round: keep everything, talk to no one.

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from edge.compression.codec import Codec, DecodeError, Encoded
-from edge.seeds import GOLDEN64, splitmix64_array
+from edge.config.seeds import GOLDEN64, splitmix64_array
 
 
 def _fraction(name: str, argument: str | None) -> float:

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from edge.options import validate_options
+from edge.config.options import validate_options
 from edge.tasks.base import TaskError
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)

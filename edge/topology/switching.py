@@ -34,8 +34,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edge.options import validate_options
-from edge.stats import RoundRecord
+from edge.config.options import validate_options
+from edge.observability.stats import RoundRecord
 from edge.topology.assignment import Assignment, assignments_for_graph, transition
 from edge.topology.graphs import TOPOLOGIES, Graph, build_graph
 
@@ -116,7 +116,7 @@ def fleet_figures(round_index: int, records: Sequence[RoundRecord], agents: int)
 
     ``records``: the records reported for ``round_index`` (none when it was not an
     evaluated round). An estimate that is a count sketch (large models, see
-    :func:`edge.stats.probe_estimate`) gives an estimate of the distance.
+    :func:`edge.observability.stats.probe_estimate`) gives an estimate of the distance.
     """
     estimates = [r.estimate for r in records if r.estimate is not None]
     losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]

@@ -34,7 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from edge.algorithms.base import Ack
-from edge.security import TlsCredentials, add_port, dial, peer_identity
+from edge.security.tls import TlsCredentials, add_port, dial, peer_identity
 from edge.transport.allocator import settle_allocator
 from edge.transport.base import (
     GossipMessage,

@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from edge.stats import Counters, RoundRecord
+from edge.observability.stats import Counters, RoundRecord
 from emulation.config import RunConfig
 from emulation.networks import LinkRuntime, Network
 

@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
-from edge.identity import agent_ids
-from edge.security import CA_CERT
-from edge.stats import RoundRecord
+from edge.config.identity import agent_ids
+from edge.observability.stats import RoundRecord
+from edge.security.tls import CA_CERT
 from emulation.config import RunConfig
 from emulation.fleets.base import (
     FleetError,

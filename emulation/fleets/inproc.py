@@ -9,8 +9,8 @@ from typing import ClassVar
 import torch
 
 from edge.agent import Agent, build_agent
-from edge.identity import agent_ids
-from edge.stats import Counters, MemoryStatsSink, RoundRecord
+from edge.config.identity import agent_ids
+from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
 from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import RunConfig
 from emulation.fleets.base import (

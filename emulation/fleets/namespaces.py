@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from edge.identity import agent_ids
-from edge.stats import RoundRecord
+from edge.config.identity import agent_ids
+from edge.observability.stats import RoundRecord
 from emulation.config import ConfigError, RunConfig
 from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper, refuse_round_driven
 from emulation.fleets.processes import AgentProcesses

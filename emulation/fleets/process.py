@@ -7,8 +7,8 @@ from typing import ClassVar
 
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
-from edge.identity import agent_ids
-from edge.stats import RoundRecord
+from edge.config.identity import agent_ids
+from edge.observability.stats import RoundRecord
 from emulation.config import RunConfig
 from emulation.fleets.base import FleetProgress, Launch, ProgressKeeper
 from emulation.fleets.processes import AgentProcesses

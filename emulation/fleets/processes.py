@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from edge.certificates import throwaway_fleet
-from edge.identity import agent_ids
-from edge.security import COORDINATOR_IDENTITY, TlsCredentials
-from edge.stats import RoundRecord, read_records
+from edge.config.identity import agent_ids
+from edge.observability.stats import RoundRecord, read_records
+from edge.security.certificates import throwaway_fleet
+from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
 from emulation.config import RunConfig
 from emulation.fleets.base import (
     AgentProgress,

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge.settings import resolve_device
-from edge.stats import RoundRecord
+from edge.config.settings import resolve_device
+from edge.observability.stats import RoundRecord
 from edge.tasks import TaskContext, TaskError, load_task
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import Graph

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from edge.agent import Agent, build_agent
-from edge.identity import agent_ids
-from edge.stats import Counters, MemoryStatsSink, RoundRecord
+from edge.config.identity import agent_ids
+from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
 from edge.transport.base import (
     GossipMessage,
     InboundHandler,

@@ -31,8 +31,8 @@ import numpy as np
 from coordinator.policy import TopologySpec
 from edge.agent import Agent
 from edge.algorithms import algorithm_class
-from edge.stats import RoundRecord, StatsSink
-from edge.telemetry import LinkFigures
+from edge.observability.stats import RoundRecord, StatsSink
+from edge.observability.telemetry import LinkFigures
 from edge.topology import Assignment, Graph, TopologySwitcher
 from edge.transport.base import LinkShaper
 from emulation.config import ConfigError, RunConfig

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.telemetry import LinkPackets
+from edge.observability.telemetry import LinkPackets
 from emulation.networks.base import Clock, KernelLinks, KernelLinkState
 
 log = logging.getLogger("airgossip.kernel")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.stats import RoundRecord, StatsSink
+from edge.observability.stats import RoundRecord, StatsSink
 from emulation.channel.model import ChannelModel
 from emulation.networks.gossip_graph import WirelessTopology
 from emulation.networks.shaper import PlannedMessage

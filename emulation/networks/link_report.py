@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.identity import agent_ids
+from edge.config.identity import agent_ids
 from emulation.channel.model import LinkState
 from emulation.networks.gossip_graph import GraphEpoch
 from emulation.networks.wireless import WirelessNetwork

@@ -8,7 +8,7 @@ by step, so a rate change mid-transfer is honoured, split with concurrent transf
 same carrier-sense domain) and whether it is lost (decided per chunk at the step the chunk
 starts).
 
-Per-message draws come from a counter-based hash (:func:`edge.seeds.keyed_hash`) of
+Per-message draws come from a counter-based hash (:func:`edge.config.seeds.keyed_hash`) of
 ``(seed, sender, receiver, step, message index, purpose)``: no generator state, the same
 verdict whichever thread or process asks.
 """
@@ -22,7 +22,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from edge.seeds import keyed_hash, splitmix64, to_unit
+from edge.config.seeds import keyed_hash, splitmix64, to_unit
 from edge.transport.base import LinkVerdict
 from emulation.channel.model import ChannelModel, LinkState
 from emulation.scenario import WirelessSettings

@@ -18,8 +18,8 @@ import numpy as np
 
 from coordinator.policy import TopologySpec
 from edge.algorithms import algorithm_class
-from edge.seeds import hash64
-from edge.stats import RoundRecord
+from edge.config.seeds import hash64
+from edge.observability.stats import RoundRecord
 from edge.topology import (
     Assignment,
     Graph,

@@ -21,9 +21,9 @@ import numpy as np
 from coordinator.policy import TopologySpec
 from edge.agent import Agent
 from edge.algorithms import algorithm_class
-from edge.identity import agent_ids
-from edge.stats import RoundRecord, StatsSink
-from edge.telemetry import LinkFigures
+from edge.config.identity import agent_ids
+from edge.observability.stats import RoundRecord, StatsSink
+from edge.observability.telemetry import LinkFigures
 from edge.topology import Assignment, Graph, mixing_matrices, second_largest_eigenvalue
 from emulation.channel.model import ChannelModel, strongly_connected
 from emulation.channel.traces import TraceError

@@ -13,8 +13,8 @@ from coordinator.client import CoordinatorClient, CoordinatorError
 from coordinator.convert import assignment_from_proto
 from coordinator.membership import LivenessSettings
 from coordinator.service import CoordinatorServer, TopologySpec
-from edge.identity import natural_key
-from edge.telemetry import AgentSnapshot
+from edge.config.identity import natural_key
+from edge.observability.telemetry import AgentSnapshot
 from edge.topology import Assignment
 from protos import coordinator_pb2, coordinator_pb2_grpc
 

@@ -16,8 +16,8 @@ import pytest
 
 from coordinator.client import CoordinatorClient
 from coordinator.service import CoordinatorServer, TopologySpec
-from edge.certificates import load_authority, make_certificate
-from edge.security import COORDINATOR_IDENTITY, TlsCredentials, dial
+from edge.security.certificates import load_authority, make_certificate
+from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support import credentials, credentials_folder
 

@@ -10,7 +10,7 @@ import pytest
 from coordinator.membership import DEAD, LEFT, Fleet, LivenessSettings, MemberView, Refusal
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore, StoreError
-from edge.telemetry import AgentSnapshot, LinkTotals
+from edge.observability.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import is_strongly_connected
 from tests.support import FakeClock
 

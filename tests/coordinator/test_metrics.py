@@ -16,10 +16,10 @@ from coordinator.observability import metrics_server, service_discovery
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore
 from edge.agent import Agent, build_agent
-from edge.metrics import AgentMetrics, MetricsServer
-from edge.settings import AgentSettings, TaskSettings
-from edge.stats import Counters, MemoryStatsSink, RoundRecord
-from edge.telemetry import (
+from edge.config.settings import AgentSettings, TaskSettings
+from edge.observability.metrics import AgentMetrics, MetricsServer
+from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
+from edge.observability.telemetry import (
     AgentSnapshot,
     LatestStats,
     LinkTotals,

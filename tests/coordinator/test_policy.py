@@ -17,7 +17,7 @@ from coordinator.policy import (
     make_policy,
     splice_out,
 )
-from edge.identity import natural_order
+from edge.config.identity import natural_order
 from edge.topology import TopologyError, is_strongly_connected
 
 IDS = tuple(f"agent-{i}" for i in range(8))

@@ -16,7 +16,7 @@ from coordinator.policy import TopologySpec, make_policy
 from coordinator.run import REPORT_ESTIMATE_LIMIT, RunSpec, disagreements
 from coordinator.service import CoordinatorServer
 from coordinator.store import FleetStore, StoreError
-from edge.stats import Counters, RoundRecord
+from edge.observability.stats import Counters, RoundRecord
 from protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support import FakeClock
 

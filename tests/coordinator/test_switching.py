@@ -14,7 +14,7 @@ import pytest
 from coordinator.membership import Fleet, LivenessSettings
 from coordinator.policy import SwitchingPolicy, TopologySpec, make_policy
 from coordinator.store import FleetStore, StoreError
-from edge.stats import RoundRecord
+from edge.observability.stats import RoundRecord
 from edge.topology import TopologyError, TopologySwitcher, fleet_figures, parse_switching
 from tests.support import FakeClock
 

@@ -106,7 +106,8 @@ def test_the_panels_and_variables_operators_need() -> None:
 
 def test_every_metric_a_panel_reads_is_one_the_code_exports() -> None:
     sources = "".join(
-        (ROOT / path).read_text() for path in ("edge/metrics.py", "coordinator/observability.py")
+        (ROOT / path).read_text()
+        for path in ("edge/observability/metrics.py", "coordinator/observability.py")
     )
     exported = set(re.findall(r'"(airgossip_[a-z0-9_]+)"', sources))
     for name, data in dashboards().items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge.agent import FORMER_ROUNDS, Agent, build_agent
-from edge.settings import AgentSettings, TaskSettings
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import Assignment, Phase
 from edge.transport import MessageHeader, Rejected
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from edge.agent import Agent
-from edge.certificates import load_authority, make_authority, make_certificate
-from edge.security import TlsCredentials, dial
+from edge.security.certificates import load_authority, make_authority, make_certificate
+from edge.security.tls import TlsCredentials, dial
 from edge.transport import GossipMessage, MessageHeader
 from edge.transport.base import SendCallback, Transport
 from edge.transport.wire import to_chunks

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from edge.agent import build_agent
-from edge.checkpoints import CheckpointError, CheckpointStore, decode_state, encode_state
-from edge.settings import AgentSettings, TaskSettings
+from edge.agent.checkpoints import CheckpointError, CheckpointStore, decode_state, encode_state
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport
 

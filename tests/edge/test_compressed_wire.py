@@ -11,7 +11,7 @@ import torch
 
 from edge.agent import Agent
 from edge.compression import get_codec, join_blocks
-from edge.settings import AgentSettings, TaskSettings
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.transport import GossipMessage, MessageHeader
 from protos import gossip_pb2
 from tests.support import assert_pair_reaches_average, grpc_pair, push, refused

@@ -9,7 +9,7 @@ import torch
 from edge.agent import build_agent, fleet_digest
 from edge.algorithms import EnsembleCompression, Payload, create_algorithm
 from edge.compression import get_codec
-from edge.settings import AgentSettings
+from edge.config.settings import AgentSettings
 from edge.tasks import TaskContext, TrainConfig, load_task
 from edge.tasks.digits import DigitsTask
 from edge.topology import Phase

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from edge.agent import Agent, build_agent
 from edge.algorithms.base import MAX_MAGNITUDE, MAX_WEIGHT
-from edge.settings import AgentSettings, TaskSettings
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage, MessageHeader, Rejected
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport

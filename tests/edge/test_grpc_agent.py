@@ -10,7 +10,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge.agent import Agent
-from edge.settings import AgentSettings, TaskSettings
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.transport import GossipMessage, MessageHeader
 from edge.transport.grpc_transport import GrpcTransport, PortInUseError
 from edge.transport.wire import header_to_proto

@@ -12,14 +12,14 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-import edge.metrics
-from edge.metrics import MAX_CONNECTIONS, MetricsServer
+import edge.observability.metrics
+from edge.observability.metrics import MAX_CONNECTIONS, MetricsServer
 
 
 def test_idle_clients_hold_a_bounded_number_of_threads_and_time_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(edge.metrics, "REQUEST_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(edge.observability.metrics, "REQUEST_TIMEOUT_S", 1.0)
     server = MetricsServer(CollectorRegistry(), "127.0.0.1:0")
     server.start()
     host, port = server.address.rsplit(":", 1)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.identity import agent_id, agent_ids, natural_order
-from edge.seeds import derive_seed, hash64, keyed_hash, keyed_uniform, splitmix64, splitmix64_array
-from edge.stats import Counters, RoundRecord
+from edge.config.identity import agent_id, agent_ids, natural_order
+from edge.config.seeds import (
+    derive_seed,
+    hash64,
+    keyed_hash,
+    keyed_uniform,
+    splitmix64,
+    splitmix64_array,
+)
+from edge.observability.stats import Counters, RoundRecord
 
 
 def test_agent_ids_and_their_order() -> None:

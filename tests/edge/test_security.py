@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.certificates import init_authority, issue, load_authority, make_certificate
-from edge.security import SecurityError, TlsCredentials, check_identity, fleet_of
+from edge.security.certificates import init_authority, issue, load_authority, make_certificate
+from edge.security.tls import SecurityError, TlsCredentials, check_identity, fleet_of
 
 
 @pytest.fixture

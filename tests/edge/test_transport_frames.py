@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from edge.algorithms.base import Ack
-from edge.security import TlsCredentials, dial
+from edge.security.tls import TlsCredentials, dial
 from edge.transport import GossipMessage, MessageHeader, Rejected
 from edge.transport.allocator import settle_allocator
 from edge.transport.base import RejectCode, SendOutcome

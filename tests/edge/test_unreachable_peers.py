@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edge.agent import PROBE_ROUNDS, Agent, build_agent, hold_back
-from edge.settings import AgentSettings, TaskSettings
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import Phase, assignments_for_graph, build_graph
 from edge.transport import InMemoryNetwork, InMemoryTransport

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from edge.waiting import WaitReporter
+from edge.agent.waiting import WaitReporter
 from tests.support import FakeClock
 
 

@@ -13,7 +13,7 @@ from coordinator.membership import Fleet as CoordinatorFleet
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore
 from edge.agent import Agent, build_agent
-from edge.stats import MemoryStatsSink
+from edge.observability.stats import MemoryStatsSink
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import assignments_for_graph, build_graph, transition
 from edge.transport import GossipMessage, InMemoryNetwork, InMemoryTransport

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import pytest
 
 from edge.agent import build_agent
-from edge.identity import agent_ids
-from edge.stats import MemoryStatsSink, RoundRecord
+from edge.config.identity import agent_ids
+from edge.observability.stats import MemoryStatsSink, RoundRecord
 from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import ConfigError, RunConfig, load_config, read_scenario
 from emulation.fleets import FLEETS, FleetProgress, Launch, preflight, run_fleet

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge.metrics import AgentMetrics
-from edge.seeds import keyed_uniform
+from edge.config.seeds import keyed_uniform
+from edge.observability.metrics import AgentMetrics
 from emulation.channel.model import ChannelModel
 from emulation.config import ConfigError, load_config, read_scenario
 from emulation.fleets import run_fleet

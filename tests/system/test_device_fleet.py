@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-import edge.waiting
+import edge.agent.waiting
 from airgossip.agent_process import _wait_for_peers
 from coordinator.client import CoordinatorClient
 from coordinator.policy import TopologySpec
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
-from edge.certificates import throwaway_fleet
-from edge.identity import agent_ids
+from edge.config.identity import agent_ids
+from edge.security.certificates import throwaway_fleet
 from edge.topology import Assignment, Phase
 from emulation.config import load_config
 from emulation.results import RunResults
@@ -190,7 +190,7 @@ def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -
 def test_an_agent_says_how_full_the_fleet_is_and_which_peers_do_not_answer(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(edge.waiting, "WAIT_REPORT_S", 0.3)
+    monkeypatch.setattr(edge.agent.waiting, "WAIT_REPORT_S", 0.3)
     server = CoordinatorServer(expected=3, topology=TopologySpec("ring"))
     server.start()
     client = CoordinatorClient(server.address, "agent-0")

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient
 from coordinator.service import CoordinatorServer, TopologySpec
-from edge.security import COORDINATOR_IDENTITY, dial
+from edge.security.tls import COORDINATOR_IDENTITY, dial
 from edge.transport import MessageHeader
 from edge.transport.wire import header_to_proto
 from protos import gossip_pb2

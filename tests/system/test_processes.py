@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.stats import read_records
+from edge.observability.stats import read_records
 from edge.tasks.consensus import ConsensusOptions, true_average
 from tests.support import (
     ROOT,

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edge.security import COORDINATOR_IDENTITY, dial
+from edge.security.tls import COORDINATOR_IDENTITY, dial
 from tests.support import LocalFleet, TlsFleet, credentials
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.certificates import throwaway_fleet
-from edge.identity import agent_ids
+from edge.config.identity import agent_ids
+from edge.security.certificates import throwaway_fleet
 from emulation.results import RunResults
 from tests.support import airgossip, assert_one_line_error, free_port
 from tests.system.test_device_fleet import spawn

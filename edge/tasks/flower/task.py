@@ -20,8 +20,8 @@ import torch
 from flwr.app import ArrayRecord
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.identity import agent_id
-from edge.seeds import derive_seed
+from edge.config.identity import agent_id
+from edge.config.seeds import derive_seed
 from edge.tasks.base import EvalResult, TaskContext, TrainConfig, TrainResult
 from edge.tasks.flower.app import FlowerAppError, RunConfigValue, load_flower_app
 from edge.tasks.flower.client import ClientRunner

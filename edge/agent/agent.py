@@ -15,7 +15,7 @@ task digest and shape, with finite values; the algorithm then refuses what does 
 edge or would leave the state out of bounds. Every refusal is counted by reason and logged
 at a bounded rate.
 
-With a :class:`~edge.checkpoints.CheckpointStore` the agent writes its whole state every
+With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its whole state every
 ``checkpoint_interval_s`` (and, for algorithms that need it, before every send) and can
 :meth:`Agent.resume` from the newest intact checkpoint after a crash.
 """
@@ -33,6 +33,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from edge.agent.checkpoints import CheckpointError, CheckpointStore
 from edge.algorithms import (
     Ack,
     GossipAlgorithm,
@@ -42,13 +43,12 @@ from edge.algorithms import (
     algorithm_class,
     create_algorithm,
 )
-from edge.checkpoints import CheckpointError, CheckpointStore
 from edge.compression import Codec, DecodeError, Encoded, decode_blocks, get_codec
-from edge.seeds import derive_seed
-from edge.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
-from edge.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from edge.config.seeds import derive_seed
+from edge.config.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
+from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from edge.observability.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
 from edge.tasks import Distiller, Task, TaskContext, TrainConfig, load_task
-from edge.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
 from edge.topology import Assignment, Phase
 from edge.transport.base import (
     GossipMessage,
@@ -151,7 +151,7 @@ class Agent:
     observer:
         Gets plain events (sends, local steps, receptions) as they happen (optional).
     fleet:
-        The fleet's name on the wire (:func:`edge.security.fleet_of`); messages naming
+        The fleet's name on the wire (:func:`edge.security.tls.fleet_of`); messages naming
         another are refused.
     checkpoints:
         Where the agent keeps its checkpoints (None: it keeps none).
@@ -484,7 +484,7 @@ class Agent:
             self.algorithm.committed(state["algorithm"])  # type: ignore[arg-type]
 
     def checkpoint(self) -> None:
-        """Write a checkpoint now (atomically; see :mod:`edge.checkpoints`)."""
+        """Write a checkpoint now (atomically; see :mod:`edge.agent.checkpoints`)."""
         if self.checkpoints is None:
             raise RuntimeError("this agent keeps no checkpoints")
         with self._lock:

@@ -1,10 +1,10 @@
 """An agent's Prometheus metrics, and the small HTTP server that exposes them.
 
 Every Prometheus object of an agent process is created in :class:`AgentMetrics`, fed by the
-plain records and events of :mod:`edge.stats` and :mod:`edge.telemetry`; nothing else in
-``edge`` touches ``prometheus_client``. To export more figures (per-link radio state from
-an emulator, say), declare the new gauges in ``AgentMetrics.__init__`` and add one method
-that takes a plain record of them.
+plain records and events of :mod:`edge.observability.stats` and
+:mod:`edge.observability.telemetry`; nothing else in ``edge`` touches ``prometheus_client``.
+To export more figures (per-link radio state from an emulator, say), declare the new gauges
+in ``AgentMetrics.__init__`` and add one method that takes a plain record of them.
 
 Names follow Prometheus conventions: base units in the name (``_seconds``, ``_bytes``,
 ``_ratio``), ``_total`` on counters, no ``*_created`` series. Series carry no agent label:
@@ -27,8 +27,14 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from edge.stats import RoundRecord
-from edge.telemetry import LinkFigures, LinkPackets, ReceiveEvent, SendEvent, StepEvent
+from edge.observability.stats import RoundRecord
+from edge.observability.telemetry import (
+    LinkFigures,
+    LinkPackets,
+    ReceiveEvent,
+    SendEvent,
+    StepEvent,
+)
 from edge.transport.base import RejectCode
 
 # `*_created` series double every counter and histogram for a timestamp nobody queries.
@@ -43,8 +49,8 @@ SIZE_BUCKETS = tuple(float(4**k * 256) for k in range(12))
 
 
 class AgentMetrics:
-    """Prometheus view of one agent: a :class:`~edge.stats.StatsSink` and an
-    :class:`~edge.telemetry.AgentObserver`.
+    """Prometheus view of one agent: a :class:`~edge.observability.stats.StatsSink` and an
+    :class:`~edge.observability.telemetry.AgentObserver`.
 
     Parameters
     ----------

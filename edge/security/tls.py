@@ -2,7 +2,7 @@
 
 Every link of a fleet (agent to agent, agent to coordinator) is mutual TLS unless the operator
 asks for plaintext (``--insecure``). A fleet has one certificate authority; each member holds
-a certificate and key issued by it (see :mod:`edge.certificates` and ``airgossip certs``).
+a certificate and key issued by it (see :mod:`edge.security.certificates` and ``airgossip certs``).
 
 **The identity** of a member is its certificate's URI subject alternative name
 ``airgossip:<id>`` (exactly one): an agent's id (``agent-3``) or ``coordinator``. Servers read

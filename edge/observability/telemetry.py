@@ -1,16 +1,16 @@
 """Plain events an agent emits while it works, and a keeper of its latest figures.
 
 The agent knows nothing of Prometheus or of the coordinator. Besides the per-round
-:class:`~edge.stats.RoundRecord` it hands an :class:`AgentObserver` three kinds of event,
-measured where they happen:
+:class:`~edge.observability.stats.RoundRecord` it hands an :class:`AgentObserver` three
+kinds of event, measured where they happen:
 
 * :class:`SendEvent`: one push finished (delivered, dropped by the link, or failed), with its
   wire size and how long it took;
 * :class:`StepEvent`: one local optimisation step and its duration;
 * :class:`ReceiveEvent`: one incoming message accepted or refused (and why).
 
-Consumers (the Prometheus exporter in :mod:`edge.metrics`, :class:`LatestStats` for the
-coordinator's heartbeats) implement whichever methods they need; :class:`Telemetry` fans
+Consumers (the Prometheus exporter in :mod:`edge.observability.metrics`, :class:`LatestStats`
+for the coordinator's heartbeats) implement whichever methods they need; :class:`Telemetry` fans
 records and events out to all of them.
 """
 
@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from edge.stats import Counters, RoundRecord
+from edge.observability.stats import Counters, RoundRecord
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class AgentObserver(Protocol):
 class Telemetry:
     """Fans round records and events out to several consumers.
 
-    Each consumer implements any of ``record`` (a :class:`~edge.stats.StatsSink`),
+    Each consumer implements any of ``record`` (a :class:`~edge.observability.stats.StatsSink`),
     ``on_send``, ``on_step`` and ``on_receive``; the missing ones are skipped.
     """
 

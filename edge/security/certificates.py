@@ -3,7 +3,7 @@
 ``airgossip certs init`` makes the authority (``ca.pem`` and ``ca.key``), ``airgossip certs
 issue ID`` a member's certificate (``ID.pem``) and key (``ID.key``); ``airgossip run`` makes a
 throwaway authority in its run folder. Keys are ECDSA P-256, written owner-readable only; a
-certificate names its holder as :mod:`edge.security` reads it (the URI ``airgossip:<id>``
+certificate names its holder as :mod:`edge.security.tls` reads it (the URI ``airgossip:<id>``
 and the DNS name ``<id>``) and is good for both ends of a TLS connection (every agent serves
 and dials).
 """
@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edge.security import CA_CERT, CA_KEY, IDENTITY_URI_PREFIX, SecurityError, check_identity
+from edge.security.tls import CA_CERT, CA_KEY, IDENTITY_URI_PREFIX, SecurityError, check_identity
 
 #: Clocks of devices drift: certificates are valid from a little before they are issued.
 CLOCK_SKEW = datetime.timedelta(minutes=5)

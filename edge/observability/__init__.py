@@ -1,0 +1,1 @@
+"""What an agent tells: round records and counters, plain events, its Prometheus metrics."""
