@@ -1,17 +1,10 @@
 """The agent: its round loop (:mod:`.agent`), what it admits (:mod:`.admission`), its
-checkpoints (:mod:`.checkpoints`, :mod:`.checkpointing`) and how it waits for in-neighbours
-(:mod:`.waiting`). Every way of running agents builds them with :func:`build_agent`."""
+checkpoints (:mod:`.checkpoints`, :mod:`.checkpointing`), how it waits for in-neighbours
+(:mod:`.waiting`), and how one is built from settings (:mod:`.build`)."""
 
-from edge.agent.agent import (
-    FORMER_ROUNDS,
-    PATIENCE_ROUNDS,
-    PROBE_ROUNDS,
-    Agent,
-    build_agent,
-    check_task_fits,
-    fleet_digest,
-    hold_back,
-)
+from edge.agent.admission import FORMER_ROUNDS
+from edge.agent.agent import PATIENCE_ROUNDS, PROBE_ROUNDS, Agent, hold_back
+from edge.agent.build import build_agent, check_task_fits, fleet_digest
 
 __all__ = [
     "FORMER_ROUNDS",

@@ -9,30 +9,28 @@ global barrier: an agent never waits on anything but its own in-neighbours, and 
 longer than ``wait_timeout_s``.
 
 The agent is also the transport's :class:`~edge.transport.base.InboundHandler`: every
-incoming message is checked before it can touch the gossip state: meant for this agent and
-this fleet, from an assigned in-neighbour (or a recent former one), of the right algorithm,
-task digest and shape, with finite values; the algorithm then refuses what does not fit the
-edge or would leave the state out of bounds. Every refusal is counted by reason and logged
-at a bounded rate.
+incoming message passes :class:`~edge.agent.admission.Admission` before it can touch the
+gossip state, and the algorithm then refuses what does not fit the edge or would leave the
+state out of bounds. Every refusal is counted by reason and logged at a bounded rate.
 
-With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its whole state every
-``checkpoint_interval_s`` (and, for algorithms that need it, before every send) and can
-:meth:`Agent.resume` from the newest intact checkpoint after a crash.
+With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its whole state
+(:class:`~edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` (and, for
+algorithms that need it, before every send) and can :meth:`Agent.resume` from the newest
+intact checkpoint after a crash.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from functools import partial
 
-import numpy as np
 import torch
 
+from edge.agent.admission import Admission
+from edge.agent.checkpointing import AgentState, Checkpointer
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
 from edge.algorithms import (
     Ack,
@@ -40,15 +38,12 @@ from edge.algorithms import (
     InvalidPayload,
     Payload,
     ProtocolError,
-    algorithm_class,
-    create_algorithm,
 )
-from edge.compression import Codec, DecodeError, Encoded, decode_blocks, get_codec
-from edge.config.seeds import derive_seed
-from edge.config.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
+from edge.compression import Codec
+from edge.config.settings import AgentSettings
 from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
 from edge.observability.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
-from edge.tasks import Distiller, Task, TaskContext, TrainConfig, load_task
+from edge.tasks import Distiller, Task, TrainConfig
 from edge.topology import Assignment, Phase
 from edge.transport.base import (
     GossipMessage,
@@ -59,7 +54,6 @@ from edge.transport.base import (
     Transport,
 )
 from edge.transport.guard import RefusalLog
-from edge.transport.wire import MAX_HEADER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +63,6 @@ PATIENCE_ROUNDS = 4
 #: a share every round: within a few seconds, all of the fleet's push-sum weight); every this
 #: many rounds it gets a zero-weight probe carrying what its edge holds, until one lands.
 PROBE_ROUNDS = 4
-#: A peer that stops being an in-neighbour (the graph changed) may still deliver what its
-#: edge owes for this many of our rounds.
-FORMER_ROUNDS = 64
-#: Largest round number a message may name (it only orders messages; far beyond any run).
-MAX_ROUND = 1 << 48
 
 
 def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
@@ -115,18 +104,6 @@ class _Ready(Collection[str]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-def fleet_digest(task: Task, initial: torch.Tensor) -> str:
-    """Fingerprint of the task and, for shared-initialisation tasks, its initial parameters.
-
-    Peers with different digests refuse each other's messages: averaging independently
-    initialised networks destroys accuracy.
-    """
-    h = hashlib.sha256(f"{task.name}:{initial.numel()}".encode())
-    if task.shared_initialisation:
-        h.update(initial.detach().to(torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 class Agent:
@@ -185,8 +162,11 @@ class Agent:
         self.digest = digest
         self.observer = observer
         self.fleet = fleet
-        self.checkpoints = checkpoints
-        self.checkpoint_interval_s = checkpoint_interval_s
+        self.checkpointer = (
+            Checkpointer(checkpoints, interval_s=checkpoint_interval_s, clock=clock)
+            if checkpoints is not None
+            else None
+        )
         self.algorithm.checkpointing = checkpoints is not None
         self.codec: Codec = algorithm.codec
         self.address = ""
@@ -203,11 +183,17 @@ class Agent:
         self._last_metrics: dict[str, float] = {}
         self._disagreement: float | None = None
         self._unreachable: set[str] = set()
-        self._in_neighbours: frozenset[str] = frozenset()
-        self._former: dict[str, int] = {}  # former in-neighbour -> our round when it left
         self._refusals = RefusalLog(log)
-        self._checkpoint_lock = threading.Lock()
-        self._last_checkpoint = clock()
+        self.admission = Admission(
+            agent_id,
+            fleet=fleet,
+            digest=digest,
+            algorithm=algorithm.name,
+            block_numel=algorithm.block_numel,
+            max_blocks=algorithm.max_blocks,
+            dtype=algorithm.dtype,
+            refuse=self.refused,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -224,11 +210,7 @@ class Agent:
             self._unreachable = {
                 p for p in self._unreachable if assignment.peers.get(p) == old.get(p)
             }
-            for peer in self._in_neighbours - incoming:
-                self._former[peer] = self.round
-            for peer in incoming:
-                self._former.pop(peer, None)
-            self._in_neighbours = incoming
+            self.admission.set_in_neighbours(incoming, self.round)
             self._assignment = assignment
             self._progress.notify_all()
 
@@ -259,7 +241,7 @@ class Agent:
             self.begin()
         while self.round < self.settings.rounds and not self._stopped.is_set():
             self.run_round(self.round + 1)
-        if self.checkpoints is not None:
+        if self.checkpointer is not None:
             self.checkpoint()
 
     def run_round(self, round_index: int) -> None:
@@ -269,9 +251,7 @@ class Agent:
         self.mix(round_index)
         if self.report_due(round_index):
             self.report(round_index)
-        if self.checkpoints is not None and (
-            self.clock() - self._last_checkpoint >= self.checkpoint_interval_s
-        ):
+        if self.checkpointer is not None and self.checkpointer.due():
             self.checkpoint()
 
     def report_due(self, round_index: int) -> bool:
@@ -310,7 +290,7 @@ class Agent:
             ready = _Ready(assignment.peers, self._inflight, self._unreachable, probe)
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
-            ahead = self.checkpoints is not None and self.algorithm.checkpoint_before_send
+            ahead = self.checkpointer is not None and self.algorithm.checkpoint_before_send
             state = self._state() if ahead and payloads else None
         if state is not None:
             self._write(state)  # before anything it holds leaves (see GossipAlgorithm)
@@ -464,28 +444,26 @@ class Agent:
         return record
 
     # -- checkpoints -------------------------------------------------------------------------
-    def _state(self) -> dict[str, object]:
+    def _state(self) -> AgentState:
         """Everything a restarted agent needs (call under the lock)."""
-        return {
-            "agent_id": self.agent_id,
-            "digest": self.digest,
-            "round": self.round,
-            "counters": self._counters.as_dict(),
-            "model": self.algorithm.estimate().to(torch.float32),
-            "algorithm": self.algorithm.state_dict(),
-        }
+        return AgentState(
+            agent_id=self.agent_id,
+            digest=self.digest,
+            round=self.round,
+            counters=self._counters.copy(),
+            model=self.algorithm.estimate().to(torch.float32),
+            algorithm=self.algorithm.state_dict(),
+        )
 
-    def _write(self, state: dict[str, object]) -> None:
-        assert self.checkpoints is not None
-        with self._checkpoint_lock:  # one writer at a time, in the order states were taken
-            self.checkpoints.save(state)
-            self._last_checkpoint = self.clock()
+    def _write(self, state: AgentState) -> None:
+        assert self.checkpointer is not None
+        self.checkpointer.write(state)
         with self._lock:
-            self.algorithm.committed(state["algorithm"])  # type: ignore[arg-type]
+            self.algorithm.committed(state.algorithm)
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (atomically; see :mod:`edge.agent.checkpoints`)."""
-        if self.checkpoints is None:
+        if self.checkpointer is None:
             raise RuntimeError("this agent keeps no checkpoints")
         with self._lock:
             state = self._state()
@@ -502,28 +480,20 @@ class Agent:
         CheckpointError
             No checkpoint is intact, or the newest is another agent's, task's or algorithm's.
         """
-        if self.checkpoints is None:
+        if self.checkpointer is None:
             return None
-        loaded = self.checkpoints.load_latest()
+        loaded = self.checkpointer.load(self.agent_id, self.digest)
         if loaded is None:
             return None
-        for line in loaded.skipped:
-            log.warning("%s: %s; resuming from %s instead", self.agent_id, line, loaded.path.name)
-        state = loaded.state
-        if state.get("agent_id") != self.agent_id or state.get("digest") != self.digest:
-            raise CheckpointError(
-                f"checkpoint {loaded.path} belongs to {state.get('agent_id')!r} with task digest "
-                f"{state.get('digest')!r}, not to {self.agent_id!r} with {self.digest!r}; "
-                "point --checkpoint-dir elsewhere"
-            )
+        state, path = loaded
         try:
             with self._lock:
-                self.algorithm.load_state_dict(state["algorithm"])
-                self.round = int(state["round"])
-                self._counters = Counters(**state["counters"])
+                self.algorithm.load_state_dict(state.algorithm)
+                self.round = state.round
+                self._counters = state.counters.copy()
         except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {loaded.path} cannot be resumed: {err}") from None
-        log.info("%s: resumed round %d from %s", self.agent_id, self.round, loaded.path)
+            raise CheckpointError(f"checkpoint {path} cannot be resumed: {err}") from None
+        log.info("%s: resumed round %d from %s", self.agent_id, self.round, path)
         return self.round
 
     def counters(self) -> Counters:
@@ -532,11 +502,6 @@ class Agent:
             return self._counters.copy()
 
     # -- receiving (InboundHandler) -----------------------------------------------------------
-    def _reject(self, code: RejectCode, reason: str, kind: str = "") -> Rejected:
-        error = Rejected(code, reason, kind=kind)
-        self.refused(error)
-        return error
-
     def refused(self, error: Rejected) -> None:
         with self._lock:
             self._counters.messages_rejected += 1
@@ -544,127 +509,28 @@ class Agent:
         if self.observer is not None:
             self.observer.on_receive(ReceiveEvent(False, code=error.code.value, reason=error.kind))
 
-    def _hears(self, sender: str) -> bool:
-        """``sender`` is an in-neighbour, or was one within ``FORMER_ROUNDS`` rounds (it may
-        still deliver what its edge owes)."""
-        if sender in self._in_neighbours:
-            return True
-        left = self._former.get(sender)
-        return left is not None and self.round - left <= FORMER_ROUNDS
-
     def accepts(self, sender: str) -> None:
-        if self._assignment is None:
-            raise self._reject(
-                RejectCode.UNAVAILABLE, f"{self.agent_id} has no neighbours yet", "no_neighbours"
-            )
-        if not self._hears(sender):
-            raise self._reject(
-                RejectCode.PERMISSION_DENIED,
-                f"sender {sender[:64]!r} is not an in-neighbour of {self.agent_id}",
-                "not_in_neighbour",
-            )
+        self.admission.check_sender(sender, self.round, assigned=self._assignment is not None)
 
     def admit(self, header: MessageHeader) -> None:
-        if header.receiver != self.agent_id:
-            raise self._reject(
-                RejectCode.PERMISSION_DENIED,
-                f"message for {header.receiver[:64]!r} sent to {self.agent_id}",
-                "wrong_receiver",
-            )
-        if header.fleet != self.fleet:
-            raise self._reject(
-                RejectCode.PERMISSION_DENIED,
-                f"message of fleet {header.fleet[:64]!r}; this agent is in fleet {self.fleet!r}",
-                "wrong_fleet",
-            )
         assignment = self._assignment
-        if assignment is not None and not self._hears(header.sender):
-            raise self._reject(
-                RejectCode.PERMISSION_DENIED,
-                f"sender {header.sender[:64]!r} is not an in-neighbour of {self.agent_id} "
-                f"(its assignment epoch {header.epoch}, ours {assignment.epoch})",
-                "not_in_neighbour",
-            )
-        self.accepts(header.sender)  # no neighbours yet
-        if header.algorithm != self.algorithm.name:
-            raise self._reject(
-                RejectCode.FAILED_PRECONDITION,
-                f"algorithm '{header.algorithm[:64]}' does not match this agent's "
-                f"'{self.algorithm.name}'",
-                "wrong_algorithm",
-            )
-        if self.digest and header.fleet_digest != self.digest:
-            raise self._reject(
-                RejectCode.FAILED_PRECONDITION,
-                f"sender's task or initial parameters differ (digest "
-                f"{header.fleet_digest[:64]!r}, expected {self.digest!r})",
-                "wrong_task",
-            )
-        block, most = self.algorithm.block_numel, self.algorithm.max_blocks
-        blocks, rest = divmod(header.numel, block) if block else (int(header.numel == 0), 0)
-        if rest or not 1 <= blocks <= most:
-            expected = (
-                f"this model has {block}"
-                if most == 1
-                else f"expected 1 to {most} blocks of {block}"
-            )
-            raise self._reject(
-                RejectCode.INVALID_ARGUMENT,
-                f"wrong shape: {header.numel} elements, {expected}",
-                "wrong_shape",
-            )
-        try:
-            codec = get_codec(header.codec)
-        except ValueError as err:
-            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err)[:300], "codec") from None
-        bound = blocks * codec.max_bytes(block)
-        if header.payload_bytes > bound:
-            raise self._reject(
-                RejectCode.INVALID_ARGUMENT,
-                f"payload of {header.payload_bytes} bytes exceeds the {codec.spec} size for "
-                f"{header.numel} elements ({bound})",
-                "too_large",
-            )
-        if len(header.codec_meta) > MAX_HEADER_BYTES:
-            raise self._reject(RejectCode.INVALID_ARGUMENT, "codec metadata too large", "codec")
-        if header.base_seq > header.seq or header.round > MAX_ROUND:
-            raise self._reject(
-                RejectCode.INVALID_ARGUMENT,
-                f"sequence numbers out of order (seq {header.seq}, base {header.base_seq})"
-                if header.base_seq > header.seq
-                else f"round {header.round} is beyond {MAX_ROUND}",
-                "sequence",
-            )
+        epoch = assignment.epoch if assignment is not None else None
+        self.admission.check_header(header, self.round, epoch)
 
     def deliver(self, message: GossipMessage) -> Ack:
         header = message.header  # transports call admit(header) first
-        codec = get_codec(header.codec)
-        try:
-            vector = decode_blocks(
-                codec,
-                Encoded(header.codec, header.numel, message.data, header.codec_meta),
-                self.algorithm.block_numel,
-                self.algorithm.dtype,
-            )
-        except DecodeError as err:
-            raise self._reject(RejectCode.INVALID_ARGUMENT, str(err), "undecodable") from None
-        if not _all_finite(vector):
-            raise self._reject(
-                RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values", "non_finite"
-            )
-        bad = [k[:32] for k, v in header.scalars.items() if not math.isfinite(v)]
-        if bad:
-            raise self._reject(
-                RejectCode.INVALID_ARGUMENT, f"scalar(s) {', '.join(bad)} not finite", "non_finite"
-            )
-        payload = Payload(vector, dict(header.scalars), header.seq, header.base_seq)
+        payload = self.admission.decode(message)
         with self._progress:
             try:
                 ack = self.algorithm.receive(header.sender, payload)
             except ProtocolError as err:
-                raise self._reject(RejectCode.FAILED_PRECONDITION, str(err), err.reason) from None
+                raise self.admission.reject(
+                    RejectCode.FAILED_PRECONDITION, str(err), err.reason
+                ) from None
             except InvalidPayload as err:
-                raise self._reject(RejectCode.INVALID_ARGUMENT, str(err), err.reason) from None
+                raise self.admission.reject(
+                    RejectCode.INVALID_ARGUMENT, str(err), err.reason
+                ) from None
             self._counters.messages_received += 1
             if self.observer is not None:
                 self.observer.on_receive(
@@ -676,74 +542,3 @@ class Agent:
             return Ack(
                 ack.last_seq, ack.base_seq, ack.absorbed, self.round, durable_seq=ack.durable
             )
-
-
-def _all_finite(vector: torch.Tensor) -> bool:
-    # A finite sum of squares means every element is finite; only a non-finite one (NaN,
-    # infinity or an overflow of finite values) needs the element-wise check. numpy's dot is
-    # the cheapest pass over a small vector.
-    array = vector.numpy()
-    with np.errstate(over="ignore"):  # huge finite values overflow the sum: checked below
-        return math.isfinite(array.dot(array)) or bool(np.isfinite(array).all())
-
-
-def check_task_fits(algorithm: str, task: Task) -> None:
-    """``ValueError`` when the algorithm needs something of the task it lacks (distillation)."""
-    if algorithm_class(algorithm).needs_distillation and not isinstance(task, Distiller):
-        raise ValueError(
-            f"algorithm '{algorithm}' combines models by distillation, and task '{task.name}' "
-            "cannot distil (a task needs distill(parameters, teachers, config): digits has it)"
-        )
-
-
-def build_agent(
-    agent_id: str,
-    *,
-    index: int,
-    num_agents: int,
-    settings: AgentSettings,
-    transport: Transport,
-    stats: StatsSink | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    observer: AgentObserver | None = None,
-    fleet: str = "",
-    checkpoints: CheckpointStore | None = None,
-    checkpoint_interval_s: float = 5.0,
-) -> Agent:
-    """Build an agent from settings: load the task, start its algorithm from the task's
-    initial parameters. Every way of running agents (processes, in-process fleets,
-    emulators) builds them here (see :class:`Agent` for the keyword arguments)."""
-    context = TaskContext(
-        agent_index=index,
-        num_agents=num_agents,
-        seed=settings.seed,
-        device=resolve_device(settings.device),
-        options=settings.task.options,
-    )
-    task = load_task(settings.task.name, context)
-    initial = task.initial_parameters()
-    dtype = gossip_dtype(settings, task.gossip_dtype)
-    check_task_fits(settings.algorithm, task)
-    algorithm = create_algorithm(
-        settings.algorithm,
-        initial,
-        dtype=dtype,
-        codec=resolve_codec(settings, dtype),
-        seed=derive_seed(settings.seed, agent_id),
-        options=settings.algorithm_options,
-        shared_start=task.shared_initialisation,
-    )
-    return Agent(
-        agent_id,
-        task=task,
-        algorithm=algorithm,
-        transport=transport,
-        settings=settings,
-        stats=stats,
-        clock=clock,
-        digest=fleet_digest(task, initial),
-        observer=observer,
-        fleet=fleet,
-        checkpoints=checkpoints,
-        checkpoint_interval_s=checkpoint_interval_s,
-    )

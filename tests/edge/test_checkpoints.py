@@ -90,6 +90,6 @@ def test_an_agent_resumes_where_its_checkpoint_was(
     assert restarted.counters() == agents[1].counters()
     # a checkpoint of another agent (or task) is refused, not silently taken
     stranger = fleet(tmp_path)[2]
-    stranger.checkpoints = agents[1].checkpoints
+    stranger.checkpointer = agents[1].checkpointer
     with pytest.raises(CheckpointError, match="belongs to 'agent-1'"):
         stranger.resume()
