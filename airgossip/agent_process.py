@@ -45,6 +45,7 @@ from edge.transport.grpc_transport import GrpcTransport
 from emulation.config import ConfigError, RunConfig, load_config, merge
 from emulation.networks import Network, network_for
 from emulation.networks.kernel import AgentKernelLinks, KernelUnavailable
+from emulation.privacy import certificate_secrets, privacy_context
 
 log = logging.getLogger("airgossip.agent")
 
@@ -376,6 +377,9 @@ def _run_agent(
         fleet=fleet_of(security),
         checkpoints=checkpoints,
         checkpoint_interval_s=options.checkpoint_interval_s,
+        privacy=privacy_context(
+            config, network, ids, certificate_secrets(config, security, options.certs)
+        ),
     )
     agent.resume()  # from the newest intact checkpoint, if it keeps any
     if stop.is_set():

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from edge.observability.stats import RoundRecord
+from edge.privacy.figures import EPSILON
 from edge.topology.switching import consensus_distance
 
 
@@ -50,6 +51,8 @@ class RoundFigures(_Figures):
     strongly_connected: float | None = None
     #: Messages lost over messages sent during the round.
     drop_rate: float | None = None
+    #: Runs with ``[privacy]``: the most epsilon any agent has spent (at the run's delta).
+    privacy_epsilon: float | None = None
 
 
 class FinalFigures(RoundFigures):
@@ -70,6 +73,45 @@ class WirelessFigures(_Figures):
     links_log: str | None = None
     links_log_steps: int | None = None
     messages_log: str | None = None
+
+
+class PairwiseFigures(_Figures):
+    """Network DP's guarantee between every ordered pair of agents at the end of a run:
+    epsilon of what agent ``u``'s data tells a curious agent ``v``, over all pairs and by
+    their distance in the graph (hops from ``u`` to ``v``)."""
+
+    min: float
+    mean: float
+    max: float
+    by_distance: dict[str, float]
+    #: False when the run was too long to factorise its views: local DP stands in.
+    exact: bool
+
+
+class PrivacyFigures(_Figures):
+    """What a run with ``[privacy]`` adds to its results: the noise it resolved to and the
+    guarantee the agents spent (``docs/privacy.md`` says what each one means)."""
+
+    mechanism: str
+    delta: float
+    accountant: str
+    sample_rate: float
+    max_grad_norm: float
+    #: What each agent's optimizer added per step, over max_grad_norm.
+    noise_multiplier: float
+    #: Cancelling: each pairwise mask, over max_grad_norm.
+    mask_multiplier: float | None = None
+    #: The Gaussian mechanism the accountant composed per step (dp-sgd: the agent's own
+    #: noise; central: the curator's; cancelling: the worst pair's effective noise).
+    accounted_multiplier: float | None = None
+    #: The most any agent spent; network DP: the worst pair.
+    epsilon: float | None = None
+    #: Network DP: the mean over pairs.
+    epsilon_mean: float | None = None
+    budget_epsilon: float | None = None
+    #: Agents the budget stopped from training.
+    exhausted_agents: int = 0
+    pairwise: PairwiseFigures | None = None
 
 
 class RunIdentity(_Figures):
@@ -98,6 +140,7 @@ class RunResults(_Figures):
     wireless: WirelessFigures | None = None
     #: Runs a coordinator collected (agents started by hand): the run's id and its agents.
     run: RunIdentity | None = None
+    privacy: PrivacyFigures | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: figures a run does not have are left out, NaN and infinity
@@ -150,6 +193,9 @@ def _figures(records: list[RoundRecord], reference: np.ndarray | None) -> dict[s
     losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
     if losses:
         row["mean_loss"] = float(np.mean(losses))
+    spent = [r.metrics[EPSILON] for r in records if EPSILON in r.metrics]
+    if spent:
+        row["privacy_epsilon"] = float(np.max(spent))
     if reference is not None:
         row["relative_error"] = relative_error(estimates, reference)
     return row

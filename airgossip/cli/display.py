@@ -132,6 +132,7 @@ def summary_table(
     if final.relative_error is not None:
         rows.append(("relative error", f"{final.relative_error:.3e}"))
     rows += [
+        *_privacy_rows(results),
         ("consensus distance", fmt(final.consensus_distance)),
         ("messages", f"{final.messages_sent} sent, {final.messages_dropped} lost ({links})"),
         ("bytes sent", f"{final.bytes_sent / 1e6:.2f} MB"),
@@ -185,3 +186,24 @@ def _wireless_rows(results: RunResults) -> list[tuple[str, Any]]:
             f"{fmt(w.emulated_s, 1)} s emulated",
         )
     ]
+
+
+def _privacy_rows(results: RunResults) -> list[tuple[str, Any]]:
+    """``dp-sgd · epsilon 2.99 (most any agent spent) at delta 1e-05`` and, for network DP,
+    the pairs; for the central reference, that it protects nothing from neighbours."""
+    p = results.privacy
+    if p is None:
+        return []
+    spent = "–" if p.epsilon is None else f"{p.epsilon:.3g}"
+    if p.pairwise is not None:
+        line = (
+            f"{p.mechanism} · ε mean {p.pairwise.mean:.3g} over pairs, worst pair {spent} "
+            f"at δ {p.delta:g}"
+        )
+    else:
+        line = f"{p.mechanism} · ε {spent} (most any agent spent) at δ {p.delta:g}"
+    if p.mechanism == "central":
+        line += " · a trusted curator's figure: neighbours see every model"
+    if p.exhausted_agents:
+        line += f" · budget stopped {p.exhausted_agents} agents"
+    return [("privacy", line)]

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -54,6 +55,9 @@ from edge.transport.base import (
     Transport,
 )
 from edge.transport.guard import RefusalLog
+
+if TYPE_CHECKING:  # imported only by runs that ask for privacy (Opacus, the accountants)
+    from edge.privacy.mechanism import PrivacyMechanism
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +138,9 @@ class Agent:
         Where the agent keeps its checkpoints (None: it keeps none).
     checkpoint_interval_s:
         How often it writes one (at the end of a round).
+    privacy:
+        The ``[privacy]`` mechanism, which trains in place of the task (None: the task
+        trains as it likes, and nothing is accounted).
     """
 
     def __init__(
@@ -151,6 +158,7 @@ class Agent:
         fleet: str = "",
         checkpoints: CheckpointStore | None = None,
         checkpoint_interval_s: float = 5.0,
+        privacy: PrivacyMechanism | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.task = task
@@ -162,6 +170,7 @@ class Agent:
         self.digest = digest
         self.observer = observer
         self.fleet = fleet
+        self.privacy = privacy
         self.checkpointer = (
             Checkpointer(checkpoints, interval_s=checkpoint_interval_s, clock=clock)
             if checkpoints is not None
@@ -263,8 +272,9 @@ class Agent:
         began = self.clock()
         with self._lock:
             start = self.algorithm.estimate().to(torch.float32)
+        train = self.task.train if self.privacy is None else self.privacy.train
         with torch.enable_grad():  # whatever the caller's mode: drivers gossip under no_grad
-            result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
+            result = train(start, TrainConfig(round_index, self.settings.rounds))
         with self._lock:
             if result.parameters is not start:  # a task that trains nothing returns its input
                 delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start
@@ -429,6 +439,8 @@ class Agent:
             counters = self._counters.copy()
         evaluation = self.task.evaluate(estimate.to(torch.float32))
         metrics = {**self._last_metrics, **evaluation.metrics}
+        if self.privacy is not None:
+            metrics.update(self.privacy.record_metrics())
         record = RoundRecord(
             agent_id=self.agent_id,
             round=round_index,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from edge.observability.stats import StatsSink
 from edge.observability.telemetry import AgentObserver
 from edge.tasks import Distiller, Task, TaskContext, load_task
 from edge.transport.base import Transport
+
+if TYPE_CHECKING:
+    from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
 
 
 def fleet_digest(task: Task, initial: torch.Tensor) -> str:
@@ -55,10 +59,13 @@ def build_agent(
     fleet: str = "",
     checkpoints: CheckpointStore | None = None,
     checkpoint_interval_s: float = 5.0,
+    privacy: PrivacyContext | None = None,
 ) -> Agent:
     """Build an agent from settings: load the task, start its algorithm from the task's
     initial parameters. Every way of running agents (processes, in-process fleets,
-    emulators) builds them here (see :class:`Agent` for the keyword arguments)."""
+    emulators) builds them here (see :class:`Agent` for the keyword arguments; ``privacy``:
+    the fleet's graph and this agent's pair secrets, for ``[privacy]`` mechanisms that need
+    them)."""
     context = TaskContext(
         agent_index=index,
         num_agents=num_agents,
@@ -79,6 +86,10 @@ def build_agent(
         options=settings.algorithm_options,
         shared_start=task.shared_initialisation,
     )
+    digest = fleet_digest(task, initial)
+    mechanism = None
+    if settings.privacy.enabled:
+        mechanism = build_privacy(agent_id, num_agents, settings, task, digest, privacy)
     return Agent(
         agent_id,
         task=task,
@@ -87,9 +98,34 @@ def build_agent(
         settings=settings,
         stats=stats,
         clock=clock,
-        digest=fleet_digest(task, initial),
+        digest=digest,
         observer=observer,
         fleet=fleet,
         checkpoints=checkpoints,
         checkpoint_interval_s=checkpoint_interval_s,
+        privacy=mechanism,
+    )
+
+
+def build_privacy(
+    agent_id: str,
+    num_agents: int,
+    settings: AgentSettings,
+    task: Task,
+    digest: str,
+    context: PrivacyContext | None,
+) -> PrivacyMechanism:
+    """The agent's ``[privacy]`` mechanism (imported only here: Opacus and the accountants
+    load when a run asks for privacy). ``ValueError`` naming what is missing."""
+    from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
+
+    return PrivacyMechanism(
+        settings.privacy,
+        task,
+        agent_id=agent_id,
+        num_agents=num_agents,
+        rounds=settings.rounds,
+        seed=derive_seed(settings.seed, agent_id, "privacy"),
+        context=context if context is not None else PrivacyContext(),
+        run_context=f"{settings.seed}:{digest}".encode(),
     )

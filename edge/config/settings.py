@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from edge.algorithms import ALGORITHMS, check_algorithm_settings
 from edge.compression import CODEC_FORMS, CODECS, Codec, get_codec, raw_codec_for
+from edge.privacy.settings import PrivacySettings
 
 
 class TaskSettings(BaseModel):
@@ -46,6 +47,9 @@ class AgentSettings(BaseModel):
     staleness: int = Field(2, ge=0, description="rounds an agent may run ahead of in-neighbours")
     wait_timeout_s: float = Field(
         0.25, ge=0, le=600, description="longest wait for in-neighbours per round"
+    )
+    privacy: PrivacySettings = Field(
+        default_factory=PrivacySettings, description="differential privacy of the training data"
     )
 
     @field_validator("algorithm")

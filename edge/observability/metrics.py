@@ -35,6 +35,7 @@ from edge.observability.telemetry import (
     SendEvent,
     StepEvent,
 )
+from edge.privacy.figures import EPSILON, EXHAUSTED
 from edge.transport.base import RejectCode
 
 # `*_created` series double every counter and histogram for a timestamp nobody queries.
@@ -182,6 +183,19 @@ class AgentMetrics:
             "Packets from peer dropped by the emulated link at this agent's interface.",
             ["peer"], registry=r,
         )  # fmt: skip
+        # Differential privacy of the agent's training data ([privacy]).
+        self.privacy_epsilon = Gauge(
+            "airgossip_agent_privacy_epsilon",
+            "Epsilon the agent has spent on its training data so far, at the run's delta "
+            "(+Inf without a privacy mechanism: no guarantee).",
+            registry=r,
+        )
+        self.privacy_epsilon.set(float("inf"))
+        self.privacy_exhausted = Gauge(
+            "airgossip_agent_privacy_budget_exhausted",
+            "1 once the privacy budget stopped the agent's training.",
+            registry=r,
+        )
         self._packets: dict[str, tuple[int, int]] = {}
         self._last_round = 0
         self.info.labels(agent_id).set(1)
@@ -199,6 +213,9 @@ class AgentMetrics:
             self.weight.set(record.scalars["weight"])
         if "disagreement" in record.scalars:
             self.disagreement.set(record.scalars["disagreement"])
+        if EPSILON in record.metrics:
+            self.privacy_epsilon.set(record.metrics[EPSILON])
+            self.privacy_exhausted.set(record.metrics.get(EXHAUSTED, 0.0))
 
     def observe_links(self, links: list[LinkFigures]) -> None:
         """Set the radio gauges of each out-link from an emulator's plain figures."""

@@ -5,7 +5,8 @@ issue ID`` a member's certificate (``ID.pem``) and key (``ID.key``); ``airgossip
 throwaway authority in its run folder. Keys are ECDSA P-256, written owner-readable only; a
 certificate names its holder as :mod:`edge.security.tls` reads it (the URI ``airgossip:<id>``
 and the DNS name ``<id>``) and is good for both ends of a TLS connection (every agent serves
-and dials).
+and dials). It also carries the member's X25519 key-agreement key
+(:mod:`edge.security.agreement`), which pairs of agents use for secrets of their own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from edge.security.agreement import agreement_extension
 from edge.security.tls import CA_CERT, CA_KEY, IDENTITY_URI_PREFIX, SecurityError, check_identity
 
 #: Clocks of devices drift: certificates are valid from a little before they are issued.
@@ -124,6 +126,8 @@ def make_certificate(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(authority_key.public_key()),
             critical=False,
         )
+        # The member's key-agreement key, for pairwise secrets (edge.security.agreement).
+        .add_extension(agreement_extension(key), critical=False)
         .sign(authority_key, hashes.SHA256())
     )
     return _cert_pem(cert), _key_pem(key)

@@ -3,6 +3,8 @@
 from edge.tasks.base import (
     Distiller,
     EvalResult,
+    PrivateTraining,
+    SupportsPrivateTraining,
     Task,
     TaskContext,
     TaskError,
@@ -15,6 +17,8 @@ __all__ = [
     "BUILTIN_TASKS",
     "Distiller",
     "EvalResult",
+    "PrivateTraining",
+    "SupportsPrivateTraining",
     "Task",
     "TaskContext",
     "TaskError",

@@ -7,7 +7,7 @@ device to compute. The agent owns everything else (gossip state, transport, cloc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -91,6 +91,46 @@ class Distiller(Protocol):
     ) -> TrainResult:
         """Train ``parameters`` on local data towards the averaged outputs of ``teachers``
         (flat parameter vectors of the same model); return the new flat vector."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrivateTraining:
+    """What a privacy mechanism needs to train a task's model itself, one example at a time
+    (per-example clipping): the model, already holding the parameters to start from, the
+    agent's training examples, a per-example loss and this round's step size.
+
+    Attributes
+    ----------
+    model:
+        The task's model with the round's starting parameters loaded; trained in place.
+    features, labels:
+        The agent's training examples (first dimension: one per example).
+    loss:
+        ``loss(outputs, labels)`` -> one loss per example (no reduction).
+    lr:
+        Step size of this round.
+    nominal_examples:
+        A fleet-wide number of examples per agent (the same on every agent: the training
+        set's size over the fleet's): steps divide by it times the sampling rate, so that
+        every agent's update has the same scale.
+    """
+
+    model: nn.Module
+    features: torch.Tensor
+    labels: torch.Tensor
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    lr: float
+    nominal_examples: float
+
+
+@runtime_checkable
+class SupportsPrivateTraining(Protocol):
+    """A task whose training a privacy mechanism can run (``[privacy]``: dp-sgd and the
+    other mechanisms clip every example's gradient, which needs the model and the data)."""
+
+    def private_training(self, parameters: torch.Tensor, config: TrainConfig) -> PrivateTraining:
+        """The model loaded with ``parameters``, the data and the loss for ``config``'s round."""
         ...
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from edge.tasks.base import (
     EvalResult,
+    PrivateTraining,
     TaskContext,
     TaskError,
     TrainConfig,
@@ -125,6 +126,7 @@ class DigitsTask:
         test, shards = split_indices(y, context.num_agents, context.seed, self.options)
         own = shards[context.agent_index]
         self.num_train = len(own)
+        self._nominal_examples = (len(y) - len(test)) / context.num_agents
         self._x_train = torch.from_numpy(x[own]).to(self.device)
         self._y_train = torch.from_numpy(y[own]).to(self.device)
         self._x_test = torch.from_numpy(x[test]).to(self.device)
@@ -207,6 +209,19 @@ class DigitsTask:
         new = nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu()
         examples = sum(len(b) for b in batches)
         return TrainResult(new, {"train_loss": loss, "lr": lr}, examples)
+
+    def private_training(self, parameters: torch.Tensor, config: TrainConfig) -> PrivateTraining:
+        """The model from ``parameters``, this agent's shard and a per-example cross-entropy,
+        for a privacy mechanism's steps (``[privacy]``; it replaces :meth:`train`)."""
+        self._load(parameters)
+        return PrivateTraining(
+            model=self.model,
+            features=self._x_train,
+            labels=self._y_train,
+            loss=nn.CrossEntropyLoss(reduction="none"),
+            lr=self._lr(config),
+            nominal_examples=self._nominal_examples,
+        )
 
     @torch.no_grad()
     def _ensemble_probabilities(

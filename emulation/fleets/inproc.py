@@ -22,6 +22,7 @@ from emulation.fleets.base import (
     group_records,
 )
 from emulation.networks import LinkRuntime, Network
+from emulation.privacy import privacy_context, run_keyring
 
 
 class InProcessFleet:
@@ -65,6 +66,8 @@ class InProcessFleet:
         config, runtime = self.config, self._runtime
         network = InMemoryNetwork()
         sink = runtime.sink(self.sink)
+        ids = agent_ids(config.agents)
+        keys = run_keyring(config, ids)
         agents = self.agents = [
             build_agent(
                 agent_id,
@@ -73,8 +76,9 @@ class InProcessFleet:
                 settings=config.agent_settings(),
                 transport=InMemoryTransport(network, agent_id, shaper=runtime.shaper),
                 stats=sink,
+                privacy=privacy_context(config, self.network, ids, keys.get(agent_id)),
             )
-            for i, agent_id in enumerate(agent_ids(config.agents))
+            for i, agent_id in enumerate(ids)
         ]
         addresses = {a.agent_id: a.start() for a in agents}
         assignments = runtime.assignments(0.0, addresses)

@@ -23,6 +23,7 @@ from emulation.config import ConfigError, RunConfig
 from emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
 from emulation.fleets.registry import fleet_class
 from emulation.networks import LinkRuntime, Network, network_for
+from emulation.privacy import check_privacy, privacy_figures
 from emulation.results import RunResults, plot_results, summarise
 
 #: What a run leaves in its output folder: a second run there would mix the two.
@@ -51,10 +52,11 @@ def preflight(config: RunConfig) -> Plan:
     try:
         device = resolve_device(config.device)
         settings = config.agent_settings()
-        load_task(
+        task = load_task(
             settings.task.name,
             TaskContext(0, config.agents, config.seed, device, settings.task.options),
         )
+        check_privacy(config, network, task)
     except (TaskError, ValueError) as err:
         raise ConfigError(str(err)) from None
     return Plan(config, fleet, network, graph)
@@ -103,6 +105,7 @@ def write_results(
     results.total_wall_s = round(wall_s, 3)
     results.interrupted = interrupted
     results.versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    results.privacy = privacy_figures(config, network, records)
     network.finish(results, records, out_dir, end_time_s=end_time_s, runtime=runtime)
     results.write(out_dir / "results.json")
     if results.rounds:

@@ -43,6 +43,7 @@ from emulation.fleets.base import (
     group_records,
 )
 from emulation.networks import LinkRuntime, Network
+from emulation.privacy import privacy_context, run_keyring
 
 
 class EventLoop:
@@ -190,6 +191,7 @@ class VirtualFleet:
         settings = config.agent_settings()
         directory: dict[str, InboundHandler] = {}
         sink = self.links.sink(self.sink)
+        keys = run_keyring(config, self.ids)
         for i, agent_id in enumerate(self.ids):
             transport = VirtualTransport(
                 loop, directory, agent_id, shaper=self.links.shaper, on_event=self._check
@@ -197,6 +199,7 @@ class VirtualFleet:
             agent = build_agent(
                 agent_id, index=i, num_agents=config.agents, settings=settings,
                 transport=transport, stats=sink, clock=loop.clock,
+                privacy=privacy_context(config, self.network, self.ids, keys.get(agent_id)),
             )  # fmt: skip
             self.agents.append(agent)
             self._by_id[agent_id] = agent

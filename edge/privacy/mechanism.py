@@ -1,0 +1,182 @@
+"""The privacy mechanism of one agent: the seam between ``[privacy]`` and the agent.
+
+The agent asks it for two things: :meth:`PrivacyMechanism.train` in place of the task's own
+``train`` (private steps, noise, masks; nothing else about the round changes), and
+:meth:`PrivacyMechanism.spent` for the round's record (epsilon so far, and whether the
+budget stopped training). Everything else (calibration, accounting, pair keys) is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edge.privacy.accounting import Ledger, NetworkLedger, OpacusLedger, PrivacyError
+from edge.privacy.figures import Spent
+from edge.privacy.keys import PairSecrets
+from edge.privacy.masks import PairMasks
+from edge.privacy.plan import FleetGraph, NoisePlan, resolve_noise
+from edge.privacy.settings import PrivacySettings
+from edge.privacy.training import PrivateTrainer
+from edge.tasks.base import SupportsPrivateTraining, Task, TrainConfig, TrainResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrivacyContext:
+    """What the way of running agents knows and hands down: the fleet's graph (for the
+    graph-aware mechanisms) and this agent's pair secrets (for cancelling masks)."""
+
+    graph: FleetGraph | None = None
+    secrets: PairSecrets | None = None
+
+
+class PrivacyMechanism:
+    """One agent's mechanism (see the module docstring).
+
+    Parameters
+    ----------
+    settings:
+        ``[privacy]``.
+    task:
+        The agent's task; it must support private training.
+    agent_id, num_agents, rounds, seed:
+        Who the agent is, the fleet's size, the run's rounds and the agent's own seed.
+    context:
+        Graph and secrets (see :class:`PrivacyContext`).
+    run_context:
+        Bytes every agent of the run shares (seed and fleet digest): the masks' keys are
+        derived from it, so another run draws other masks.
+    """
+
+    def __init__(
+        self,
+        settings: PrivacySettings,
+        task: Task,
+        *,
+        agent_id: str,
+        num_agents: int,
+        rounds: int,
+        seed: int,
+        context: PrivacyContext,
+        run_context: bytes,
+    ) -> None:
+        if not isinstance(task, SupportsPrivateTraining):
+            raise PrivacyError(
+                f"privacy mechanism '{settings.mechanism}' clips every example's gradient, and "
+                f"task '{task.name}' does not expose its model and data for that (a task needs "
+                "private_training(parameters, config): digits has it; a Flower app can use "
+                "Flower's own LocalDpMod instead)"
+            )
+        self.settings = settings
+        self.task = task
+        self.agent_id = agent_id
+        self.plan: NoisePlan = resolve_noise(
+            settings, rounds=rounds, num_agents=num_agents, graph=context.graph
+        )
+        self.trainer = PrivateTrainer(
+            mechanism=settings.mechanism,
+            noise_multiplier=self.plan.noise_multiplier,
+            max_grad_norm=settings.max_grad_norm,
+            sample_rate=settings.sample_rate,
+            seed=seed,
+        )
+        self.ledger: Ledger = self._ledger(context)
+        self.masks: PairMasks | None = None
+        if settings.mechanism == "cancelling":
+            self.masks = self._masks(context, run_context, task)
+        self.exhausted = False
+        self._warned = False
+
+    def _ledger(self, context: PrivacyContext) -> Ledger:
+        s, plan = self.settings, self.plan
+        if plan.network is not None:
+            assert context.graph is not None
+            index = context.graph.ids.index(self.agent_id)
+            network = plan.network
+
+            def row(rounds: int) -> np.ndarray:
+                values: np.ndarray = network.at(rounds)[index].copy()
+                values[index] = math.nan
+                return values
+
+            return NetworkLedger(row, plan.noise_multiplier, s.delta)
+        return OpacusLedger(plan.accounted_multiplier, s.sample_rate, s.delta, s.accountant,
+                            s.mechanism)  # fmt: skip
+
+    def _masks(self, context: PrivacyContext, run_context: bytes, task: Task) -> PairMasks:
+        if context.secrets is None:
+            raise PrivacyError(
+                "privacy mechanism 'cancelling' needs every agent's identity to agree a key "
+                "with each partner: run with TLS (without --insecure), or in one process "
+                "(--mode inproc or virtual)"
+            )
+        assert context.graph is not None
+        secrets = context.secrets
+        partners = context.graph.partners(self.agent_id)
+        numel = task.initial_parameters().numel()
+        return PairMasks(
+            self.agent_id, partners, lambda peer: secrets.mask_key(peer, run_context), numel
+        )
+
+    @property
+    def steps_per_round(self) -> int:
+        return self.settings.steps_per_round
+
+    def _within_budget(self, round_index: int) -> bool:
+        budget = self.settings.budget_epsilon
+        if budget is None or self.exhausted:
+            return not self.exhausted
+        upcoming = self.ledger.epsilon(self.steps_per_round)
+        if upcoming <= budget:
+            return True
+        if self.settings.on_budget == "stop":
+            self.exhausted = True
+            log.warning(
+                "%s: round %d would spend epsilon %.4g of a budget of %.4g: it stops training "
+                "on its data (%.4g spent) and goes on gossiping",
+                self.agent_id, round_index, upcoming, budget, self.ledger.epsilon(),
+            )  # fmt: skip
+            return False
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s: round %d spends epsilon %.4g, past the budget of %.4g (on_budget = warn)",
+                self.agent_id, round_index, upcoming, budget,
+            )  # fmt: skip
+        return True
+
+    def train(self, start: torch.Tensor, config: TrainConfig) -> TrainResult:
+        """The round's private steps from ``start`` (or none past the budget), plus this
+        agent's masks: what the agent adds to its state in place of the task's training."""
+        assert isinstance(self.task, SupportsPrivateTraining)
+        setup = self.task.private_training(start, config)
+        metrics: dict[str, float] = {"lr": setup.lr}
+        parameters, examples = start, 0
+        scale = setup.lr / (self.settings.sample_rate * setup.nominal_examples)
+        if self._within_budget(config.round):
+            result = self.trainer.run(setup, self.steps_per_round)
+            self.ledger.step(self.steps_per_round)
+            parameters, examples, scale = result.parameters, result.examples, result.scale
+            metrics["train_loss"] = result.loss
+        if self.masks is not None:
+            # Masks in units of one clipped gradient, moved as the step moves the model;
+            # added even past the budget (they hold no data) so that partners' still cancel.
+            std = self.plan.mask_multiplier * self.settings.max_grad_norm * scale
+            mask = self.masks.mask(config.round, std)
+            parameters = (parameters.to(torch.float64) + mask).to(start.dtype)
+        return TrainResult(parameters, metrics, examples)
+
+    def spent(self) -> Spent:
+        """What this agent has spent so far."""
+        mean = self.ledger.mean_epsilon() if isinstance(self.ledger, NetworkLedger) else None
+        return Spent(self.ledger.epsilon(), self.ledger.steps, mean, self.exhausted)
+
+    def record_metrics(self) -> dict[str, float]:
+        """:meth:`spent` as the figures of a round record."""
+        return self.spent().as_metrics()

@@ -1,0 +1,95 @@
+"""``[privacy]``: which mechanism protects the agents' training data, and how much.
+
+One table for the whole fleet (every agent must add the same kind of noise for the
+guarantees to hold), validated up front with one line per problem. See ``docs/privacy.md``
+for what each mechanism guarantees and against whom.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: The mechanisms by name: ``none``; ``dp-sgd``, local DP-SGD through Opacus;
+#: ``network-dp``, noise once per round and gossip (Muffliato); ``cancelling``, pairwise
+#: masks that cancel in the fleet's sum plus a little independent noise (DECOR); ``central``,
+#: the noise a trusted curator would add to the fleet's sum (a reference: it protects nothing
+#: from neighbours, who see every agent's model).
+MECHANISMS = ("none", "dp-sgd", "network-dp", "cancelling", "central")
+#: Mechanisms whose round is one noisy step: their accounting sees one update per round.
+ONE_STEP_MECHANISMS = ("network-dp", "cancelling", "central")
+#: Masks of the cancelling mechanism, in units of its independent noise, unless set. Larger
+#: masks let each agent add less independent noise for the same epsilon, but gossip must
+#: average them out of every model: on digits, 16 agents, exponential graph, 1 was the best
+#: of 0.5, 1, 2 and 4 (``docs/privacy.md``).
+DEFAULT_MASK_RATIO = 1.0
+
+
+class PrivacySettings(BaseModel):
+    """``[privacy]``: the mechanism and its parameters (identical on every agent)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mechanism: Literal["none", "dp-sgd", "network-dp", "cancelling", "central"] = "none"
+    noise_multiplier: float | None = Field(
+        None,
+        ge=0,
+        description="Gaussian noise over max_grad_norm (dp-sgd: per step; network-dp: per "
+        "round; cancelling: the independent part; central: the curator's)",
+    )
+    target_epsilon: float | None = Field(
+        None, gt=0, description="calibrate the noise to spend this epsilon by the last round"
+    )
+    delta: float = Field(1e-5, gt=0, lt=1)
+    max_grad_norm: float = Field(1.0, gt=0, description="per-example gradient clipping bound")
+    sample_rate: float = Field(
+        1.0, gt=0, le=1, description="Poisson sampling rate of each example per step"
+    )
+    steps_per_round: int = Field(
+        1, ge=1, le=10_000, description="private steps per round (dp-sgd only: the others take 1)"
+    )
+    mask_multiplier: float | None = Field(
+        None,
+        ge=0,
+        description="cancelling: std of each pairwise mask over max_grad_norm (default: "
+        f"{DEFAULT_MASK_RATIO:g} times the independent noise)",
+    )
+    accountant: Literal["rdp", "prv"] = "rdp"
+    budget_epsilon: float | None = Field(
+        None, gt=0, description="epsilon an agent may spend; see on_budget"
+    )
+    on_budget: Literal["stop", "warn"] = Field(
+        "stop",
+        description="stop: an agent whose next round would spend more stops training on its "
+        "data (it keeps gossiping); warn: it logs once and goes on",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrivacySettings:
+        if self.mechanism == "none":
+            return self
+        given = (self.noise_multiplier is not None) + (self.target_epsilon is not None)
+        if given != 1:
+            raise ValueError(
+                f"[privacy] mechanism '{self.mechanism}' needs exactly one of noise_multiplier "
+                f"or target_epsilon, got {'both' if given == 2 else 'neither'}"
+            )
+        if self.mechanism in ONE_STEP_MECHANISMS and self.steps_per_round != 1:
+            raise ValueError(
+                f"[privacy] mechanism '{self.mechanism}' takes one noisy step per round (its "
+                f"accounting follows one update per round); steps_per_round = "
+                f"{self.steps_per_round} is for dp-sgd"
+            )
+        if self.mask_multiplier is not None and self.mechanism != "cancelling":
+            raise ValueError("[privacy] mask_multiplier is for mechanism 'cancelling' only")
+        if self.accountant == "prv" and self.mechanism == "network-dp":
+            raise ValueError(
+                "[privacy] mechanism 'network-dp' is accounted exactly as a Gaussian mechanism "
+                "of the graph; accountant 'prv' is for dp-sgd, cancelling and central"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism != "none"

@@ -1,0 +1,162 @@
+"""``[privacy]`` at the fleet's level: what a way of running agents hands each agent (the
+fleet's graph, on which the graph-aware mechanisms calibrate and account, and the agent's
+pair secrets), and what a run's results say of its privacy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge.config.identity import agent_ids, natural_key
+from edge.observability.stats import RoundRecord
+from edge.security.tls import TlsCredentials
+from emulation.config import RunConfig
+from emulation.networks import Network
+from emulation.results import PairwiseFigures, PrivacyFigures
+
+if TYPE_CHECKING:  # privacy code loads only for runs that ask for it
+    from edge.privacy.keys import PairSecrets
+    from edge.privacy.mechanism import PrivacyContext
+    from edge.tasks import Task
+
+
+def privacy_context(
+    config: RunConfig,
+    network: Network,
+    ids: Sequence[str],
+    secrets: PairSecrets | None = None,
+) -> PrivacyContext | None:
+    """The context of one agent of ``config``'s fleet (None when the run asks for no
+    privacy): the first graph of ``network`` over ``ids`` (index order), and ``secrets``."""
+    if not config.privacy.enabled:
+        return None
+    from edge.privacy.mechanism import PrivacyContext
+    from edge.privacy.plan import FleetGraph
+
+    static = not network.time_varying and not network.round_driven
+    graph = FleetGraph.of(network.first_graph(), tuple(ids), network.scheme, static=static)
+    return PrivacyContext(graph, secrets)
+
+
+def run_keyring(config: RunConfig, ids: Sequence[str]) -> dict[str, PairSecrets]:
+    """Fresh per-run pair secrets for the agents of an in-process fleet (empty unless the run
+    masks with cancelling noise): one process, no TLS, so keys are drawn for the run."""
+    if config.privacy.mechanism != "cancelling":
+        return {}
+    from edge.privacy.keys import RunKeyring
+
+    keyring = RunKeyring(ids)
+    return {i: keyring.for_agent(i) for i in ids}
+
+
+def hop_distances(adjacency: np.ndarray) -> np.ndarray:
+    """``hops[u, v]``: the fewest links from ``u`` to ``v`` (-1 where none lead)."""
+    n = adjacency.shape[0]
+    hops = np.full((n, n), -1, dtype=np.int64)
+    for source in range(n):
+        hops[source, source] = 0
+        frontier, distance = [source], 0
+        while frontier:
+            distance += 1
+            reached = np.flatnonzero(adjacency[frontier].any(axis=0) & (hops[source] < 0))
+            hops[source, reached] = distance
+            frontier = list(reached)
+    return hops
+
+
+def privacy_figures(
+    config: RunConfig, network: Network, records: Mapping[str, Sequence[RoundRecord]]
+) -> PrivacyFigures | None:
+    """What ``results.json`` says of a run's privacy: the noise resolved (the same
+    computation every agent made) and what the agents' last records spent; for network DP
+    the pairwise guarantee of the run's graph, over all pairs and by distance."""
+    settings = config.privacy
+    if not settings.enabled:
+        return None
+    from edge.privacy.figures import Spent
+    from edge.privacy.plan import resolve_noise
+
+    ids = sorted(records, key=natural_key)
+    if len(ids) != config.agents:  # someone never reported: the launchers' names
+        ids = agent_ids(config.agents)
+    context = privacy_context(config, network, ids)
+    assert context is not None
+    graph = context.graph
+    plan = resolve_noise(settings, rounds=config.rounds, num_agents=config.agents, graph=graph)
+    last = [Spent.from_metrics(r[-1].metrics) for r in records.values() if r]
+    spent = [s for s in last if s is not None]
+    figures = PrivacyFigures(
+        mechanism=settings.mechanism,
+        delta=settings.delta,
+        accountant="gaussian" if plan.network is not None else settings.accountant,
+        sample_rate=settings.sample_rate,
+        max_grad_norm=settings.max_grad_norm,
+        noise_multiplier=plan.noise_multiplier,
+        budget_epsilon=settings.budget_epsilon,
+        exhausted_agents=sum(s.exhausted for s in spent),
+    )
+    if spent:
+        figures.epsilon = max(s.epsilon for s in spent)
+    if plan.mask_multiplier:
+        figures.mask_multiplier = plan.mask_multiplier
+    if plan.accounted_multiplier:
+        figures.accounted_multiplier = plan.accounted_multiplier
+    if plan.network is not None and graph is not None:
+        rounds = max((s.steps for s in spent), default=0)
+        pairwise = plan.pairwise_epsilon(rounds, settings.delta)
+        hops = hop_distances(graph.adjacency)
+        off = ~np.eye(len(hops), dtype=bool)
+        by_distance = {
+            str(d): float(np.mean(pairwise[off & (hops == d)]))
+            for d in sorted(set(hops[off].tolist()))
+            if d > 0
+        }
+        figures.epsilon_mean = float(np.mean(pairwise[off]))
+        figures.pairwise = PairwiseFigures(
+            min=float(np.min(pairwise[off])),
+            mean=float(np.mean(pairwise[off])),
+            max=float(np.max(pairwise[off])),
+            by_distance=by_distance,
+            exact=plan.network.exact,
+        )
+    return figures
+
+
+def check_privacy(config: RunConfig, network: Network, task: Task) -> None:
+    """Everything about ``[privacy]`` that can fail before an agent starts: Opacus missing, a
+    task that cannot be trained privately, a graph mechanism on a changing graph, a target
+    no noise reaches (``ValueError`` with one line)."""
+    if not config.privacy.enabled:
+        return
+    from edge.privacy.accounting import opacus_module
+    from edge.privacy.plan import resolve_noise
+    from edge.tasks import SupportsPrivateTraining
+
+    opacus_module("accountants", config.privacy.mechanism)
+    if not isinstance(task, SupportsPrivateTraining):
+        raise ValueError(
+            f"privacy mechanism '{config.privacy.mechanism}' clips every example's gradient, "
+            f"and task '{task.name}' does not expose its model and data for that (a task needs "
+            "private_training(parameters, config): digits has it; a Flower app can use "
+            "Flower's own LocalDpMod instead)"
+        )
+    context = privacy_context(config, network, agent_ids(config.agents))
+    assert context is not None
+    resolve_noise(config.privacy, rounds=config.rounds, num_agents=config.agents,
+                  graph=context.graph)  # fmt: skip
+
+
+def certificate_secrets(
+    config: RunConfig, credentials: TlsCredentials | None, directory: Path | None
+) -> PairSecrets | None:
+    """An agent process's pair secrets: from its TLS credentials and the partners'
+    certificates beside them (None unless the run masks with cancelling noise, or without
+    TLS, where the agent then refuses to start with a line saying why)."""
+    if config.privacy.mechanism != "cancelling" or credentials is None or directory is None:
+        return None
+    from edge.privacy.keys import CertificateSecrets
+
+    return CertificateSecrets(credentials, directory)
