@@ -33,6 +33,7 @@ ENTRIES = {
     "overlap": "benchmarks.overlap",
     "regressions": "benchmarks.regressions",
     "peers": "benchmarks.comparison",
+    "privacy": "benchmarks.privacy",
 }
 
 

@@ -7,7 +7,7 @@ Three dashboards, every panel on the Prometheus datasource the compose stack pro
 end of a directed link):
 
 * fleet overview: accuracy per agent, consensus distance, rounds/s, agents alive, graph
-  strongly connected, mixing |lambda2|;
+  strongly connected, mixing |lambda2|, privacy spent (epsilon) per agent;
 * network: bytes/s and drop rate per directed link (messages dropped by an in-agent shaper,
   packets dropped by the kernel), SINR and rate per link, links in range;
 * agent detail: push latency (quantiles and histogram), refused messages by reason, local
@@ -208,6 +208,21 @@ def fleet() -> db.Dashboard:
                     "short",
                     query("airgossip_fleet_agents", "{{state}}"),
                     query("airgossip_fleet_topology_epoch", "graph epoch", "B"),
+                ).min(0),
+            ],
+            [
+                series(
+                    "Privacy spent per agent (ε)",
+                    "Epsilon each agent has spent on its training data, at the run's delta "
+                    "([privacy]; network DP: towards the agent that learns most of it). +Inf: "
+                    "no privacy mechanism, no guarantee.",
+                    "short",
+                    query(f"airgossip_agent_privacy_epsilon{{{AGENT}}}", "{{agent}}"),
+                    query(
+                        f"airgossip_agent_privacy_budget_exhausted{{{AGENT}}}",
+                        "{{agent}} budget reached",
+                        "B",
+                    ),
                 ).min(0),
             ],
         ],

@@ -272,9 +272,13 @@ class Agent:
         began = self.clock()
         with self._lock:
             start = self.algorithm.estimate().to(torch.float32)
-        train = self.task.train if self.privacy is None else self.privacy.train
+            weight = self.algorithm.scalars().get("weight", 1.0)
+        config = TrainConfig(round_index, self.settings.rounds)
         with torch.enable_grad():  # whatever the caller's mode: drivers gossip under no_grad
-            result = train(start, TrainConfig(round_index, self.settings.rounds))
+            if self.privacy is None:
+                result = self.task.train(start, config)
+            else:
+                result = self.privacy.train(start, config, weight=weight)
         with self._lock:
             if result.parameters is not start:  # a task that trains nothing returns its input
                 delta = result.parameters.detach().to(device="cpu", dtype=torch.float32) - start

@@ -165,8 +165,9 @@ def network_sensitivities(
     rounds:
         How many rounds to account.
     weights:
-        Push-sum weight ``y`` of each agent in each round, ``(rounds, n)``: an update enters
-        the state scaled by it (default: ``y`` as lossless push-sum runs it, ``W^t 1``).
+        ``(rounds, n)``: what scales each agent's update as it enters the state in each
+        round (default: 1; the privacy mechanisms add their steps to push-sum's value as
+        they are, see :meth:`edge.privacy.mechanism.PrivacyMechanism.train`).
 
     The model of a round: ``s_t = W s_(t-1) + diag(y_t) (d_t + eta_t)`` and agent ``v``
     receives ``W[v, w] s_t[w]`` from each in-neighbour ``w``; ``v`` knows its own noise.
@@ -174,11 +175,7 @@ def network_sensitivities(
     w = np.asarray(mixing, dtype=np.float64)
     n = w.shape[0]
     if weights is None:
-        y = np.ones(n)
-        weights = np.empty((rounds, n))
-        for t in range(rounds):
-            weights[t] = y
-            y = w @ y
+        weights = np.ones((rounds, n))
     local = np.broadcast_to(np.arange(1, rounds + 1, dtype=np.float64)[:, None, None],
                             (rounds, n, n)).copy()  # fmt: skip
     for t in range(rounds):

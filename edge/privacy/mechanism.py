@@ -20,7 +20,7 @@ from edge.privacy.figures import Spent
 from edge.privacy.keys import PairSecrets
 from edge.privacy.masks import PairMasks
 from edge.privacy.plan import FleetGraph, NoisePlan, resolve_noise
-from edge.privacy.settings import PrivacySettings
+from edge.privacy.settings import ONE_STEP_MECHANISMS, PrivacySettings
 from edge.privacy.training import PrivateTrainer
 from edge.tasks.base import SupportsPrivateTraining, Task, TrainConfig, TrainResult
 
@@ -151,25 +151,39 @@ class PrivacyMechanism:
             )  # fmt: skip
         return True
 
-    def train(self, start: torch.Tensor, config: TrainConfig) -> TrainResult:
+    def train(
+        self, start: torch.Tensor, config: TrainConfig, *, weight: float = 1.0
+    ) -> TrainResult:
         """The round's private steps from ``start`` (or none past the budget), plus this
-        agent's masks: what the agent adds to its state in place of the task's training."""
+        agent's masks: what the agent adds to its state in place of the task's training.
+
+        ``weight`` is the agent's push-sum weight ``y`` (1 for algorithms without one). The
+        agent adds ``y`` times a step to its value ``x``, so that the estimate ``x / y``
+        moves by the step. The one-step mechanisms instead add their step (update, noise and
+        masks) to ``x`` as it is: each pair's masks then cancel in the fleet's total of
+        ``x`` exactly whatever the weights (push-sum conserves that total under loss), and
+        what an observer sees of a round is the update plus noise plus masks, the model
+        their accounting is exact for. Their estimate moves by the step over ``y``.
+        """
         assert isinstance(self.task, SupportsPrivateTraining)
         setup = self.task.private_training(start, config)
         metrics: dict[str, float] = {"lr": setup.lr}
-        parameters, examples = start, 0
+        step, examples = torch.zeros(start.numel(), dtype=torch.float64), 0
         scale = setup.lr / (self.settings.sample_rate * setup.nominal_examples)
         if self._within_budget(config.round):
             result = self.trainer.run(setup, self.steps_per_round)
             self.ledger.step(self.steps_per_round)
-            parameters, examples, scale = result.parameters, result.examples, result.scale
+            step = result.parameters.to(torch.float64) - start.to(torch.float64)
+            examples, scale = result.examples, result.scale
             metrics["train_loss"] = result.loss
         if self.masks is not None:
             # Masks in units of one clipped gradient, moved as the step moves the model;
             # added even past the budget (they hold no data) so that partners' still cancel.
             std = self.plan.mask_multiplier * self.settings.max_grad_norm * scale
-            mask = self.masks.mask(config.round, std)
-            parameters = (parameters.to(torch.float64) + mask).to(start.dtype)
+            step += self.masks.mask(config.round, std)
+        if self.settings.mechanism in ONE_STEP_MECHANISMS:
+            step /= weight
+        parameters = (start.to(torch.float64) + step).to(start.dtype)
         return TrainResult(parameters, metrics, examples)
 
     def spent(self) -> Spent:

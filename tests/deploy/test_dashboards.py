@@ -85,6 +85,7 @@ def test_the_panels_and_variables_operators_need() -> None:
     assert titles["airgossip-fleet.json"] >= {
         "Test accuracy per agent", "Consensus distance per agent", "Rounds/s (fleet)",
         "Rounds/s per agent", "Agents alive", "Graph strongly connected", "Mixing |λ2|",
+        "Privacy spent per agent (ε)",
     }  # fmt: skip
     assert titles["airgossip-network.json"] >= {
         "Bytes/s per directed link", "Message drop rate per directed link",

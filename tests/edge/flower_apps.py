@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import LocalDpMod
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -63,6 +64,24 @@ def record_train(msg: Message, context: Context) -> Message:
 def record_evaluate(msg: Message, context: Context) -> Message:
     total = sum(float(a.numpy().sum()) for a in msg.content["arrays"].values())
     metrics = MetricRecord({"eval_acc": 0.5, "eval_loss": total, "f1": 0.75, "num-examples": 7})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+# Flower's own local DP on the train handler (as Flower's docs attach it: a mod of the whole
+# app would also see evaluate replies, which carry no arrays, and refuse them): clips each
+# update to 0.5 and adds Gaussian noise.
+local_dp = ClientApp()
+
+
+@local_dp.train(mods=[LocalDpMod(clipping_norm=0.5, sensitivity=0.5, epsilon=1000.0, delta=1e-5)])
+def local_dp_train(msg: Message, context: Context) -> Message:
+    metrics = MetricRecord({"train_loss": 0.5, "num-examples": 10})
+    return Message(RecordDict({"arrays": _step(msg), "metrics": metrics}), reply_to=msg)
+
+
+@local_dp.evaluate()
+def local_dp_evaluate(msg: Message, context: Context) -> Message:
+    metrics = MetricRecord({"eval_acc": 0.5, "num-examples": 7})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 

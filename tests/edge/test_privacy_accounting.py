@@ -157,10 +157,11 @@ def test_network_sensitivities_against_a_simulation_of_the_view() -> None:
     for i in range(n):
         targets = [i, *np.flatnonzero(adjacency[i])]
         w[targets, i] = rng.dirichlet(np.ones(len(targets)))
-    got = network_sensitivities(w, rounds)
-    assert got.exact
-    # Push-sum's weight y_t = W^t 1 scales what an agent adds in round t.
+    # What scales an agent's update as it enters the state: here y_t = W^t 1, push-sum's
+    # weight (the mechanisms add theirs unscaled, the default).
     weights = [np.linalg.matrix_power(w, t) @ np.ones(n) for t in range(rounds)]
+    got = network_sensitivities(w, rounds, weights=np.array(weights))
+    assert got.exact
     for u, v in ((0, 1), (2, 0), (3, 2)):
         # The view, built from unit injections through the dynamics: column (r, i) is what
         # v receives from each in-neighbour in each round when agent i adds 1 in round r.
