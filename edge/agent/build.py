@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,7 +90,8 @@ def build_agent(
     digest = fleet_digest(task, initial)
     mechanism = None
     if settings.privacy.enabled:
-        mechanism = build_privacy(agent_id, num_agents, settings, task, digest, privacy)
+        journal = checkpoints.directory / f"{agent_id}.privacy.json" if checkpoints else None
+        mechanism = build_privacy(agent_id, num_agents, settings, task, digest, privacy, journal)
     return Agent(
         agent_id,
         task=task,
@@ -114,6 +116,7 @@ def build_privacy(
     task: Task,
     digest: str,
     context: PrivacyContext | None,
+    journal: Path | None = None,
 ) -> PrivacyMechanism:
     """The agent's ``[privacy]`` mechanism (imported only here: Opacus and the accountants
     load when a run asks for privacy). ``ValueError`` naming what is missing."""
@@ -128,4 +131,5 @@ def build_privacy(
         seed=derive_seed(settings.seed, agent_id, "privacy"),
         context=context if context is not None else PrivacyContext(),
         run_context=f"{settings.seed}:{digest}".encode(),
+        journal=journal,
     )

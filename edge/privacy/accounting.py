@@ -85,7 +85,8 @@ class Ledger(Protocol):
 
 class OpacusLedger:
     """Opacus's accountant (``rdp`` or ``prv``) stepped with one noise multiplier and one
-    sampling rate per step, as Opacus's own privacy engine steps it."""
+    sampling rate per step, as Opacus's own privacy engine steps it; :meth:`charge` adds
+    steps of another multiplier (what a restart costs, see :mod:`edge.privacy.journal`)."""
 
     def __init__(
         self, noise_multiplier: float, sample_rate: float, delta: float, kind: str, mechanism: str
@@ -96,34 +97,46 @@ class OpacusLedger:
         self.sample_rate = sample_rate
         self.delta = delta
         self.steps = 0
-        self._cache: dict[int, float] = {}
+        self.charges: dict[float, int] = {}
+        self._cache: dict[tuple[int, tuple[tuple[float, int], ...]], float] = {}
 
     def step(self, count: int = 1) -> None:
         self.steps += count
 
+    def charge(self, noise_multiplier: float, count: int) -> None:
+        """Account ``count`` more steps of ``noise_multiplier`` beside the others."""
+        self.charges[noise_multiplier] = self.charges.get(noise_multiplier, 0) + count
+
     def epsilon(self, extra_steps: int = 0) -> float:
         steps = self.steps + extra_steps
-        if steps == 0:
+        entries = [(self.noise_multiplier, steps), *sorted(self.charges.items())]
+        entries = [(sigma, count) for sigma, count in entries if count > 0]
+        if not entries:
             return 0.0
-        if self.noise_multiplier <= 0:
+        if any(sigma <= 0 for sigma, _ in entries):
             return math.inf
-        if steps not in self._cache:
+        key = (steps, tuple(sorted(self.charges.items())))
+        if key not in self._cache:
             accountant = self._make()
-            # The history Opacus's accountant builds from ``steps`` calls of step(): one entry.
-            accountant.history = [(self.noise_multiplier, self.sample_rate, steps)]
-            self._cache = {steps: float(accountant.get_epsilon(delta=self.delta))}
-        return self._cache[steps]
+            # The history Opacus's accountant builds from that many calls of step(): one
+            # entry per noise multiplier.
+            accountant.history = [(sigma, self.sample_rate, count) for sigma, count in entries]
+            self._cache = {key: float(accountant.get_epsilon(delta=self.delta))}
+        return self._cache[key]
 
 
 class NetworkLedger:
     """Pairwise network DP of one agent: epsilon towards every other agent after each round
-    (``mu_squared`` from :func:`edge.privacy.graph.network_sensitivities`, its row)."""
+    (``mu_squared`` from :func:`edge.privacy.graph.network_sensitivities`, its row). With
+    ``local``, every pair gets local DP's figure instead (an agent restarted from a
+    checkpoint ran rounds twice, which the graph's linear view does not model)."""
 
     def __init__(self, mu_squared: Callable[[int], np.ndarray], noise_multiplier: float,
-                 delta: float) -> None:  # fmt: skip
+                 delta: float, *, local: bool = False) -> None:  # fmt: skip
         self._mu_squared = mu_squared
         self.noise_multiplier = noise_multiplier
         self.delta = delta
+        self.local = local
         self.steps = 0
 
     def step(self, count: int = 1) -> None:
@@ -132,6 +145,8 @@ class NetworkLedger:
     def pairwise(self, extra_steps: int = 0) -> np.ndarray:
         """Epsilon towards each other agent (the entry of the agent itself is NaN)."""
         squared = self._mu_squared(self.steps + extra_steps)
+        if self.local:
+            squared = np.where(np.isnan(squared), squared, float(self.steps + extra_steps))
         sigma2 = self.noise_multiplier**2
         return np.array([
             math.nan if math.isnan(m) else

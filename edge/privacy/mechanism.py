@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from edge.config.seeds import derive_seed
 from edge.privacy.accounting import Ledger, NetworkLedger, OpacusLedger, PrivacyError
 from edge.privacy.figures import Spent
+from edge.privacy.journal import PrivacyJournal
 from edge.privacy.keys import PairSecrets
 from edge.privacy.masks import PairMasks
 from edge.privacy.plan import FleetGraph, NoisePlan, resolve_noise
@@ -52,6 +55,9 @@ class PrivacyMechanism:
     run_context:
         Bytes every agent of the run shares (seed and fleet digest): the masks' keys are
         derived from it, so another run draws other masks.
+    journal:
+        Where the agent keeps what it spent across restarts (beside its checkpoints; None:
+        in memory, for agents that keep no checkpoints). See :mod:`edge.privacy.journal`.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class PrivacyMechanism:
         seed: int,
         context: PrivacyContext,
         run_context: bytes,
+        journal: Path | None = None,
     ) -> None:
         if not isinstance(task, SupportsPrivateTraining):
             raise PrivacyError(
@@ -79,6 +86,9 @@ class PrivacyMechanism:
         self.plan: NoisePlan = resolve_noise(
             settings, rounds=rounds, num_agents=num_agents, graph=context.graph
         )
+        self.journal = PrivacyJournal(journal)
+        if self.journal.restarted:  # it runs rounds again: with new batches and new noise
+            seed = derive_seed(seed, self.journal.entry.incarnation)
         self.trainer = PrivateTrainer(
             mechanism=settings.mechanism,
             noise_multiplier=self.plan.noise_multiplier,
@@ -87,10 +97,11 @@ class PrivacyMechanism:
             seed=seed,
         )
         self.ledger: Ledger = self._ledger(context)
+        self.ledger.step(self.journal.entry.steps)
         self.masks: PairMasks | None = None
         if settings.mechanism == "cancelling":
             self.masks = self._masks(context, run_context, task)
-        self.exhausted = False
+        self.exhausted = self.journal.entry.exhausted
         self._warned = False
 
     def _ledger(self, context: PrivacyContext) -> Ledger:
@@ -105,7 +116,7 @@ class PrivacyMechanism:
                 values[index] = math.nan
                 return values
 
-            return NetworkLedger(row, plan.noise_multiplier, s.delta)
+            return NetworkLedger(row, plan.noise_multiplier, s.delta, local=self.journal.restarted)
         return OpacusLedger(plan.accounted_multiplier, s.sample_rate, s.delta, s.accountant,
                             s.mechanism)  # fmt: skip
 
@@ -136,7 +147,8 @@ class PrivacyMechanism:
         if upcoming <= budget:
             return True
         if self.settings.on_budget == "stop":
-            self.exhausted = True
+            self.exhausted = self.journal.entry.exhausted = True
+            self.journal.write()
             log.warning(
                 "%s: round %d would spend epsilon %.4g of a budget of %.4g: it stops training "
                 "on its data (%.4g spent) and goes on gossiping",
@@ -171,8 +183,8 @@ class PrivacyMechanism:
         step, examples = torch.zeros(start.numel(), dtype=torch.float64), 0
         scale = setup.lr / (self.settings.sample_rate * setup.nominal_examples)
         if self._within_budget(config.round):
+            self._spend(config.round)
             result = self.trainer.run(setup, self.steps_per_round)
-            self.ledger.step(self.steps_per_round)
             step = result.parameters.to(torch.float64) - start.to(torch.float64)
             examples, scale = result.examples, result.scale
             metrics["train_loss"] = result.loss
@@ -185,6 +197,20 @@ class PrivacyMechanism:
             step /= weight
         parameters = (start.to(torch.float64) + step).to(start.dtype)
         return TrainResult(parameters, metrics, examples)
+
+    def _spend(self, round_index: int) -> None:
+        """Account the round's steps, on disk first (see :mod:`edge.privacy.journal`)."""
+        steps, entry = self.steps_per_round, self.journal.entry
+        rerun = round_index <= self.journal.previous_round
+        entry.steps += steps
+        entry.last_round = max(entry.last_round, round_index)
+        entry.rerun_steps += steps if rerun else 0
+        self.journal.write()
+        self.ledger.step(steps)
+        if rerun and self.masks is not None and isinstance(self.ledger, OpacusLedger):
+            # The round's masks are the same as before the restart, so the two versions'
+            # difference is unmasked: charge both as if the masks were known.
+            self.ledger.charge(self.plan.noise_multiplier, 2 * steps)
 
     def spent(self) -> Spent:
         """What this agent has spent so far."""

@@ -140,6 +140,12 @@ def run_fleet(
     see :class:`~emulation.fleets.base.Launch`).
     """
     plan = plan if plan is not None and plan.config == config else preflight(config)
+    if insecure and config.privacy.mechanism == "cancelling" and not plan.fleet.in_process:
+        raise ConfigError(
+            "privacy mechanism 'cancelling' needs every agent's identity to agree a key with "
+            "each partner: run without --insecure (mutual TLS), or in one process (--mode "
+            "inproc or virtual)"
+        )
     refuse_used_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = plan.network.launch_config(time.time())
