@@ -176,6 +176,8 @@ class LocalFleet:
         self.timeout = heartbeat_timeout_s
         self.token = token
         self.db = tmp / "fleet.db"
+        #: Where the coordinator writes the run's results when every agent has finished.
+        self.results_dir = tmp / "run"
         self.logs = tmp / "logs"
         self.logs.mkdir()
         self.grpc_port = free_port()
@@ -207,6 +209,7 @@ class LocalFleet:
             [
                 "coordinator", "--listen", f"127.0.0.1:{self.grpc_port}",
                 "--metrics-port", str(self.metrics_port), "--db", str(self.db),
+                "--out", str(self.results_dir),
                 "--token", self.token, "--config", str(self.scenario), *self.topology,
                 "--certs", str(credentials_folder()),
                 "--heartbeat-interval-s", str(self.interval),

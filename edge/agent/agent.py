@@ -32,6 +32,7 @@ import torch
 from edge.agent.admission import Admission
 from edge.agent.checkpointing import AgentState, Checkpointer
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
+from edge.agent.lineage import EdgeLineages, Verdict, new_incarnation
 from edge.algorithms import (
     Ack,
     GossipAlgorithm,
@@ -59,6 +60,12 @@ log = logging.getLogger(__name__)
 
 #: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
 PATIENCE_ROUNDS = 4
+#: An agent that starts while its fleet is under way (a restart) skips ahead to its peers'
+#: round when they are more than this many rounds (beyond its staleness) ahead.
+REJOIN_GAP_ROUNDS = 8
+#: How long an agent that has heard from no peer after its first round waits to hear one
+#: before it goes on alone (its out-neighbours are gone, say, and in-neighbours not yet back).
+REJOIN_WAIT_S = 5.0
 #: An out-neighbour that cannot be reached keeps its share at home (a dead peer would swallow
 #: a share every round: within a few seconds, all of the fleet's push-sum weight); every this
 #: many rounds it gets a zero-weight probe carrying what its edge holds, until one lands.
@@ -134,6 +141,9 @@ class Agent:
         Where the agent keeps its checkpoints (None: it keeps none).
     checkpoint_interval_s:
         How often it writes one (at the end of a round).
+    incarnation:
+        This agent process's incarnation (:func:`~edge.agent.lineage.new_incarnation`);
+        0 for agents that never restart (in-process fleets).
     """
 
     def __init__(
@@ -151,6 +161,7 @@ class Agent:
         fleet: str = "",
         checkpoints: CheckpointStore | None = None,
         checkpoint_interval_s: float = 5.0,
+        incarnation: int = 0,
     ) -> None:
         self.agent_id = agent_id
         self.task = task
@@ -167,7 +178,7 @@ class Agent:
             if checkpoints is not None
             else None
         )
-        self.algorithm.checkpointing = checkpoints is not None
+        self.lineages = EdgeLineages(incarnation)
         self.codec: Codec = algorithm.codec
         self.address = ""
         self.round = 0
@@ -175,6 +186,9 @@ class Agent:
         self._lock = threading.RLock()
         self._progress = threading.Condition(self._lock)
         self._heard: dict[str, int] = {}
+        #: Latest round each peer named (messages, acknowledgements): where the fleet is.
+        self._peer_rounds: dict[str, int] = {}
+        self._rejoining = False
         self._inflight: set[str] = set()
         self._counters = Counters()
         self._warned: set[tuple[str, str]] = set()
@@ -236,13 +250,53 @@ class Agent:
 
     def run(self) -> None:
         """Run the remaining rounds on the wall clock, reporting round 0 first (unless it
-        resumed from a checkpoint); write a last checkpoint when it stops."""
+        resumed from a checkpoint); write a last checkpoint when it stops.
+
+        After its first round, an agent that finds its fleet well ahead (it restarted while
+        the fleet went on) skips ahead to its peers' round (see :meth:`catch_up`).
+        """
         if self.round == 0:
             self.begin()
+        self._rejoining = True
         while self.round < self.settings.rounds and not self._stopped.is_set():
             self.run_round(self.round + 1)
+            if self._rejoining:
+                self.catch_up(wait_s=REJOIN_WAIT_S)
         if self.checkpointer is not None:
             self.checkpoint()
+
+    def rejoin(self, fleet_round: int) -> None:
+        """Skip ahead to ``fleet_round`` (where the fleet is, as its coordinator or peers
+        say) when it is more than :data:`REJOIN_GAP_ROUNDS` (beyond the staleness bound)
+        ahead. A fleet in its last :data:`REJOIN_GAP_ROUNDS` rounds is not joined: there
+        would be no rounds left to learn from it, and the agent runs its own."""
+        if fleet_round > self.settings.rounds - REJOIN_GAP_ROUNDS:
+            return
+        if fleet_round - self.round > self.settings.staleness + REJOIN_GAP_ROUNDS:
+            log.info(
+                "%s: rejoining the fleet at round %d (it was at round %d)",
+                self.agent_id, fleet_round, self.round,
+            )  # fmt: skip
+            with self._lock:
+                self.round = fleet_round - 1
+
+    def catch_up(self, wait_s: float = 0.0) -> None:
+        """Skip ahead to the fleet's round when peers are more than
+        :data:`REJOIN_GAP_ROUNDS` (beyond the staleness bound) ahead; decided once, as soon
+        as peers have named their rounds (acknowledgements, messages), waiting at most
+        ``wait_s`` for the first. The fleet's round is the median of its peers' latest, so
+        that one peer cannot move it."""
+        with self._progress:
+            self._progress.wait_for(
+                lambda: bool(self._peer_rounds) or self._stopped.is_set(), timeout=wait_s
+            )
+            rounds = sorted(self._peer_rounds.values())
+        if not rounds:
+            if wait_s > 0:
+                self._rejoining = False  # no peer answers: go on alone
+            return  # nothing heard yet: decide after the next round's exchanges
+        self._rejoining = False
+        self.rejoin(rounds[len(rounds) // 2])
 
     def run_round(self, round_index: int) -> None:
         self.local_step(round_index)
@@ -290,17 +344,16 @@ class Agent:
             ready = _Ready(assignment.peers, self._inflight, self._unreachable, probe)
             payloads = self.algorithm.share(phase, ready)
             self._inflight.update(payloads)
-            ahead = self.checkpointer is not None and self.algorithm.checkpoint_before_send
-            state = self._state() if ahead and payloads else None
-        if state is not None:
-            self._write(state)  # before anything it holds leaves (see GossipAlgorithm)
+            lineages = {peer: self.lineages.outgoing(peer) for peer in payloads}
         for peer, payload in payloads.items():
-            message = self._message(round_index, peer, payload, assignment.epoch)
+            message = self._message(round_index, peer, payload, assignment.epoch, lineages[peer])
             address = assignment.peers.get(peer, "")
             sent = partial(self._sent, peer, round_index, self.clock())
             self.transport.send(peer, address, message, sent)
 
-    def _message(self, round_index: int, peer: str, payload: Payload, epoch: int) -> GossipMessage:
+    def _message(
+        self, round_index: int, peer: str, payload: Payload, epoch: int, lineage: int
+    ) -> GossipMessage:
         encoded = payload.encoded
         if encoded is None:
             encoded = self.codec.encode(payload.vector)
@@ -319,6 +372,7 @@ class Agent:
             receiver=peer,
             fleet=self.fleet,
             epoch=epoch,
+            lineage=lineage,
         )
         return GossipMessage(header, encoded.data)
 
@@ -330,7 +384,7 @@ class Agent:
             c.bytes_sent += outcome.wire_bytes
             self._progress.notify_all()
             if outcome.delivered and outcome.ack is not None:
-                self.algorithm.on_ack(peer, outcome.ack)
+                self._acknowledged(peer, outcome.ack)
                 self._unreachable.discard(peer)
             elif outcome.dropped:
                 c.messages_dropped += 1
@@ -341,8 +395,6 @@ class Agent:
                     self._unreachable.add(peer)
                 elif err is not None:
                     self._unreachable.discard(peer)  # it answered, if only to refuse
-                if err is not None and err.code is RejectCode.FAILED_PRECONDITION:
-                    self.algorithm.on_refused(peer)
                 key = (peer, err.code.value if err else "?")
                 if key not in self._warned:
                     self._warned.add(key)
@@ -354,6 +406,24 @@ class Agent:
                 seconds = self.clock() - began
                 event = SendEvent(peer, round_index, outcome.wire_bytes, seconds, kind, code)
                 self.observer.on_send(event)
+
+    def _acknowledged(self, peer: str, ack: Ack) -> None:
+        """Take ``peer``'s acknowledgement (under the lock): the algorithm's, or the edge
+        started over in a new lineage when the receiver could not place our message."""
+        self._peer_rounds[peer] = ack.round
+        if not ack.start_over:
+            self.algorithm.on_ack(peer, ack)
+            return
+        ours = self.lineages.outgoing(peer)
+        lineage = self.lineages.start_over(peer, ack.lineage)
+        self.algorithm.restart_out_edge(peer)
+        if ack.lineage > ours:
+            log.warning(
+                "%s: %s holds a newer lineage of our edge (%d) than ours (%d): is another "
+                "process running as %s?", self.agent_id, peer, ack.lineage, ours, self.agent_id,
+            )  # fmt: skip
+        else:
+            log.info("%s: starting the edge to %s over (lineage %d)", self.agent_id, peer, lineage)
 
     def wait_for_neighbours(self, round_index: int) -> None:
         """Wait (at most ``wait_timeout_s``) until this round's sends are done and
@@ -453,13 +523,12 @@ class Agent:
             counters=self._counters.copy(),
             model=self.algorithm.estimate().to(torch.float32),
             algorithm=self.algorithm.state_dict(),
+            incarnation=self.lineages.incarnation,
         )
 
     def _write(self, state: AgentState) -> None:
         assert self.checkpointer is not None
         self.checkpointer.write(state)
-        with self._lock:
-            self.algorithm.committed(state.algorithm)
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (atomically; see :mod:`edge.agent.checkpoints`)."""
@@ -472,8 +541,11 @@ class Agent:
     def resume(self) -> int | None:
         """Take up the newest intact checkpoint, if any; return its round (None: none).
 
-        A corrupt newer checkpoint is reported (a warning naming it and why) and the one
-        before it used.
+        The agent takes up its own state as the checkpoint holds it, however old, and starts
+        every edge over as a new incarnation (:mod:`edge.agent.lineage`): nothing it sends
+        or absorbs mixes its edges' history before the restart with its peers'. A corrupt
+        newer checkpoint is reported (a warning naming it and why) and the one before it
+        used.
 
         Raises
         ------
@@ -491,6 +563,8 @@ class Agent:
                 self.algorithm.load_state_dict(state.algorithm)
                 self.round = state.round
                 self._counters = state.counters.copy()
+                previous = max(self.lineages.incarnation, state.incarnation)
+                self.lineages.restart(new_incarnation(previous))
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {path} cannot be resumed: {err}") from None
         log.info("%s: resumed round %d from %s", self.agent_id, self.round, path)
@@ -520,13 +594,21 @@ class Agent:
     def deliver(self, message: GossipMessage) -> Ack:
         header = message.header  # transports call admit(header) first
         payload = self.admission.decode(message)
+        sender = header.sender
         with self._progress:
+            verdict = self.lineages.admit(sender, header.lineage, header.base_seq)
+            if verdict is Verdict.NEW:
+                self.algorithm.forget_in_edge(sender)
             try:
-                ack = self.algorithm.receive(header.sender, payload)
+                if verdict is Verdict.START_OVER:
+                    raise ProtocolError(f"lineage {header.lineage} measured from {header.base_seq}")
+                ack = self.algorithm.receive(sender, payload)
             except ProtocolError as err:
-                raise self.admission.reject(
-                    RejectCode.FAILED_PRECONDITION, str(err), err.reason
-                ) from None
+                # Not a refusal: the sender starts the edge over (edge.agent.lineage).
+                self._refusals.note("start_over", f"{self.agent_id}: from {sender}: {err}")
+                return Ack(
+                    0, 0, False, self.round, self.lineages.incoming(sender), start_over=True
+                )
             except InvalidPayload as err:
                 raise self.admission.reject(
                     RejectCode.INVALID_ARGUMENT, str(err), err.reason
@@ -536,9 +618,9 @@ class Agent:
                 self.observer.on_receive(
                     ReceiveEvent(True, header.sender, payload_bytes=header.payload_bytes)
                 )
-            if header.round > self._heard.get(header.sender, 0):
-                self._heard[header.sender] = header.round
+            self._peer_rounds[sender] = header.round
+            if header.round > self._heard.get(sender, 0):
+                self._heard[sender] = header.round
                 self._progress.notify_all()
-            return Ack(
-                ack.last_seq, ack.base_seq, ack.absorbed, self.round, durable_seq=ack.durable
-            )
+            lineage = self.lineages.incoming(sender)
+            return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round, lineage)
