@@ -338,6 +338,8 @@ class Agent:
             probe = round_index % PROBE_ROUNDS == 0
             if self._unreachable:
                 phase = hold_back(phase, self._unreachable, probe=probe)
+            if self.algorithm.starved():  # see STARVED_WEIGHT: flush what edges owe, give none
+                phase = hold_back(phase, phase.out_weights, probe=False)
             # Every peer without a message in flight: algorithms may also flush what they
             # still owe a peer that is off this phase (a changed or periodic graph). An
             # unreachable peer is only tried on probe rounds.
@@ -606,9 +608,7 @@ class Agent:
             except ProtocolError as err:
                 # Not a refusal: the sender starts the edge over (edge.agent.lineage).
                 self._refusals.note("start_over", f"{self.agent_id}: from {sender}: {err}")
-                return Ack(
-                    0, 0, False, self.round, self.lineages.incoming(sender), start_over=True
-                )
+                return Ack(0, 0, False, self.round, self.lineages.incoming(sender), start_over=True)
             except InvalidPayload as err:
                 raise self.admission.reject(
                     RejectCode.INVALID_ARGUMENT, str(err), err.reason

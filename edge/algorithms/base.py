@@ -182,7 +182,6 @@ class ModelNumbers:
         self.sent[peer] = max(self.sent.get(peer, 0), last_seq)
 
 
-
 @dataclass(frozen=True)
 class Payload:
     """What one out-neighbour gets this round.
@@ -371,6 +370,11 @@ class GossipAlgorithm(ABC):
     def scalars(self) -> dict[str, float]:
         """Small per-agent figures worth reporting (the push-sum weight, ...)."""
         return {}
+
+    def starved(self) -> bool:
+        """Whether the agent has so little mass left that it should give none away this round
+        (it keeps its share at home and only flushes what its edges owe)."""
+        return False
 
     # -- checkpoints ---------------------------------------------------------------------------
     # A checkpoint holds the agent's own state, never an edge's: an agent restarted from one

@@ -46,6 +46,13 @@ from edge.algorithms.base import (
 from edge.compression import Codec
 from edge.topology.mixing import Phase
 
+#: Weight below which an agent gives no share away (an agent starts with 1, a fleet's
+#: weights sum to its size). An agent that runs far faster than its in-neighbours (it
+#: restarted behind them, or they stalled) gives a share away every round and gets little
+#: back; without a floor its weight sinks until its float32 state underflows. Keeping a
+#: share at home is a valid push-sum step (a self-weight of 1), so mass stays conserved.
+STARVED_WEIGHT = 1e-6
+
 
 def _weight_of(sender: str, payload: Payload, *, positive: bool) -> float:
     return check_weight("y", sender, payload.scalars.get("y"), positive=positive)
@@ -104,6 +111,9 @@ class PushSumCore(GossipAlgorithm):
 
     def scalars(self) -> dict[str, float]:
         return {"weight": self._y}
+
+    def starved(self) -> bool:
+        return self._y < STARVED_WEIGHT
 
     def mass(self) -> tuple[torch.Tensor, float]:
         """``(x, y)`` held by this agent, received-but-unmixed mass included."""

@@ -93,3 +93,15 @@ def test_an_agent_resumes_where_its_checkpoint_was(
     stranger.checkpointer = agents[1].checkpointer
     with pytest.raises(CheckpointError, match="belongs to 'agent-1'"):
         stranger.resume()
+
+
+def test_checkpoints_are_private_to_their_agent(tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    store = CheckpointStore(folder, "agent-0")
+    path = store.save({"round": 1, "x": torch.ones(3)})
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+    fresh = CheckpointStore(tmp_path / "a" / "b", "agent-1")
+    assert fresh.directory.stat().st_mode & 0o777 == 0o700

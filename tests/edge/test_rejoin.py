@@ -221,3 +221,25 @@ def test_one_peer_cannot_pull_a_rejoining_agent_ahead(tmp_path: Path) -> None:
     agent._peer_rounds.update({"agent-1": 6, "agent-2": 5, "agent-3": 10**9})
     agent.catch_up()
     assert agent.round == 5
+
+
+def test_an_agent_far_ahead_of_silent_in_neighbours_keeps_its_weight(tmp_path: Path) -> None:
+    """An agent that runs round after round while its in-neighbours send nothing (they are
+    restarting, or stalled) would give a share away every round and sink towards
+    underflow; below a floor it keeps its share at home instead, and mass is conserved."""
+    fleet = RejoinFleet(tmp_path, 4, loss=0.0)
+    fleet.run(3)
+    before_x, before_y = fleet.total()
+    runner = fleet.agents[0]
+    for r in range(4, 200):  # only agent-0 runs; the others absorb but never push
+        runner.local_step(r)
+        runner.push(r)
+        runner.mix(r)
+        for agent in fleet.agents[1:]:
+            agent.mix(r)
+    algorithm = fleet.algorithm(0)
+    assert 1e-7 < algorithm.y < 1e-5  # sank to the floor and stayed there
+    assert torch.isfinite(algorithm.estimate()).all()
+    after_x, after_y = fleet.total()
+    torch.testing.assert_close(after_x, before_x, rtol=1e-12, atol=1e-12)
+    assert after_y == pytest.approx(before_y, rel=1e-12)
