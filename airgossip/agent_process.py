@@ -34,6 +34,7 @@ from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
 from edge.agent.checkpoints import CheckpointStore
 from edge.agent.lineage import new_incarnation
+from edge.agent.runner import WallClockRunner
 from edge.agent.waiting import WaitReporter
 from edge.config.identity import agent_ids, natural_order
 from edge.config.settings import AgentSettings
@@ -441,9 +442,10 @@ def _run_agent(
         settings.rounds,
         ", ".join(agent.assignment.phase(1).out_weights) or "none",
     )
+    runner = WallClockRunner(agent)
     if run is not None:
-        agent.rejoin(run.fleet_round)  # a run under way: start where the fleet is
-    agent.run()
+        runner.rejoin(run.fleet_round)  # a run under way: start where the fleet is
+    runner.run()
     if stop.is_set():
         return 0
     held.finished = True

@@ -42,6 +42,7 @@ import pytest
 import torch
 
 from edge.agent import Agent, build_agent
+from edge.agent.runner import WallClockRunner
 from edge.algorithms import GossipAlgorithm, Payload, PushSum, algorithm_class, create_algorithm
 from edge.compression import decode_blocks, get_codec, raw_codec_for
 from edge.config.settings import AgentSettings
@@ -529,7 +530,7 @@ def assert_pair_reaches_average(pair: tuple[Agent, Agent], timeout_s: float) -> 
     refused nothing."""
     a, b = pair
     target = (a.task.initial_parameters() + b.task.initial_parameters()) / 2
-    threads = [threading.Thread(target=agent.run) for agent in pair]
+    threads = [threading.Thread(target=WallClockRunner(agent).run) for agent in pair]
     for t in threads:
         t.start()
     for t in threads:
@@ -667,7 +668,9 @@ class TlsFleet:
 
     def start_running(self) -> None:
         """Run every agent in a thread of its own (see :meth:`join`)."""
-        self._threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
+        self._threads = [
+            threading.Thread(target=WallClockRunner(a).run, daemon=True) for a in self.agents
+        ]
         for thread in self._threads:
             thread.start()
 

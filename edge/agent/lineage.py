@@ -26,6 +26,8 @@ from __future__ import annotations
 import enum
 import time
 
+from edge.algorithms import Ack, GossipAlgorithm, Payload, ProtocolError
+
 #: Lineages of one incarnation: ``incarnation << LINEAGE_BITS`` and up.
 LINEAGE_BITS = 20
 
@@ -96,3 +98,32 @@ class EdgeLineages:
             self._in[sender] = lineage
             return Verdict.NEW
         return Verdict.START_OVER
+
+    # -- with an algorithm -------------------------------------------------------------------
+    def receive(
+        self, algorithm: GossipAlgorithm, sender: str, lineage: int, payload: Payload
+    ) -> tuple[Ack | None, str]:
+        """Hand ``payload`` of ``lineage`` from ``sender`` to ``algorithm``, forgetting the
+        edge first when the lineage is new: ``(its ack, "")``, or ``(None, why)`` when the
+        message cannot be placed and the sender must start over. ``InvalidPayload`` passes."""
+        verdict = self.admit(sender, lineage, payload.base_seq)
+        if verdict is Verdict.START_OVER:
+            return None, f"lineage {lineage} measured from {payload.base_seq}"
+        if verdict is Verdict.NEW:
+            algorithm.forget_in_edge(sender)
+        try:
+            return algorithm.receive(sender, payload), ""
+        except ProtocolError as err:
+            return None, str(err)
+
+    def acknowledged(self, algorithm: GossipAlgorithm, peer: str, ack: Ack) -> int | None:
+        """Hand ``peer``'s ``ack`` to ``algorithm``, or, when it says ``start_over``, start a
+        new lineage of the edge and have the algorithm start its edge over: then return the
+        lineage ``peer`` held (larger than ours: another process may run as this agent)."""
+        if not ack.start_over:
+            algorithm.on_ack(peer, ack)
+            return None
+        ours = self.outgoing(peer)
+        self.start_over(peer, ack.lineage)
+        algorithm.restart_out_edge(peer)
+        return ack.lineage if ack.lineage > ours else 0

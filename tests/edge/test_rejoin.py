@@ -20,6 +20,7 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.agent.checkpoints import CheckpointStore
+from edge.agent.runner import WallClockRunner
 from edge.algorithms.push_sum import PushSum
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import Assignment, assignments_for_graph, build_graph
@@ -204,13 +205,14 @@ def test_a_restarted_agent_skips_ahead_to_its_fleets_round(tmp_path: Path) -> No
     fleet.run(100)
     assert fleet.restart(0, old) == 30
     agent = fleet.agents[0]
-    agent.catch_up()  # nothing heard yet: decides later
+    runner = WallClockRunner(agent)
+    runner.catch_up()  # nothing heard yet: decides later
     assert agent.round == 30
     agent.local_step(31)
     agent.push(31)  # its out-neighbours' acknowledgements name their round (130)
-    agent.catch_up()
+    runner.catch_up()
     assert agent.round == 129  # the next round it runs is the fleet's
-    agent.catch_up()  # already there: no further jump
+    runner.catch_up()  # already there: no further jump
     assert agent.round == 129
 
 
@@ -219,7 +221,7 @@ def test_one_peer_cannot_pull_a_rejoining_agent_ahead(tmp_path: Path) -> None:
     fleet.run(5)
     agent = fleet.agents[0]
     agent._peer_rounds.update({"agent-1": 6, "agent-2": 5, "agent-3": 10**9})
-    agent.catch_up()
+    WallClockRunner(agent).catch_up()
     assert agent.round == 5
 
 
