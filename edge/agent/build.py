@@ -22,7 +22,7 @@ from edge.observability.telemetry import AgentObserver
 from edge.tasks import Distiller, Task, TaskContext, load_task
 from edge.transport.base import Transport
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported only by runs that ask for privacy (Opacus, the accountants)
     from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
 
 
@@ -60,6 +60,7 @@ def build_agent(
     fleet: str = "",
     checkpoints: CheckpointStore | None = None,
     checkpoint_interval_s: float = 5.0,
+    incarnation: int = 0,
     privacy: PrivacyContext | None = None,
 ) -> Agent:
     """Build an agent from settings: load the task, start its algorithm from the task's
@@ -88,10 +89,10 @@ def build_agent(
         shared_start=task.shared_initialisation,
     )
     digest = fleet_digest(task, initial)
-    mechanism = None
     if settings.privacy.enabled:
         journal = checkpoints.directory / f"{agent_id}.privacy.json" if checkpoints else None
         mechanism = build_privacy(agent_id, num_agents, settings, task, digest, privacy, journal)
+        task = private_task(task, mechanism, lambda: algorithm.scalars().get("weight", 1.0))
     return Agent(
         agent_id,
         task=task,
@@ -105,7 +106,7 @@ def build_agent(
         fleet=fleet,
         checkpoints=checkpoints,
         checkpoint_interval_s=checkpoint_interval_s,
-        privacy=mechanism,
+        incarnation=incarnation,
     )
 
 
@@ -133,3 +134,11 @@ def build_privacy(
         run_context=f"{settings.seed}:{digest}".encode(),
         journal=journal,
     )
+
+
+def private_task(task: Task, mechanism: PrivacyMechanism, weight: Callable[[], float]) -> Task:
+    """``task`` trained by ``mechanism``: the agent's seam with ``[privacy]``
+    (:class:`edge.privacy.task.PrivateTask`)."""
+    from edge.privacy.task import PrivateTask
+
+    return PrivateTask(task, mechanism, weight=weight)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge.algorithms import ALGORITHMS, check_algorithm_settings
+from edge.algorithms import ALGORITHMS, algorithm_class, check_algorithm_settings
 from edge.compression import CODEC_FORMS, CODECS, Codec, get_codec, raw_codec_for
 from edge.privacy.settings import PrivacySettings
 
@@ -75,6 +75,12 @@ class AgentSettings(BaseModel):
     def _algorithm_accepts(self) -> AgentSettings:
         codec = get_codec(self.compression) if self.compression != "none" else get_codec("float32")
         check_algorithm_settings(self.algorithm, codec, self.algorithm_options)
+        if self.privacy.enabled and algorithm_class(self.algorithm).needs_distillation:
+            raise ValueError(
+                f"[privacy] accounts the task's training, and algorithm '{self.algorithm}' "
+                "also distils on the agent's data, which nothing would account; use an "
+                "algorithm that averages parameters"
+            )
         return self
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from edge.agent import Agent, build_agent
+from edge.agent.runner import WallClockRunner
 from edge.config.settings import AgentSettings
 from edge.privacy.keys import RunKeyring, mask_key
 from edge.privacy.masks import gaussian_stream, mask_sign
@@ -126,7 +127,7 @@ def test_a_message_on_the_wire_differs_from_the_unmasked_model_by_the_mask(
     for agent in masked:
         agent.push(1)
     for agent in masked:
-        agent.wait_for_neighbours(1)
+        WallClockRunner(agent).wait_for_neighbours(1)
     captured = bytes(relay.sent)
     assert sent.numpy().tobytes() in captured
     assert unmasked.numpy().tobytes() not in captured
@@ -155,7 +156,7 @@ def test_the_pair_secret_never_crosses_the_wire_nor_reaches_a_log(
             agent.local_step(round_index)
             agent.push(round_index)
         for agent in masked:
-            agent.wait_for_neighbours(round_index)
+            WallClockRunner(agent).wait_for_neighbours(round_index)
             agent.mix(round_index)
             agent.report(round_index)
     assert masked[1].counters().messages_received >= 3  # agent-0's messages crossed
@@ -164,7 +165,8 @@ def test_the_pair_secret_never_crosses_the_wire_nor_reaches_a_log(
     key = mask_key(shared, "agent-0", "agent-1", f"5:{masked[0].digest}".encode())
     out, err = capfd.readouterr()
     logs = "\n".join(r.getMessage() for r in caplog.records) + out + err
-    logs += repr(masked[0].privacy.masks) + repr(masked[0].privacy)
+    mechanism = masked[0].task.mechanism
+    logs += repr(mechanism.masks) + repr(mechanism) + repr(masked[0].task)
     wire_bytes = bytes(relay.sent)
     assert len(wire_bytes) > 3 * 4 * masked[0].algorithm.numel  # three models went across
     for secret in (shared, key):
