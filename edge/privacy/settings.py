@@ -22,7 +22,7 @@ ONE_STEP_MECHANISMS = ("network-dp", "cancelling", "central")
 #: Masks of the cancelling mechanism, in units of its independent noise, unless set. Larger
 #: masks let each agent add less independent noise for the same epsilon, but gossip must
 #: average them out of every model: on digits, 16 agents, exponential graph, 1 was the best
-#: of 0.5, 1, 2 and 4 (``docs/privacy.md``).
+#: of 1, 2 and 4 (``docs/privacy.md``).
 DEFAULT_MASK_RATIO = 1.0
 
 

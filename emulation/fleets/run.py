@@ -105,7 +105,9 @@ def write_results(
     results.total_wall_s = round(wall_s, 3)
     results.interrupted = interrupted
     results.versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    results.privacy = privacy_figures(config, network, records)
+    privacy = privacy_figures(config, network, records)
+    if privacy is not None:  # a figure a run does not have stays out of the file
+        results.privacy = privacy
     network.finish(results, records, out_dir, end_time_s=end_time_s, runtime=runtime)
     results.write(out_dir / "results.json")
     if results.rounds:

@@ -7,7 +7,8 @@ header gained the receiver, fleet and epoch: every message grew by those bytes, 
 ``bytes_sent`` and, in the virtual mode, the airtime messages take (with the new fields'
 bytes left out of the count, the old files still matched exactly). Timing fields are left
 out: the wall-clock time of a run and when it was launched (in the virtual mode, ``wall_s``
-is virtual time and is compared); so are the ``[containers]`` settings, added since. Counts
+is virtual time and is compared); so are the ``[containers]`` and ``[privacy]`` settings,
+added since (at their defaults: none of these runs asks for privacy). Counts
 and strings compare exactly. Floats of float64 runs (consensus) compare to 1e-9 relative,
 which allows the last bits of a BLAS kernel chosen for another CPU and nothing else; float32
 training (digits) goes through kernels that differ with the CPU's vector units and the
@@ -36,8 +37,9 @@ TIMING = ("total_wall_s", "versions")
 
 def comparable(results: dict[str, Any], real_time: bool) -> dict[str, Any]:
     results = {k: v for k, v in results.items() if k not in TIMING}
-    # Added after the recordings, used by none of their modes: how containers run.
+    # Added after the recordings, used by none of their runs: how containers run, privacy.
     results["config"].pop("containers", None)
+    assert results["config"].pop("privacy", {}).get("mechanism", "none") == "none"
     if results["config"].get("wireless"):
         results["config"]["wireless"].pop("epoch_unix", None)
     if real_time:
