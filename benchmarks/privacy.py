@@ -143,7 +143,7 @@ def cancellation_probe(loss: float, algorithm: str, *, masks: bool, by_weight: b
     ids = agent_ids(AGENTS)
     graph = build_graph("exponential", AGENTS)
     fleet = FleetGraph.of(graph, tuple(ids), "column-stochastic", static=True)
-    keyring = RunKeyring(ids)
+    keyring = RunKeyring(ids, seed=seed)
     start = np.random.default_rng(seed).standard_normal((AGENTS, numel))
     kind = PushSum if algorithm == "push-sum" else PlainPushSum
     agents = {i: kind(torch.from_numpy(start[k]), dtype=torch.float64) for k, i in enumerate(ids)}

@@ -48,7 +48,7 @@ def run_keyring(config: RunConfig, ids: Sequence[str]) -> dict[str, PairSecrets]
         return {}
     from edge.privacy.keys import RunKeyring
 
-    keyring = RunKeyring(ids)
+    keyring = RunKeyring(ids, seed=config.seed)
     return {i: keyring.for_agent(i) for i in ids}
 
 

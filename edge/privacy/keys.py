@@ -11,9 +11,10 @@ agrees a secret with the key in it. Nobody else can compute the secret; nothing 
 ever sent. Certificates issued before this extension existed are refused with a line that
 says to issue new ones.
 
-**In-process fleets** (``inproc``, ``virtual``: one process, no TLS): every agent draws a
-fresh X25519 key for the run (:class:`RunKeyring`); agents see each other's public keys
-only. The process is the trust boundary there: whoever reads its memory reads everything.
+**In-process fleets** (``inproc``, ``virtual``: one process, no TLS): every agent gets an
+X25519 key derived from the run's seed (:class:`RunKeyring`), so that a run is as
+deterministic as every other; agents use each other's public keys only. The process is the
+trust boundary there: whoever reads its memory, or has the scenario, has the keys.
 
 Either way the pair's mask key is ``HKDF(X25519 secret, salt = the pair's ids, info = the
 run's context)``: the context holds the fleet's seed and digest, so two runs of one fleet
@@ -23,6 +24,7 @@ with different seeds get unrelated masks.
 from __future__ import annotations
 
 import datetime
+import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -39,6 +41,7 @@ from edge.security.agreement import agreement_key, agreement_public_key
 from edge.security.tls import CA_CERT, SecurityError, TlsCredentials, certificate_identity
 
 _MASK_INFO = b"airgossip cancelling masks v1"
+_RUN_KEYS = b"airgossip in-process run keys v1"
 
 
 def mask_key(shared: bytes, me: str, peer: str, context: bytes) -> bytes:
@@ -131,11 +134,18 @@ class RunSecrets:
 
 
 class RunKeyring:
-    """Fresh X25519 keys for every agent of an in-process run: each agent gets its own
-    private key and everyone's public keys (:meth:`for_agent`)."""
+    """X25519 keys for every agent of an in-process run, derived from the run's seed (an
+    in-process run is a simulation, deterministic for its seed like every other draw; the
+    process is the trust boundary, and whoever has the scenario can compute the keys): each
+    agent gets its own private key and everyone's public keys (:meth:`for_agent`)."""
 
-    def __init__(self, ids: Iterable[str]) -> None:
-        self._private = {i: X25519PrivateKey.generate() for i in ids}
+    def __init__(self, ids: Iterable[str], *, seed: int) -> None:
+        self._private = {
+            i: X25519PrivateKey.from_private_bytes(
+                hashlib.blake2b(f"{seed}\x00{i}".encode(), key=_RUN_KEYS, digest_size=32).digest()
+            )
+            for i in ids
+        }
         self._public = {i: k.public_key() for i, k in self._private.items()}
 
     def for_agent(self, identity: str) -> RunSecrets:

@@ -123,11 +123,14 @@ def test_the_stream_is_standard_normal_and_a_pure_function_of_key_and_round() ->
     assert not np.array_equal(values[:10], gaussian_stream(bytes(range(32)), 4, 10))
 
 
-def test_in_process_fleets_draw_keys_for_the_run() -> None:
-    first, second = RunKeyring(IDS), RunKeyring(IDS)
+def test_in_process_fleets_derive_keys_from_the_seed() -> None:
+    first, second = RunKeyring(IDS, seed=1), RunKeyring(IDS, seed=2)
     a, b = first.for_agent("agent-0"), first.for_agent("agent-3")
     assert a.mask_key("agent-3", b"r") == b.mask_key("agent-0", b"r")
     assert second.for_agent("agent-0").mask_key("agent-3", b"r") != a.mask_key("agent-3", b"r")
+    same = RunKeyring(IDS, seed=1).for_agent("agent-0")  # the same run again: the same masks
+    assert same.mask_key("agent-3", b"r") == a.mask_key("agent-3", b"r")
+    assert first.for_agent("agent-1").mask_key("agent-3", b"r") != a.mask_key("agent-3", b"r")
     with pytest.raises(SecurityError, match="'agent-9' has no key in this run"):
         a.mask_key("agent-9", b"r")
     assert "agent-3" in repr(PairMasks("agent-0", ["agent-3"], lambda p: bytes(32), 4))

@@ -97,8 +97,8 @@ def pair(mask: float, keyring: RunKeyring) -> list[Agent]:
 @pytest.fixture
 def wire(caplog: pytest.LogCaptureFixture) -> Iterator[dict[str, Any]]:
     caplog.set_level(logging.DEBUG)
-    keyring = RunKeyring(IDS)
-    masked, twin = pair(MASK, keyring), pair(0.0, RunKeyring(IDS))
+    keyring = RunKeyring(IDS, seed=5)
+    masked, twin = pair(MASK, keyring), pair(0.0, RunKeyring(IDS, seed=6))
     addresses = {a.agent_id: a.start() for a in masked}
     port = int(addresses["agent-1"].rpartition(":")[2])
     relay = Relay(("127.0.0.1", port))
