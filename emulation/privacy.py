@@ -5,6 +5,7 @@ pair secrets), and what a run's results say of its privacy."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from emulation.results import PairwiseFigures, PrivacyFigures
 if TYPE_CHECKING:  # privacy code loads only for runs that ask for it
     from edge.privacy.keys import PairSecrets
     from edge.privacy.mechanism import PrivacyContext
+    from edge.privacy.plan import FleetGraph
     from edge.tasks import Task
 
 
@@ -34,16 +36,21 @@ def privacy_context(
     if not config.privacy.enabled:
         return None
     from edge.privacy.mechanism import PrivacyContext
+
+    return PrivacyContext(_fleet_graph(network, tuple(ids)), secrets)
+
+
+@lru_cache(maxsize=4)  # an in-process fleet asks once per agent: build the graph once
+def _fleet_graph(network: Network, ids: tuple[str, ...]) -> FleetGraph:
     from edge.privacy.plan import FleetGraph
 
     static = not network.time_varying and not network.round_driven
-    graph = FleetGraph.of(network.first_graph(), tuple(ids), network.scheme, static=static)
-    return PrivacyContext(graph, secrets)
+    return FleetGraph.of(network.first_graph(), ids, network.scheme, static=static)
 
 
 def run_keyring(config: RunConfig, ids: Sequence[str]) -> dict[str, PairSecrets]:
-    """Fresh per-run pair secrets for the agents of an in-process fleet (empty unless the run
-    masks with cancelling noise): one process, no TLS, so keys are drawn for the run."""
+    """Pair secrets for the agents of an in-process fleet (empty unless the run masks with
+    cancelling noise): one process, no TLS, so keys are derived from the run's seed."""
     if config.privacy.mechanism != "cancelling":
         return {}
     from edge.privacy.keys import RunKeyring
