@@ -130,8 +130,8 @@ def run(
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
-    from emulation.fleets import FLEETS, FleetError, preflight, refuse_used_out_dir, run_fleet
-    from emulation.networks import network_for
+    from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
+    from emulation.runtime.folder import refuse_used_out_dir
 
     overrides = flag_overrides(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
@@ -170,7 +170,7 @@ def run(
         torch.set_num_threads(1)
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    links = network_for(cfg).describe()
+    links = plan.network.describe()
     say(
         f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
         f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}"

@@ -35,8 +35,8 @@ from typing import Any
 from emulation.config import ConfigError
 from emulation.fleets.base import FleetProgress
 from emulation.fleets.processes import JsonLinesTail
-from emulation.fleets.run import refuse_used_out_dir
 from emulation.results import FinalFigures, RoundFigures, RunResults, plot_results
+from emulation.runtime.folder import refuse_used_out_dir
 
 #: The key of a Flower app's run config that sets how many rounds its ServerApp runs.
 NUM_ROUNDS_KEY = "num-server-rounds"
