@@ -144,8 +144,8 @@ def run(
     if flower_app is not None and task is not None:
         fail("give either --task or --flower-app, not both")
     flower = flower_overrides(flower_app, run_config, accuracy_metric, loss_metric)
-    if flower:
-        overrides["task"] = {**overrides.get("task", {}), **flower}
+    if flower:  # no --task with them (refused above)
+        overrides["task"] = flower
     try:
         base = scenario_base(scenario) if scenario is not None else None
         cfg = with_flower_rounds(load_config(config, overrides, base=base), flower)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pydantic import JsonValue
 
@@ -48,11 +48,9 @@ from emulation.fleets.base import (
     ProgressKeeper,
     fleet_progress,
 )
+from emulation.fleets.forkserver import ForkServer
 from emulation.runtime.command import AGENT_MODULE, AgentCommand
 from emulation.runtime.folder import RunFolder
-
-if TYPE_CHECKING:
-    from emulation.fleets.forkserver import ForkServer
 
 #: What the fork server imports before it forks agents: everything an agent process imports
 #: before it serves (the CLI, torch, gRPC, the agent and its tasks), none of which starts a
@@ -280,10 +278,6 @@ class AgentProcesses:
         return self.host.run_dir / path.relative_to(self.folder.path)
 
     def _start_fork_server(self) -> ForkServer:
-        # Imported here: the server runs as ``python -m emulation.fleets.forkserver``, which
-        # must not find itself imported already by the package.
-        from emulation.fleets.forkserver import ForkServer
-
         self.folder.path.mkdir(parents=True, exist_ok=True)
         return ForkServer(
             AGENT_PRELOAD,
