@@ -42,8 +42,7 @@ def coordinator(
     topology: Annotated[
         str | None,
         typer.Option(
-            help="complete, ring, directed-ring, exponential, one-peer-exponential, "
-            "erdos-renyi, edges (static, from the scenario), or k-out (random, rewired as "
+            help="{topologies} (static, from the scenario), or k-out (random, rewired as "
             "agents come and go) (default: from config, else exponential)."
         ),
     ] = None,

@@ -29,30 +29,23 @@ def run(
     agents: Annotated[int | None, typer.Option(help="Number of agents (default: 8).")] = None,
     topology: Annotated[
         str | None,
-        typer.Option(
-            help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
-            "edges (default: exponential)."
-        ),
+        typer.Option(help="{topologies} (default: exponential)."),
     ] = None,
     task: Annotated[
         str | None,
         typer.Option(
-            help="digits, consensus, separable (logistic regression on separable data), flower "
-            "(with --flower-app), or module:callable (default: digits)."
+            help="{tasks} (flower: with --flower-app), or module:callable (default: digits)."
         ),
     ] = None,
     algorithm: Annotated[
         str | None,
-        typer.Option(
-            help="push-sum, push-sum-plain, dpsgd, dpsgd-ac, quantized-push-sum, choco, "
-            "gradient-tracking, local-sgd, ensemble (default: push-sum)."
-        ),
+        typer.Option(help="{algorithms} (default: push-sum)."),
     ] = None,
     compression: Annotated[
         str | None,
         typer.Option(
-            help="Codec of every message: none, fp16, bf16, qsgd:BITS (1-8), topk:FRACTION, "
-            "randomk:FRACTION (default: none)."
+            help="Codec of every message: none (lossless in the gossip precision), {codecs} "
+            "(default: none)."
         ),
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per agent (default: 40).")] = None,
@@ -66,11 +59,7 @@ def run(
     mode: Annotated[
         str | None,
         typer.Option(
-            help="process (one OS process per agent, real gRPC), inproc (all agents in this "
-            "process in lock step), virtual (a wireless scenario on a virtual clock) or "
-            "namespaces (one network namespace per agent, links shaped by the kernel; root) "
-            "or containers (one Docker container per agent, each shaping its own links; "
-            "docs/deployment.md) (default: process)."
+            help="How agents run: {modes} (default: process; containers: docs/deployment.md)."
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
@@ -93,8 +82,8 @@ def run(
     scenario: Annotated[
         str | None,
         typer.Option(
-            help="Wireless scenario: a preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or "
-            "a TOML file; --config and flags override it."
+            help="Wireless scenario: a preset ({presets}) or a TOML file; --config and flags "
+            "override it."
         ),
     ] = None,
     record: Annotated[

@@ -38,6 +38,7 @@ class AgentProcessFleet(FleetBase):
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
         super().__init__(config, network, launch)
+        self.launch: Launch = launch
         self.folder = RunFolder(launch.out_dir.resolve())
         self.agents = AgentProcesses(
             config, self.folder, self.keeper, self.host, insecure=launch.insecure,

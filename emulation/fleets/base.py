@@ -193,11 +193,12 @@ class FleetBase(ABC):
     in_process: ClassVar[bool] = False
     serves_metrics: ClassVar[bool] = False
 
-    def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
+    def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
         self.config = config
         self.network = network
+        #: Where and how the fleet runs (None: in this process, for checks and notebooks).
         self.launch = launch
-        self.keeper = ProgressKeeper(config, launch.on_progress)
+        self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
         self.stopping = threading.Event()
         self._clock = network.wall_clock()
 
