@@ -1,5 +1,6 @@
 """An agent process's command line: what fleets write is what the agent reads, the runtime's
-entry point takes exactly ``airgossip agent``'s flags, and bad flags are one line."""
+entry point takes exactly ``airgossip agent``'s flags, bad flags are one line, and a
+container runs the agent module with only its own credentials."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ import pytest
 import typer.main
 
 from airgossip.cli import app
-from emulation.config import ConfigError
+from emulation.config import ConfigError, load_config
+from emulation.fleets.base import Launch
+from emulation.fleets.containers import ContainerFleet
+from emulation.networks import network_for
 from emulation.runtime.agent import main as agent_main
-from emulation.runtime.command import AgentCommand, flag_name, parse_agent_command
+from emulation.runtime.command import (
+    AGENT_MODULE,
+    AgentCommand,
+    flag_name,
+    parse_agent_command,
+)
+from emulation.runtime.folder import RunFolder
 from emulation.runtime.options import agent_options
 
 
@@ -90,3 +100,29 @@ def test_a_scenario_the_agent_declares_is_read_once(tmp_path: Path) -> None:
     assert options.agent_id == "agent-2"
     with pytest.raises(ConfigError, match="needs a \\[peers\\] table"):
         agent_options(AgentCommand(config=scenario, peers=scenario, insecure=True))
+
+
+def test_a_container_runs_the_agent_module_with_only_its_own_credentials(tmp_path: Path) -> None:
+    """What the container fleet hands Docker, checked without an engine (tests/deploy runs
+    it): the image's entry point cleared, the agent module, paths as the container sees
+    them, and only the agent's own credentials mounted."""
+    config = load_config(None, {"agents": 2, "mode": "containers"})
+    folder = RunFolder(tmp_path / "run")
+    fleet = ContainerFleet(config, network_for(config), Launch(folder.path, folder.config_path))
+    docker = fleet._docker_run("agent-1")
+    image = docker.index(config.containers.image)
+    assert docker[image - 2 : image] == ["--entrypoint", ""] and docker[-1] == docker[image]
+    mounts = [docker[i + 1] for i, arg in enumerate(docker) if arg == "--volume"]
+    own = folder.credentials("agent-1")
+    assert sorted(m for m in mounts if m.startswith(str(folder.certs_dir))) == [
+        f"{own / name}:/airgossip/certs/{name}:ro"
+        for name in ("agent-1.key", "agent-1.pem", "ca.pem")
+    ]
+    command = fleet.agents.command(1, "agent-1", AgentCommand(coordinator="172.18.0.1:7070"))
+    assert fleet.agents.host.command == ("python", "-m", AGENT_MODULE)
+    parsed = parse_agent_command(command.argv())
+    assert parsed.certs == Path("/airgossip/certs") and not parsed.insecure
+    assert parsed.config == Path("/airgossip/run/config.json")
+    assert parsed.stats_dir == Path("/airgossip/run/agents")
+    assert parsed.checkpoint_dir == Path("/airgossip/run/checkpoints/agent-1")
+    assert parsed.parent_pid is None  # another process namespace
