@@ -155,6 +155,13 @@ class RunLog:
         with self._lock:
             return {a: rs[round_index] for a, rs in self._records.items() if round_index in rs}
 
+    def fleet_round(self) -> int:
+        """The round the run's agents have reached: the median of the latest round each
+        reported (0 before any report), so that one agent cannot move it far."""
+        with self._lock:
+            latest = sorted(max(rs) for rs in self._records.values() if rs)
+        return latest[len(latest) // 2] if latest else 0
+
     def latest_round(self, agent_id: str) -> int | None:
         with self._lock:
             held = self._records.get(agent_id)

@@ -249,6 +249,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             registered_agents=status.registered,
             finished_agents=status.finished,
             complete=status.complete,
+            fleet_round=self.fleet.log.fleet_round(),
         )
 
     def _check_declared(
