@@ -209,10 +209,12 @@ class AgentProcesses:
 
     @property
     def stats_dir(self) -> Path:
+        """Where the agents write their round records."""
         return self.folder.records_dir
 
     @property
     def logs_dir(self) -> Path:
+        """Where the agents' logs go."""
         return self.folder.logs_dir
 
     def coordinator_credentials(self) -> TlsCredentials | None:

@@ -70,22 +70,27 @@ class RunFolder:
 
     @property
     def config_path(self) -> Path:
+        """The launch config every agent process reads."""
         return self.path / "config.json"
 
     @property
     def records_dir(self) -> Path:
+        """Each agent's round records and estimates."""
         return self.path / "agents"
 
     @property
     def logs_dir(self) -> Path:
+        """Each agent's log."""
         return self.path / "logs"
 
     @property
     def checkpoints_dir(self) -> Path:
+        """Every agent's checkpoint folder."""
         return self.path / "checkpoints"
 
     @property
     def certs_dir(self) -> Path:
+        """The run's throwaway credentials, one folder per member."""
         return self.path / "certs"
 
     def refuse_used(self) -> None:
