@@ -221,13 +221,6 @@ def merge(base: Settings, overrides: Settings) -> Settings:
     return out
 
 
-def settings_table(settings: Settings, key: str) -> Settings:
-    """The table ``key`` of ``settings``, made if it is not there yet (to set flags in)."""
-    table = settings.setdefault(key, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"setting '{key}' must be a table, got {table!r}")
-    return table
-
 
 def load_config(
     path: Path | None = None,
