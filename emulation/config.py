@@ -221,7 +221,6 @@ def merge(base: Settings, overrides: Settings) -> Settings:
     return out
 
 
-
 def load_config(
     path: Path | None = None,
     overrides: Settings | None = None,
