@@ -1,18 +1,29 @@
 """What a command accepts, named in its help from the registries themselves.
 
 A help text names a registry with a placeholder (``{modes}``, ``{topologies}``...), filled
-when the help is shown (:class:`RegistryHelpCommand`): most registries import torch, which
-the CLI imports only when a command runs, so ``airgossip --help`` stays fast and the lists
-never go stale. :data:`CHOICES` says what each placeholder names.
+when the help is shown (:class:`RegistryHelpCommand`). :data:`CHOICES` says how each is read
+from its registry. Most registries import torch, which ``--help`` must not (it would take
+seconds), so what they hold is kept in ``registry_names.json`` beside this module, generated
+from them (:func:`write_registry_names`) and checked against them by
+``tests/system/test_cli_truth.py``, as the generated protobuf code is: a new mode, codec or
+algorithm fails that test until the file is generated again::
+
+    python -c "from airgossip.cli.choices import write_registry_names; write_registry_names()"
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 
 import click
 import typer.core
+
+#: What the registries held when last generated (see the module docstring).
+REGISTRY_NAMES = Path(__file__).with_name("registry_names.json")
 
 
 def _topologies() -> str:
@@ -77,9 +88,26 @@ CHOICES: dict[str, Callable[[], str]] = {
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(CHOICES) + r")\}")
 
 
+@cache
+def registry_names() -> dict[str, str]:
+    """What every placeholder names, as generated into ``registry_names.json``."""
+    names: dict[str, str] = json.loads(REGISTRY_NAMES.read_text())
+    return names
+
+
 def fill(text: str) -> str:
     """``text`` with every placeholder replaced by what its registry names."""
-    return _PLACEHOLDER.sub(lambda m: CHOICES[m.group(1)](), text)
+    return _PLACEHOLDER.sub(lambda m: registry_names()[m.group(1)], text)
+
+
+def read_registries() -> dict[str, str]:
+    """What every placeholder names, read from the registries now (imports torch)."""
+    return {name: read() for name, read in CHOICES.items()}
+
+
+def write_registry_names() -> None:
+    """Read the registries and write what they hold into ``registry_names.json``."""
+    REGISTRY_NAMES.write_text(json.dumps(read_registries(), indent=2) + "\n")
 
 
 class RegistryHelpCommand(typer.core.TyperCommand):

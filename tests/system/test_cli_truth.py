@@ -18,7 +18,7 @@ import typer.main
 from rich.console import Console
 
 from airgossip.cli import app
-from airgossip.cli.choices import CHOICES, fill
+from airgossip.cli.choices import CHOICES, fill, read_registries, registry_names
 from airgossip.cli.display import summary_table
 from coordinator.policy import POLICIES
 from edge.algorithms import ALGORITHMS
@@ -88,6 +88,16 @@ def test_help_lists_every_mode_and_topology_a_command_accepts(command: str) -> N
         missing = [value for value in accepted if not re.search(rf"\b{re.escape(value)}\b", text)]
         assert not missing, f"{command} {name}: help does not name {missing}"
         assert all(value in shown for value in accepted), (command, name)
+
+
+def test_the_help_names_are_what_the_registries_hold() -> None:
+    """Help reads the registries' names from a generated file (they import torch, which
+    --help must not): the file is what the registries hold now."""
+    assert registry_names() == read_registries(), (
+        "a registry changed: regenerate airgossip/cli/registry_names.json with "
+        'python -c "from airgossip.cli.choices import write_registry_names; '
+        'write_registry_names()"'
+    )
 
 
 @pytest.mark.parametrize("path", command_paths(COMMAND), ids=" ".join)
