@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,18 @@ class HandStartedFleet:
             time.sleep(1.0)
         return None
 
+    def wait(self, condition: Callable[[], bool], timeout_s: float) -> None:
+        """Poll ``condition``; fail when it times out or a process of the fleet exits."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            dead = [n for n, p in self.processes.items() if p.poll() is not None]
+            if dead:
+                tail = (self.folder / f"{dead[0]}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{', '.join(dead)} exited early:\n{tail}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the fleet did not get there in time")
+            time.sleep(0.5)
+
     def close(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -178,14 +191,14 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
     notes: list[str] = []
     try:
         kill_at = int(scenario.rounds * 0.4)
-        early = max(1, kill_at - 500)
+        early = max(1, kill_at - 600)  # the checkpoint kept is at least 500 rounds old
         if scenario.restart == "old":
-            _wait(lambda: fleet.round_of(scenario.victims[0]) >= early, 900)
+            fleet.wait(lambda: fleet.round_of(scenario.victims[0]) >= early, 900)
             time.sleep(2.5)  # at least one checkpoint written at or after `early`
             for index in scenario.victims:
                 shutil.copytree(fleet.checkpoints(index), fleet.folder / f"old-{index}")
         if scenario.restart:
-            _wait(lambda: fleet.fleet_round() >= kill_at, 1800)
+            fleet.wait(lambda: fleet.fleet_round() >= kill_at, 1800)
             for index in scenario.victims:
                 fleet.kill(index)
             at = fleet.fleet_round()
@@ -202,7 +215,8 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
                 fleet.start_agent(index)
             notes.append(f"killed at fleet round {at}")
             if ages:
-                notes.append(f"checkpoints {min(ages)}-{max(ages)} rounds older than the fleet")
+                span = f"{min(ages)}" if min(ages) == max(ages) else f"{min(ages)} to {max(ages)}"
+                notes.append(f"checkpoints {span} rounds older than the fleet")
         results = fleet.results(timeout_s=1800)
         for index in scenario.victims if scenario.restart else ():
             joined = fleet.log_lines(index, r"rejoining the fleet at round (\d+)")
@@ -219,14 +233,6 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
         )  # fmt: skip
     finally:
         fleet.close()
-
-
-def _wait(condition: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("the fleet did not get there in time")
-        time.sleep(0.5)
 
 
 def scenarios(quick: bool) -> list[Scenario]:
