@@ -4,10 +4,11 @@ two agents of every pair, over the identities they already hold.
 **With TLS credentials** (every fleet of processes, devices, containers). An agent's
 X25519 key is derived from its certificate's private key (HKDF-SHA256; no new key file), and
 its public half is in its certificate, in an extension the fleet's authority signs with the
-rest (:func:`agreement_extension`, added by ``airgossip certs`` and ``airgossip run``). An
-agent reads a partner's certificate from its credentials folder (``<peer>.pem``: public),
-checks that the fleet's authority issued it to that identity and that it is valid now, and
-agrees a secret with the key in it. Nobody else can compute the secret; nothing of it is
+rest (``edge.security.agreement``, added by ``airgossip certs`` and ``airgossip run``). An
+agent reads a partner's certificate (public) beside its own (``<peer>.pem``), or in a run
+folder from the partner's folder next to its own (``certs/<peer>/<peer>.pem``), checks that
+the fleet's authority issued it to that identity and that it is valid now, and agrees a
+secret with the key in it. Nobody else can compute the secret; nothing of it is
 ever sent. Certificates issued before this extension existed are refused with a line that
 says to issue new ones.
 
@@ -78,19 +79,26 @@ class CertificateSecrets:
         self._key = agreement_key(key)
         self._directory = directory
 
+    def _certificate_path(self, peer: str) -> Path:
+        """Where ``peer``'s certificate is: beside this agent's own (a device's folder), or in
+        the peer's own folder next to this agent's (a run folder: ``certs/<id>/``)."""
+        beside = self._directory / f"{peer}.pem"
+        if beside.exists():
+            return beside
+        sibling = self._directory.parent / peer / f"{peer}.pem"
+        if self._directory.name == self.identity and sibling.exists():
+            return sibling
+        raise SecurityError(
+            f"cancelling masks: no certificate of partner '{peer}' at {beside} (every agent "
+            f"needs its partners' certificates, <id>.pem, beside its own)"
+        )
+
     def _peer_key(self, peer: str) -> X25519PublicKey:
-        path = self._directory / f"{peer}.pem"
+        path = self._certificate_path(peer)
         try:
             cert = x509.load_pem_x509_certificate(path.read_bytes())
-        except FileNotFoundError:
-            raise SecurityError(
-                f"cancelling masks: no certificate of partner '{peer}' at {path} (every agent "
-                f"needs its partners' certificates, <id>.pem, beside its own)"
-            ) from None
         except (OSError, ValueError) as err:
-            raise SecurityError(
-                f"cannot read the certificate of '{peer}' at {path}: {err}"
-            ) from None
+            raise SecurityError(f"cannot read partner '{peer}''s {path}: {err}") from None
         if certificate_identity(cert) != peer:
             raise SecurityError(f"{path} does not name '{peer}'")
         try:

@@ -54,7 +54,7 @@ def test_processes_agree_pair_keys_over_tls_and_leak_none(tmp_path: Path) -> Non
         # in what the run left (logs, records, results, config), in any usual encoding.
         certs = out / "certs"
         secrets = {
-            i: CertificateSecrets(TlsCredentials.load(certs, i), certs)
+            i: CertificateSecrets(TlsCredentials.load(certs / i, i), certs / i)
             for i in ("agent-0", "agent-1", "agent-2")
         }
         task = load_task("digits", TaskContext(0, 3, 0, options={"hidden": 8}))
@@ -64,7 +64,7 @@ def test_processes_agree_pair_keys_over_tls_and_leak_none(tmp_path: Path) -> Non
             shared = secrets[a]._key.exchange(secrets[a]._peer_key(b))
             keys += [shared, mask_key(shared, a, b, context)]
             assert secrets[b].mask_key(a, context) == keys[-1]
-        files = [p for p in out.rglob("*") if p.is_file() and p.parent.name != "certs"]
+        files = [p for p in out.rglob("*") if p.is_file() and certs not in p.parents]
         assert any(p.suffix == ".log" for p in files) and any(p.suffix == ".jsonl" for p in files)
         blob = b"".join(p.read_bytes() for p in files) + result.stdout.encode()
         blob += result.stderr.encode()
