@@ -36,7 +36,8 @@ from edge.agent.checkpoints import CheckpointStore
 from edge.agent.waiting import WaitReporter
 from edge.config.identity import agent_ids, natural_order
 from edge.config.settings import AgentSettings
-from edge.observability.metrics import AgentMetrics, MetricsServer
+from edge.observability.http import MetricsServer
+from edge.observability.metrics import AgentMetrics
 from edge.observability.stats import FileStatsSink
 from edge.observability.telemetry import LatestStats, Telemetry
 from edge.security.tls import TlsCredentials, dial, fleet_of
@@ -409,6 +410,7 @@ def _run_agent(
                 advertise,
                 agent.digest,
                 metrics_address=metrics_address,
+                model_numel=agent.algorithm.estimate().numel(),
                 timeout_s=options.ready_timeout_s,
             )
         except CoordinatorError:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from coordinator.run import JsonObject
 from edge.observability.stats import Counters, RoundRecord, probe_estimate
 from edge.observability.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import Assignment, Phase
@@ -148,3 +151,32 @@ def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> Rou
         estimate=estimate,
         counters=Counters.from_fields(report),
     )
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run as the coordinator describes it (see ``RunReply`` in coordinator.proto)."""
+
+    run_id: str
+    scenario: JsonObject | None
+    expected_agents: int
+    rounds: int
+    started_unix: float | None
+    registered: int
+    finished: int
+    complete: bool
+
+    @classmethod
+    def from_proto(cls, reply: coordinator_pb2.RunReply) -> RunInfo:
+        """The run a ``RunReply`` describes."""
+        scenario = json.loads(reply.scenario_json) if reply.scenario_json else None
+        return cls(
+            run_id=reply.run_id,
+            scenario=scenario if isinstance(scenario, dict) else None,
+            expected_agents=reply.expected_agents,
+            rounds=reply.rounds,
+            started_unix=reply.started_unix or None,
+            registered=reply.registered_agents,
+            finished=reply.finished_agents,
+            complete=reply.complete,
+        )

@@ -168,7 +168,7 @@ def coordinator(
         )
     except (OSError, StoreError, TopologyError, SecurityError) as err:
         fail(str(err))
-    run_id = server.fleet.run.run_id
+    run_id = server.run_id
     out_dir = out or Path("runs") / run_id
     try:
         refuse_used_out_dir(out_dir)
@@ -176,7 +176,7 @@ def coordinator(
         server.stop(grace_s=0)
         fail(str(err))
     address = server.start()
-    restored = "restored from " + str(db) if server.fleet.restored else "new fleet"
+    restored = "restored from " + str(db) if server.restored else "new fleet"
     links = _links(cfg, network, spec.name)
     say(
         f"coordinator on {address} ({restored}), {'mutual TLS' if certs else 'plaintext'}, "
@@ -199,7 +199,7 @@ def coordinator(
     interrupted = False
     try:
         next_line = time.monotonic() + PROGRESS_EVERY_S
-        while not server.fleet.status().complete:
+        while not server.status().complete:
             if stopped.wait(0.5):
                 interrupted = True
                 break
@@ -237,8 +237,9 @@ def _with_stored_epoch(cfg: RunConfig, db: Path | None) -> RunConfig:
         stored = store.stored_run()
     finally:
         store.close()
-    epoch = (stored[1].get("wireless") or {}).get("epoch_unix") if stored else None
-    if epoch is None:
+    table = stored[1].get("wireless") if stored else None
+    epoch = table.get("epoch_unix") if isinstance(table, dict) else None
+    if not isinstance(epoch, int | float):
         return cfg
     wireless = cfg.wireless.model_copy(update={"epoch_unix": epoch})
     return cfg.model_copy(update={"wireless": wireless})
@@ -307,7 +308,7 @@ def collect_results(
     from emulation.fleets.run import write_results
     from emulation.results import RunIdentity
 
-    records = server.fleet.log.records()
+    records = server.round_records()
     if not records:
         return None
     view = server.view()
@@ -329,7 +330,7 @@ def collect_results(
     )  # fmt: skip
     last = [agent_records[-1].counters for agent_records in records.values() if agent_records]
     results.run = RunIdentity(
-        id=server.fleet.run.run_id,
+        id=server.run_id,
         started_unix=status.started_unix if status is not None else None,
         ended_unix=round(ended, 3),
         agents={m.agent_id: m.state for m in view.members},

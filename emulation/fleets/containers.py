@@ -256,7 +256,7 @@ class ContainerFleet:
                     prefix=self._docker_run(agent_id),
                     extra=kernel,
                 )  # fmt: skip
-            self.agents.monitor(server.fleet.registered)
+            self.agents.monitor(server.registered)
         finally:
             self.agents.terminate()
             try:

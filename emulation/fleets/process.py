@@ -60,7 +60,7 @@ class ProcessFleet:
         try:
             for index, agent_id in enumerate(agent_ids(self.config.agents)):
                 self.agents.spawn(index, agent_id, ["--coordinator", address])
-            self.agents.monitor(server.fleet.registered)
+            self.agents.monitor(server.registered)
         finally:
             self.agents.terminate()
             server.stop(grace_s=0.5)
