@@ -36,7 +36,7 @@ from edge.agent.checkpoints import CheckpointStore
 from edge.agent.waiting import WaitReporter
 from edge.config.identity import agent_ids, natural_order
 from edge.config.settings import AgentSettings
-from edge.observability.http import MetricsServer
+from edge.observability.http import HttpSecurity, MetricsServer
 from edge.observability.metrics import AgentMetrics
 from edge.observability.stats import FileStatsSink
 from edge.observability.telemetry import LatestStats, Telemetry
@@ -104,6 +104,8 @@ class AgentProcessOptions:
     metrics_listen: str | None = None
     #: host:port scrapers should use [default: the advertised host, the bound port].
     metrics_advertise: str | None = None
+    #: TLS and basic auth in front of the metrics port (None: plain HTTP).
+    metrics_security: HttpSecurity | None = None
     #: Shape the links in the agent (off where a kernel shapes them).
     shape_links: bool = True
     #: The settings the agent was started with, as written (its scenario file): a coordinator
@@ -306,7 +308,9 @@ def _run_agent(
     # Local settings that cannot work fail before any waiting (a busy metrics port, say).
     metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
     if metrics is not None and options.metrics_listen is not None:
-        held.exporter = MetricsServer(metrics.registry, options.metrics_listen)
+        held.exporter = MetricsServer(
+            metrics.registry, options.metrics_listen, security=options.metrics_security
+        )
     run: RunInfo | None = None
     security = TlsCredentials.load(options.certs, options.agent_id) if options.certs else None
     if options.coordinator:
@@ -403,7 +407,8 @@ def _run_agent(
             else exporter.address.rpartition(":")[0]
         )
         metrics_address = options.metrics_advertise or f"{host}:{exporter.port}"
-        log.info("%s metrics on http://%s/metrics", options.agent_id, metrics_address)
+        scheme = exporter.security.scheme
+        log.info("%s metrics on %s://%s/metrics", options.agent_id, scheme, metrics_address)
     if client is not None:
         try:
             client.register(

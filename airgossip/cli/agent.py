@@ -11,6 +11,12 @@ from rich.markup import escape
 
 from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import fail
+from airgossip.cli.metrics_access import (
+    MetricsPasswordFileOption,
+    MetricsTlsOption,
+    MetricsUserOption,
+    metrics_security,
+)
 
 
 def agent(
@@ -104,6 +110,9 @@ def agent(
     checkpoint_interval_s: Annotated[
         float, typer.Option(help="Seconds between two checkpoints.")
     ] = 5.0,
+    metrics_tls: MetricsTlsOption = False,
+    metrics_user: MetricsUserOption = None,
+    metrics_password_file: MetricsPasswordFileOption = None,
 ) -> None:
     """Run one edge agent over real gRPC (what runs on each device).
 
@@ -125,6 +134,9 @@ def agent(
     if (coordinator is None) == (peers is None):
         fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
     require_transport_choice(certs, insecure)
+    guard = metrics_security(
+        certs, agent_id or default_id(index), metrics_tls, metrics_user, metrics_password_file
+    )
     if not checkpoint_interval_s > 0:
         fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
     if peers is not None and config is None:
@@ -168,7 +180,8 @@ def agent(
         metrics_listen=None if metrics_listen == "off" else (
             metrics_listen or f"{listen.rpartition(':')[0]}:0"
         ),
-        metrics_advertise=metrics_advertise, shape_links=link_shaping, declared=declared,
+        metrics_advertise=metrics_advertise, metrics_security=guard, shape_links=link_shaping,
+        declared=declared,
         kernel_device=kernel_links,
         certs=certs, checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip

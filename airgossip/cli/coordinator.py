@@ -15,6 +15,12 @@ from rich.markup import escape
 
 from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import console, fail, say, summary_table, write_summary
+from airgossip.cli.metrics_access import (
+    MetricsPasswordFileOption,
+    MetricsTlsOption,
+    MetricsUserOption,
+    metrics_security,
+)
 from airgossip.cli.scenario import flag_overrides
 
 if TYPE_CHECKING:  # the CLI imports the coordinator and the fleets only when it runs
@@ -91,6 +97,9 @@ def coordinator(
         ),
     ] = None,
     insecure: InsecureOption = False,
+    metrics_tls: MetricsTlsOption = False,
+    metrics_user: MetricsUserOption = None,
+    metrics_password_file: MetricsPasswordFileOption = None,
 ) -> None:
     """Run the coordinator of a run: agents started by hand register, get the scenario and
     their neighbours, report their rounds; results.json, the plot and the summary are written
@@ -113,6 +122,9 @@ def coordinator(
     from emulation.networks import network_for
 
     require_transport_choice(certs, insecure)
+    guard = metrics_security(
+        certs, COORDINATOR_IDENTITY, metrics_tls, metrics_user, metrics_password_file
+    )
     if topology is not None and topology not in POLICIES:
         fail(f"unknown topology '{topology}'; choose one of: {', '.join(POLICIES)}")
     if not 0 <= metrics_port <= 65535:
@@ -163,6 +175,7 @@ def coordinator(
             db=db,
             liveness=liveness,
             metrics_listen=f"{host}:{metrics_port}",
+            metrics_security=guard,
             run=RunSpec(scenario=cfg.model_dump(mode="json"), rounds=cfg.rounds),
             switcher=runtime.switcher if runtime is not None else None,
         )
@@ -186,8 +199,8 @@ def coordinator(
         f"{liveness.heartbeat_timeout_s:g} s"
     )
     say(
-        f"metrics at http://{server.metrics_address}/metrics (service discovery /sd, "
-        f"fleet /fleet); results to {out_dir}"
+        f"metrics at {guard.scheme}://{server.metrics_address}/metrics (service discovery /sd, "
+        f"fleet /fleet{'; basic auth' if guard.basic_auth else ''}); results to {out_dir}"
     )
     say(
         f"agents need only: airgossip agent --coordinator {_dial(address)} --index N"
