@@ -98,6 +98,8 @@ def snapshot_from_proto(stats: coordinator_pb2.AgentStats) -> AgentSnapshot:
 
 #: Most metrics or scalars one round report may name (a report is data, not a dump).
 MAX_REPORT_FIGURES = 64
+#: Largest counter a report may carry: what a signed 64-bit integer holds (SQLite, results).
+MAX_COUNTER = 2**63 - 1
 
 
 def record_to_proto(record: RoundRecord, *, estimate_limit: int) -> coordinator_pb2.RoundReport:
@@ -130,12 +132,23 @@ def _numbers(figures: dict[str, float]) -> dict[str, float]:
 
 
 def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> RoundRecord:
-    """Raise ``ValueError`` for a report that is not usable (too many figures, an estimate
-    that is not whole float64 values)."""
+    """Raise ``ValueError`` for a report that is not usable (too many figures, figures or a
+    time that are not finite, counters past 2^63 - 1, an estimate that is not whole float64
+    values)."""
+    where = f"round {report.round}"
     for name in ("metrics", "scalars"):
         figures = getattr(report, name)
         if len(figures) > MAX_REPORT_FIGURES or any(len(k) > 64 for k in figures):
-            raise ValueError(f"round {report.round}: at most {MAX_REPORT_FIGURES} {name}")
+            raise ValueError(
+                f"{where}: at most {MAX_REPORT_FIGURES} {name}, names of at most 64 characters"
+            )
+        if not all(math.isfinite(v) for v in figures.values()):
+            raise ValueError(f"{where}: {name} must be finite numbers")
+    if not (math.isfinite(report.wall_s) and report.wall_s >= 0):
+        raise ValueError(f"{where}: wall_s must be a finite number of seconds, at least 0")
+    counters = Counters.from_fields(report)
+    if max(counters.as_dict().values()) > MAX_COUNTER:
+        raise ValueError(f"{where}: counters must be at most {MAX_COUNTER}")
     estimate = None
     if report.estimate:
         if len(report.estimate) % 8:
@@ -149,7 +162,7 @@ def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> Rou
         scalars=dict(report.scalars),
         final=bool(report.final),
         estimate=estimate,
-        counters=Counters.from_fields(report),
+        counters=counters,
     )
 
 

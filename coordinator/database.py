@@ -123,6 +123,8 @@ class Database:
             db.executescript(schema)
         except sqlite3.Error as err:
             self.close()
+            if type(err) is sqlite3.DatabaseError:  # not a database, or a malformed one
+                raise self._damaged(str(err)) from None
             raise StoreError(f"cannot use database {self.path}: {err}") from None
         except StoreError:
             self.close()
@@ -131,12 +133,14 @@ class Database:
     def _check_intact(self, db: sqlite3.Connection) -> None:
         problems = [str(row[0]) for row in db.execute("PRAGMA quick_check(3)")]
         if problems != ["ok"]:
-            detail = " ".join(" ".join(problems).replace("*** in database main ***", "").split())
-            raise StoreError(
-                f"database {self.path} is damaged ({detail[:120]}): restore it from a "
-                "backup, or start with another --db (the agents register again; what this "
-                "one held is lost)"
-            )
+            raise self._damaged(" ".join(problems).replace("*** in database main ***", ""))
+
+    def _damaged(self, detail: str) -> StoreError:
+        return StoreError(
+            f"database {self.path} is damaged ({' '.join(detail.split())[:120]}): restore it "
+            "from a backup, or start with another --db (the agents register again; what this "
+            "one held is lost)"
+        )
 
     def _failed(self, err: sqlite3.Error) -> StoreError:
         return StoreError(f"database {self.path} failed: {err}")

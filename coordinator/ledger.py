@@ -80,6 +80,14 @@ class RunLedger:
         held = self.rounds.add(agent_id, fresh) if fresh else self.rounds.of(agent_id)
         return held, after
 
+    def records(self) -> dict[str, list[RoundRecord]]:
+        """Every agent's round records, in round order (read from the database)."""
+        return self.rounds.records()
+
+    def at_round(self, round_index: int) -> dict[str, RoundRecord]:
+        """Every agent's record of ``round_index``, by agent."""
+        return self.rounds.at_round(round_index)
+
     def latest_round(self, agent_id: str) -> int | None:
         """The latest round ``agent_id`` reported (None: none)."""
         return self.rounds.of(agent_id).latest

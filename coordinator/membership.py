@@ -44,8 +44,7 @@ log = logging.getLogger("airgossip.coordinator")
 
 
 class Membership:
-    """Registrations, liveness, assignments and the run's reports; every method is
-    thread-safe.
+    """Registrations, liveness, assignments and the run's reports; thread-safe.
 
     Parameters
     ----------
@@ -58,8 +57,8 @@ class Membership:
     liveness:
         Heartbeat interval and timeout.
     max_agents:
-        Upper bound on live registrations (each holds a stream and a server thread); at most
-        :data:`MEMBERS_PER_SLOT` times as many agents are remembered, departed ones included.
+        Most live registrations (each holds a stream and a server thread); departed ones
+        count towards :data:`MEMBERS_PER_SLOT` times as many.
     clock, wall:
         Monotonic seconds (liveness) and wall-clock seconds (timestamps kept in the store).
     run:
@@ -104,9 +103,9 @@ class Membership:
     def _restore(self, stored: StoredFleet | None) -> bool:
         if stored is None:
             return False
-        now = self.clock()
         # Liveness restarts from now: silence while the coordinator was down is not the
         # agents' fault, and each gets a full timeout to reach the new coordinator.
+        now = self.clock()
         self.members = {i: Member(r, last_seen=now) for i, r in stored.members.items()}
         self.graphs.restore(stored)
         self.ledger.restore(stored)
@@ -125,7 +124,6 @@ class Membership:
             for member in self.members.values():
                 member.last_seen = max(member.last_seen, now)
 
-    # -- queries ------------------------------------------------------------------------------
     @property
     def released(self) -> bool:
         """Whether the first graph was built (the fleet filled)."""
@@ -135,6 +133,11 @@ class Membership:
     def run(self) -> RunSpec:
         """The run this fleet is."""
         return self.ledger.spec
+
+    @property
+    def estimate_length(self) -> int | None:
+        """Elements of every estimate the run's reports carry (None: nobody registered)."""
+        return self.ledger.estimate_length
 
     @property
     def epoch(self) -> int:
@@ -183,9 +186,8 @@ class Membership:
 
     def run_records(self) -> dict[str, list[RoundRecord]]:
         """Every agent's round records of the run, in round order (read from the database)."""
-        return self.ledger.rounds.records()
+        return self.ledger.records()
 
-    # -- changes ------------------------------------------------------------------------------
     def register(
         self,
         agent_id: str,
@@ -308,9 +310,8 @@ class Membership:
             self._after_departure([member.record], f"{agent_id} left")
 
     def report(self, agent_id: str, records: list[RoundRecord]) -> int:
-        """Keep ``agent_id``'s round records for the run's results, once checked against the
-        run (:func:`~coordinator.reports.admit`); return how many rounds it has reported. A
-        final record finishes the agent. NOT_FOUND for an agent that never registered."""
+        """Keep ``agent_id``'s round records, checked against the run (:class:`RunLedger`);
+        return how many rounds it holds. A final record finishes the agent."""
         with self.changed:
             member = self.members.get(agent_id)
             if member is None:
@@ -323,7 +324,6 @@ class Membership:
             self._follow_schedule()
             return held.held
 
-    # -- assignment streams -------------------------------------------------------------------
     def open_watch(self, agent_id: str) -> int:
         """Start a watch of ``agent_id``'s assignments; return its generation. A newer watch
         of the same agent (it reconnected) ends the older, so that half-open connections never
@@ -378,7 +378,7 @@ class Membership:
         latest = [self.ledger.latest_round(i) for i in counted]
         passed = min((r if r is not None else -1 for r in latest), default=-1)
         for round_index in self.graphs.rounds_to_observe(passed):
-            reported = self.ledger.rounds.at_round(round_index)
+            reported = self.ledger.at_round(round_index)
             records = [reported[i] for i in counted if i in reported]
             switched = self.graphs.observe(round_index, records, len(counted))
             if switched:

@@ -44,6 +44,19 @@ class ReportCursor:
     first_of_last_call: int | None = None
 
 
+def wrong_length(round_index: int, elements: int, estimate_length: int | None) -> Refusal:
+    """The refusal of an estimate of ``elements`` values in a run of ``estimate_length``."""
+    expected = (
+        f"the run's estimates have {estimate_length} elements"
+        if estimate_length
+        else "the run's reports carry none (its agents registered without one)"
+    )
+    return Refusal(
+        "FAILED_PRECONDITION",
+        f"round {round_index}: an estimate of {elements} elements; {expected}",
+    )
+
+
 def admit(
     agent_id: str,
     records: Sequence[RoundRecord],
@@ -89,15 +102,7 @@ def admit(
                 f"round {record.round} is past the run's last round {last_round}",
             )
         if record.estimate is not None and record.estimate.size != estimate_length:
-            expected = (
-                f"the run's estimates have {estimate_length} elements"
-                if estimate_length
-                else "the run's reports carry none (its agents registered without one)"
-            )
-            raise Refusal(
-                "FAILED_PRECONDITION",
-                f"round {record.round}: an estimate of {record.estimate.size} elements; {expected}",
-            )
+            raise wrong_length(record.round, record.estimate.size, estimate_length)
     first = records[0].round
     fresh = list(records)
     if cursor.last_round is not None and first <= cursor.last_round:

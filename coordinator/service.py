@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent import futures
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from coordinator.database import StoreError
+from coordinator.limits import RateLimit, RateLimiter
 from coordinator.membership import FleetView, LivenessSettings, Membership
 from coordinator.observability import metrics_server
 from coordinator.policy import TopologySpec, make_policy
@@ -86,6 +87,9 @@ class CoordinatorServer:
     switcher:
         A ``[switching]`` schedule the fleet follows, from ``topology`` (its first graph) on,
         driven by the agents' round reports (None: the graph changes only with membership).
+    rate_limits:
+        How often each identity may call each method (None: :func:`~coordinator.limits.
+        call_limits` for the heartbeat interval; methods left out are not limited).
 
     Raises
     ------
@@ -112,6 +116,7 @@ class CoordinatorServer:
         max_agents: int = 1024,
         run: RunSpec | None = None,
         switcher: TopologySwitcher | None = None,
+        rate_limits: Mapping[str, RateLimit] | None = None,
     ) -> None:
         policy = make_policy(topology, switcher)
         ensure_bindable(listen)
@@ -139,8 +144,13 @@ class CoordinatorServer:
             self._store.close()
             raise
         self.metrics_address = self.metrics.address if self.metrics is not None else ""
+        limiter = RateLimiter(rate_limits) if rate_limits is not None else None
         self.servicer = CoordinatorServicer(
-            self._membership, token=token, secure=security is not None, refusals=refusals
+            self._membership,
+            token=token,
+            secure=security is not None,
+            refusals=refusals,
+            limiter=limiter,
         )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(

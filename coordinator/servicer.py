@@ -25,6 +25,7 @@ from coordinator.database import StoreError
 from coordinator.limits import RateLimiter, call_limits
 from coordinator.membership import Membership, WatchEnded
 from coordinator.refusal import Refusal
+from coordinator.reports import wrong_length
 from coordinator.retry import RETRY_AFTER_KEY
 from coordinator.run import (
     MAX_DECLARED_CHARS,
@@ -296,6 +297,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 f"{len(request.rounds)} round reports in one call; at most {MAX_REPORTS_PER_CALL}",
                 "reports",
             )  # fmt: skip
+        # An estimate of another length than the run's is refused before it is decoded.
+        length = self.membership.estimate_length
+        for report in request.rounds:
+            size = len(report.estimate)
+            if size and size % 8 == 0 and size != 8 * (length or 0):
+                self._abort(context, "Report", wrong_length(report.round, size // 8, length))
         records: list[RoundRecord] = []
         try:
             for report in request.rounds:

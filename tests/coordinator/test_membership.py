@@ -202,7 +202,7 @@ def test_the_database_is_private_and_a_damaged_one_is_one_line(tmp_path: Path) -
 def test_store_errors_say_what_is_wrong(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match=r"junk\.db: file is not a database"):
+    with pytest.raises(StoreError, match=r"junk\.db is damaged \(file is not a database\)"):
         FleetStore(junk)
     db = tmp_path / "fleet.db"
     make_fleet(TopologySpec("ring"), FakeClock(), db).store.close()

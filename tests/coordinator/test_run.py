@@ -165,7 +165,7 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
             stub.Report(coordinator_pb2.ReportRequest(agent_id="agent-0", token="t",
                                                       rounds=[bad]), timeout=5)  # fmt: skip
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        nan = coordinator_pb2.RoundReport(round=1, estimate=np.array([np.nan]).tobytes())
+        nan = coordinator_pb2.RoundReport(round=1, estimate=np.array([np.nan, 0, 0]).tobytes())
         with pytest.raises(grpc.RpcError) as error:
             stub.Report(coordinator_pb2.ReportRequest(agent_id="agent-0", token="t",
                                                       rounds=[nan]), timeout=5)  # fmt: skip
