@@ -108,6 +108,7 @@ def coordinator(
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     import logging
 
+    from coordinator.malloc import cap_arenas
     from coordinator.membership import LivenessSettings
     from coordinator.policy import POLICIES, TopologySpec
     from coordinator.run import RunSpec
@@ -121,6 +122,7 @@ def coordinator(
     from emulation.fleets import refuse_used_out_dir
     from emulation.networks import network_for
 
+    cap_arenas()  # a burst of large requests leaves no memory behind in many arenas
     require_transport_choice(certs, insecure)
     guard = metrics_security(
         certs, COORDINATOR_IDENTITY, metrics_tls, metrics_user, metrics_password_file
