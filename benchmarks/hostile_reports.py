@@ -72,6 +72,7 @@ KINDS = ("long estimates", "past the run", "round 2^63", "NaN", "257 records", "
 
 
 def estimate(elements: int, value: float = 1.0) -> bytes:
+    """``elements`` float64 values as a report carries them."""
     return np.full(elements, value, dtype="<f8").tobytes()
 
 
@@ -90,6 +91,7 @@ class Insider:
         self._next = 0  # the next legal round
 
     def register(self) -> None:
+        """Register as agent-3, with the run's digest and estimate length."""
         task = load_task("consensus", TaskContext(3, AGENTS, SEED, options={"dim": DIM}))
         initial = task.initial_parameters()
         self.stub.Register(
@@ -101,6 +103,7 @@ class Insider:
         )  # fmt: skip
 
     def payload(self, n: int) -> tuple[str, list[coordinator_pb2.RoundReport]]:
+        """The ``n``-th hostile report: its kind and its records."""
         kind = KINDS[n % len(KINDS)]
         report = coordinator_pb2.RoundReport
         if kind == "long estimates":
@@ -181,10 +184,12 @@ def hammer(call: Callable[..., object], request: object, deadline: float) -> Cou
 
 
 def db_bytes(db: Path) -> int:
+    """The database's size with its WAL and shared memory."""
     return sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
 
 
 def main() -> None:
+    """Run the measurement; print (and write) its report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reports", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=300, help="rounds of the run")
@@ -198,6 +203,7 @@ def main() -> None:
 
 
 def measure(folder: Path, args: argparse.Namespace) -> str:
+    """Start the coordinator, attack it, run the fleet to its end; the report."""
     ids = [f"agent-{i}" for i in range(AGENTS)]
     certs = throwaway_fleet(folder / "certs", [*ids, COORDINATOR_IDENTITY])
     scenario = folder / "scenario.toml"
@@ -267,6 +273,7 @@ def summarise(
     final: dict[str, object] | None,
     returncode: int | None,
 ) -> str:
+    """The report, in markdown."""
     load = os.getloadavg()
     lines = [
         f"## Hostile reports against a live coordinator ({AGENTS} agents of a {DIM}-element "

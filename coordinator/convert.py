@@ -18,6 +18,7 @@ from protos import coordinator_pb2
 def assignment_to_proto(
     assignment: Assignment, *, ready: bool = True
 ) -> coordinator_pb2.Assignment:
+    """An assignment as the coordinator streams it."""
     return coordinator_pb2.Assignment(
         epoch=assignment.epoch,
         ready=ready,
@@ -58,6 +59,7 @@ def assignment_from_proto(proto: coordinator_pb2.Assignment) -> Assignment:
 
 
 def snapshot_to_proto(snapshot: AgentSnapshot) -> coordinator_pb2.AgentStats:
+    """An agent's latest figures as its heartbeat carries them."""
     stats = coordinator_pb2.AgentStats(
         round=snapshot.round,
         **snapshot.counters.as_dict(),

@@ -34,6 +34,7 @@ class FleetGraph:
 
     @property
     def strongly_connected(self) -> bool:
+        """Whether every agent's updates reach every other (over all phases)."""
         return is_strongly_connected(self.graph.union()) if self.ids else False
 
     def edges(self) -> list[list[tuple[str, str]]]:
