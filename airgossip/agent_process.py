@@ -33,6 +33,8 @@ from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
 from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
 from edge.agent.checkpoints import CheckpointStore
+from edge.agent.lineage import new_incarnation
+from edge.agent.runner import WallClockRunner
 from edge.agent.waiting import WaitReporter
 from edge.config.identity import agent_ids, natural_order
 from edge.config.settings import AgentSettings
@@ -381,6 +383,7 @@ def _run_agent(
         fleet=fleet_of(security),
         checkpoints=checkpoints,
         checkpoint_interval_s=options.checkpoint_interval_s,
+        incarnation=new_incarnation(),  # a process that may restart: see edge.agent.lineage
     )
     agent.resume()  # from the newest intact checkpoint, if it keeps any
     if stop.is_set():
@@ -446,7 +449,10 @@ def _run_agent(
         settings.rounds,
         ", ".join(agent.assignment.phase(1).out_weights) or "none",
     )
-    agent.run()
+    runner = WallClockRunner(agent)
+    if run is not None:
+        runner.rejoin(run.fleet_round)  # a run under way: start where the fleet is
+    runner.run()
     if stop.is_set():
         return 0
     held.finished = True

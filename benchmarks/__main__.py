@@ -32,6 +32,7 @@ ENTRIES = {
     "scale": "benchmarks.scale",
     "overlap": "benchmarks.overlap",
     "regressions": "benchmarks.regressions",
+    "rejoin": "benchmarks.rejoin",
     "peers": "benchmarks.comparison",
 }
 

@@ -180,6 +180,8 @@ class RunInfo:
     registered: int
     finished: int
     complete: bool
+    #: The round the run's agents have reached (0: none reported yet).
+    fleet_round: int = 0
 
     @classmethod
     def from_proto(cls, reply: coordinator_pb2.RunReply) -> RunInfo:
@@ -194,4 +196,5 @@ class RunInfo:
             registered=reply.registered_agents,
             finished=reply.finished_agents,
             complete=reply.complete,
+            fleet_round=reply.fleet_round,
         )

@@ -58,9 +58,10 @@ def _private_folder(folder: Path) -> None:
             "replace the database's journal; keep the database in a folder of mode 0700"
         )
     if mode & 0o077:
-        log.info(
-            "the database folder %s is open to other users (mode %04o); 0700 keeps even the "
-            "file names private", folder, mode,
+        log.warning(
+            "the database folder %s is open to other users (mode %04o): the database itself "
+            "is 0600, and a folder of mode 0700 keeps its journal's names private too",
+            folder, mode,
         )  # fmt: skip
 
 

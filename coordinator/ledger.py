@@ -88,6 +88,11 @@ class RunLedger:
         """Every agent's record of ``round_index``, by agent."""
         return self.rounds.at_round(round_index)
 
+    def fleet_round(self) -> int:
+        """The round the run's agents have reached: the median of the latest round each
+        reported (0 before any report), so that one agent cannot move it far."""
+        return self.rounds.median_latest()
+
     def latest_round(self, agent_id: str) -> int | None:
         """The latest round ``agent_id`` reported (None: none)."""
         return self.rounds.of(agent_id).latest
@@ -103,4 +108,5 @@ class RunLedger:
             registered=states.count(ALIVE) + finished,
             finished=finished,
             complete=released and ALIVE not in states and finished > 0,
+            fleet_round=self.fleet_round(),
         )

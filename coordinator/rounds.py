@@ -81,6 +81,11 @@ class RoundStore:
         """What is held of ``agent_id``'s rounds."""
         return self._agents.get(agent_id, AgentRounds())
 
+    def median_latest(self) -> int:
+        """The median over agents of the latest round each reported (0: none reported)."""
+        latest = sorted(a.latest for a in self._agents.values() if a.latest is not None)
+        return latest[len(latest) // 2] if latest else 0
+
     def at_round(self, round_index: int) -> dict[str, RoundRecord]:
         """Every agent's record of ``round_index``, by agent (agents that did not report it
         are missing)."""

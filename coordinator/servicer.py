@@ -256,6 +256,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             registered_agents=status.registered,
             finished_agents=status.finished,
             complete=status.complete,
+            fleet_round=status.fleet_round,
         )
 
     def _check_declared(

@@ -27,6 +27,7 @@ class RunStatusJson(TypedDict):
     registered: int
     finished: int
     complete: bool
+    fleet_round: int
 
 
 class MemberJson(TypedDict):
@@ -110,6 +111,8 @@ class RunStatus:
     registered: int
     finished: int
     complete: bool
+    #: The round the run's agents have reached: the median of their latest reports.
+    fleet_round: int = 0
 
     def to_json(self) -> RunStatusJson:
         """The status as ``/fleet`` serves it."""
@@ -120,6 +123,7 @@ class RunStatus:
             "registered": self.registered,
             "finished": self.finished,
             "complete": self.complete,
+            "fleet_round": self.fleet_round,
         }
 
 

@@ -478,6 +478,7 @@ class RunReply(_message.Message):
     REGISTERED_AGENTS_FIELD_NUMBER: _builtins.int
     FINISHED_AGENTS_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
+    FLEET_ROUND_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Names the run in logs and results ("20261201-081730-3f2a")."""
     scenario_json: _builtins.str
@@ -494,6 +495,10 @@ class RunReply(_message.Message):
     finished_agents: _builtins.int
     complete: _builtins.bool
     """Every agent of the run has finished, left or been declared dead."""
+    fleet_round: _builtins.int
+    """The round the run's agents have reached: the median of the latest round each reported
+    (0 before any report). An agent that joins a run under way (a restart) starts there.
+    """
     def __init__(
         self,
         *,
@@ -505,10 +510,11 @@ class RunReply(_message.Message):
         registered_agents: _builtins.int = ...,
         finished_agents: _builtins.int = ...,
         complete: _builtins.bool = ...,
+        fleet_round: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "expected_agents", b"expected_agents", "finished_agents", b"finished_agents", "registered_agents", b"registered_agents", "rounds", b"rounds", "run_id", b"run_id", "scenario_json", b"scenario_json", "started_unix", b"started_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "expected_agents", b"expected_agents", "finished_agents", b"finished_agents", "fleet_round", b"fleet_round", "registered_agents", b"registered_agents", "rounds", b"rounds", "run_id", b"run_id", "scenario_json", b"scenario_json", "started_unix", b"started_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -61,6 +61,7 @@ class MessageHeader(_message.Message):
     RECEIVER_FIELD_NUMBER: _builtins.int
     FLEET_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     """Id of the sending agent: one of the receiver's assigned in-neighbours (or a recent former
     one) and, with TLS, the identity of the sender's certificate.
@@ -91,6 +92,13 @@ class MessageHeader(_message.Message):
     """
     epoch: _builtins.int
     """Epoch of the sender's neighbour assignment when it built the message (0: none)."""
+    lineage: _builtins.int
+    """The numbering this edge's running sums and sequence numbers belong to. An agent process
+    numbers its edges from a new, larger lineage every time it starts (its incarnation
+    << 20), and starts a new one on an edge whose receiver cannot continue the old one; a
+    receiver that sees a larger lineage forgets what it knew of the edge. 0: an agent that
+    never restarts (in-process fleets).
+    """
     @_builtins.property
     def scalars(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Small named scalars of the algorithm (e.g. the push-sum weight)."""
@@ -112,10 +120,11 @@ class MessageHeader(_message.Message):
         receiver: _builtins.str = ...,
         fleet: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        lineage: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "lineage", b"lineage", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -155,7 +164,8 @@ class PushAck(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     BASE_SEQ_FIELD_NUMBER: _builtins.int
     ABSORBED_FIELD_NUMBER: _builtins.int
-    DURABLE_SEQ_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
+    START_OVER_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     """The receiver's current round."""
     last_seq: _builtins.int
@@ -164,10 +174,12 @@ class PushAck(_message.Message):
     """The base the receiver's running sum on this edge is measured from."""
     absorbed: _builtins.bool
     """True when this very message changed the receiver's state (false for duplicates)."""
-    durable_seq: _builtins.int
-    """The highest sequence number on this edge that the receiver's last checkpoint holds (the
-    receiver never rolls back before it); equals last_seq when the receiver keeps none. A
-    sender may measure later running sums from it.
+    lineage: _builtins.int
+    """The lineage of this edge the receiver holds (see MessageHeader.lineage)."""
+    start_over: _builtins.bool
+    """The receiver cannot place the message: it restarted and holds no state of that lineage,
+    or it holds a newer one. The sender starts a new lineage above both, whose first message
+    carries everything the receiver has not acknowledged.
     """
     def __init__(
         self,
@@ -176,11 +188,12 @@ class PushAck(_message.Message):
         last_seq: _builtins.int = ...,
         base_seq: _builtins.int = ...,
         absorbed: _builtins.bool = ...,
-        durable_seq: _builtins.int = ...,
+        lineage: _builtins.int = ...,
+        start_over: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["absorbed", b"absorbed", "base_seq", b"base_seq", "durable_seq", b"durable_seq", "last_seq", b"last_seq", "round", b"round"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["absorbed", b"absorbed", "base_seq", b"base_seq", "last_seq", b"last_seq", "lineage", b"lineage", "round", b"round", "start_over", b"start_over"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -42,6 +42,7 @@ import pytest
 import torch
 
 from edge.agent import Agent, build_agent
+from edge.agent.runner import WallClockRunner
 from edge.algorithms import GossipAlgorithm, Payload, PushSum, algorithm_class, create_algorithm
 from edge.compression import decode_blocks, get_codec, raw_codec_for
 from edge.config.settings import AgentSettings
@@ -176,6 +177,8 @@ class LocalFleet:
         self.timeout = heartbeat_timeout_s
         self.token = token
         self.db = tmp / "fleet.db"
+        #: Where the coordinator writes the run's results when every agent has finished.
+        self.results_dir = tmp / "run"
         self.logs = tmp / "logs"
         self.logs.mkdir()
         self.grpc_port = free_port()
@@ -207,6 +210,7 @@ class LocalFleet:
             [
                 "coordinator", "--listen", f"127.0.0.1:{self.grpc_port}",
                 "--metrics-port", str(self.metrics_port), "--db", str(self.db),
+                "--out", str(self.results_dir),
                 "--token", self.token, "--config", str(self.scenario), *self.topology,
                 "--certs", str(credentials_folder()),
                 "--heartbeat-interval-s", str(self.interval),
@@ -526,7 +530,7 @@ def assert_pair_reaches_average(pair: tuple[Agent, Agent], timeout_s: float) -> 
     refused nothing."""
     a, b = pair
     target = (a.task.initial_parameters() + b.task.initial_parameters()) / 2
-    threads = [threading.Thread(target=agent.run) for agent in pair]
+    threads = [threading.Thread(target=WallClockRunner(agent).run) for agent in pair]
     for t in threads:
         t.start()
     for t in threads:
@@ -664,7 +668,9 @@ class TlsFleet:
 
     def start_running(self) -> None:
         """Run every agent in a thread of its own (see :meth:`join`)."""
-        self._threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
+        self._threads = [
+            threading.Thread(target=WallClockRunner(a).run, daemon=True) for a in self.agents
+        ]
         for thread in self._threads:
             thread.start()
 

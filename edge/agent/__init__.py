@@ -3,8 +3,9 @@ checkpoints (:mod:`.checkpoints`, :mod:`.checkpointing`), how it waits for in-ne
 (:mod:`.waiting`), and how one is built from settings (:mod:`.build`)."""
 
 from edge.agent.admission import FORMER_ROUNDS
-from edge.agent.agent import PATIENCE_ROUNDS, PROBE_ROUNDS, Agent, hold_back
+from edge.agent.agent import PATIENCE_ROUNDS, Agent
 from edge.agent.build import build_agent, check_task_fits, fleet_digest
+from edge.agent.sending import PROBE_ROUNDS, hold_back
 
 __all__ = [
     "FORMER_ROUNDS",

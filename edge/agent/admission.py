@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from edge.algorithms import Payload
+from edge.algorithms import GossipAlgorithm, Payload
 from edge.compression import DecodeError, Encoded, decode_blocks, get_codec
 from edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
 from edge.transport.wire import MAX_HEADER_BYTES
@@ -65,6 +65,23 @@ class Admission:
         self._refuse = refuse
         self.in_neighbours: frozenset[str] = frozenset()
         self._former: dict[str, int] = {}  # former in-neighbour -> our round when it left
+
+    @classmethod
+    def of(
+        cls,
+        agent_id: str,
+        algorithm: GossipAlgorithm,
+        *,
+        fleet: str,
+        digest: str,
+        refuse: Callable[[Rejected], None],
+    ) -> Admission:
+        """The admission of an agent whose gossip state is ``algorithm``."""
+        return cls(
+            agent_id, fleet=fleet, digest=digest, algorithm=algorithm.name,
+            block_numel=algorithm.block_numel, max_blocks=algorithm.max_blocks,
+            dtype=algorithm.dtype, refuse=refuse,
+        )  # fmt: skip
 
     def reject(self, code: RejectCode, reason: str, kind: str = "") -> Rejected:
         """A refusal, already handed to the agent's callback: raise it."""

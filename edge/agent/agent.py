@@ -1,22 +1,22 @@
 """The edge agent: composes a task, a gossip algorithm, a transport and a stats sink.
 
 One round is ``local_step`` (train on the de-biased estimate) -> ``push`` (split mass, send
-one message per out-neighbour, at most one in flight per edge) -> ``wait_for_neighbours``
-(bounded staleness: wait a little for in-neighbours that fall behind, never for ever) ->
-``mix`` (fold in whatever has arrived) -> ``report``. :meth:`Agent.run` loops over rounds
-on the wall clock; an in-process driver calls the same phases in lock step. There is no
-global barrier: an agent never waits on anything but its own in-neighbours, and not for
-longer than ``wait_timeout_s``.
+one message per out-neighbour, at most one in flight per edge) -> wait (bounded staleness:
+a little for in-neighbours that fall behind, never for ever; :meth:`Agent.neighbours_ready`)
+-> ``mix`` (fold in whatever has arrived) -> ``report``. An agent process runs the rounds on
+the wall clock (:class:`~edge.agent.runner.WallClockRunner`); an in-process driver calls the
+same phases in lock step or on a virtual clock. There is no global barrier: an agent never
+waits on anything but its own in-neighbours, and not for longer than ``wait_timeout_s``.
 
 The agent is also the transport's :class:`~edge.transport.base.InboundHandler`: every
 incoming message passes :class:`~edge.agent.admission.Admission` before it can touch the
 gossip state, and the algorithm then refuses what does not fit the edge or would leave the
 state out of bounds. Every refusal is counted by reason and logged at a bounded rate.
 
-With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its whole state
-(:class:`~edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` (and, for
-algorithms that need it, before every send) and can :meth:`Agent.resume` from the newest
-intact checkpoint after a crash.
+With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its own state
+(:class:`~edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` and can
+:meth:`Agent.resume` from the newest intact checkpoint after a crash, starting every edge
+over (:mod:`edge.agent.lineage`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -32,20 +32,16 @@ import torch
 from edge.agent.admission import Admission
 from edge.agent.checkpointing import AgentState, Checkpointer
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
-from edge.algorithms import (
-    Ack,
-    GossipAlgorithm,
-    InvalidPayload,
-    Payload,
-    ProtocolError,
-)
+from edge.agent.lineage import EdgeLineages, new_incarnation
+from edge.agent.sending import Outbox, Sender, gossip_message, send_event
+from edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
 from edge.compression import Codec
 from edge.config.settings import AgentSettings
 from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
-from edge.observability.telemetry import AgentObserver, ReceiveEvent, SendEvent, StepEvent
+from edge.observability.telemetry import AgentObserver, ReceiveEvent, StepEvent
 from edge.tasks import Distiller, Task, TrainConfig
-from edge.topology import Assignment, Phase
-from edge.transport.base import (
+from edge.topology import Assignment
+from edge.transport.base import (  # fmt: skip
     GossipMessage,
     MessageHeader,
     RejectCode,
@@ -59,51 +55,6 @@ log = logging.getLogger(__name__)
 
 #: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
 PATIENCE_ROUNDS = 4
-#: An out-neighbour that cannot be reached keeps its share at home (a dead peer would swallow
-#: a share every round: within a few seconds, all of the fleet's push-sum weight); every this
-#: many rounds it gets a zero-weight probe carrying what its edge holds, until one lands.
-PROBE_ROUNDS = 4
-
-
-def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
-    """``phase`` with the share of each of ``peers`` kept at home.
-
-    The weights still sum to one, so push-sum conserves mass. With ``probe`` the peers stay in
-    the phase with weight 0: the algorithm then sends them what their edge already holds.
-    """
-    held = {p: w for p, w in phase.out_weights.items() if p in peers}
-    if not held:
-        return phase
-    out = {
-        p: 0.0 if p in held else w for p, w in phase.out_weights.items() if probe or p not in held
-    }
-    return Phase(phase.self_weight + sum(held.values()), out, phase.in_neighbours)
-
-
-class _Ready(Collection[str]):
-    """The peers a message may go to now: in the directory, no message in flight, and
-    reachable (or probed this round). A membership view: algorithms only ask ``peer in
-    ready``, and building a list over a large fleet's directory every round costs O(n)."""
-
-    def __init__(
-        self, peers: Collection[str], inflight: set[str], unreachable: set[str], probe: bool
-    ) -> None:
-        self._peers, self._inflight, self._unreachable, self._probe = (
-            peers, inflight, unreachable, probe,
-        )  # fmt: skip
-
-    def __contains__(self, peer: object) -> bool:
-        return (
-            peer in self._peers
-            and peer not in self._inflight
-            and (self._probe or peer not in self._unreachable)
-        )
-
-    def __iter__(self) -> Iterator[str]:
-        return (p for p in self._peers if p in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 class Agent:
@@ -134,6 +85,9 @@ class Agent:
         Where the agent keeps its checkpoints (None: it keeps none).
     checkpoint_interval_s:
         How often it writes one (at the end of a round).
+    incarnation:
+        This agent process's incarnation (:func:`~edge.agent.lineage.new_incarnation`);
+        0 for agents that never restart (in-process fleets).
     """
 
     def __init__(
@@ -151,6 +105,7 @@ class Agent:
         fleet: str = "",
         checkpoints: CheckpointStore | None = None,
         checkpoint_interval_s: float = 5.0,
+        incarnation: int = 0,
     ) -> None:
         self.agent_id = agent_id
         self.task = task
@@ -167,7 +122,8 @@ class Agent:
             if checkpoints is not None
             else None
         )
-        self.algorithm.checkpointing = checkpoints is not None
+        self.lineages = EdgeLineages(incarnation)
+        self._sender = Sender(agent_id, algorithm.name, digest, fleet, algorithm.codec)
         self.codec: Codec = algorithm.codec
         self.address = ""
         self.round = 0
@@ -175,24 +131,17 @@ class Agent:
         self._lock = threading.RLock()
         self._progress = threading.Condition(self._lock)
         self._heard: dict[str, int] = {}
-        self._inflight: set[str] = set()
+        #: Latest round each peer named (messages, acknowledgements): where the fleet is.
+        self._peer_rounds: dict[str, int] = {}
+        self.outbox = Outbox()
         self._counters = Counters()
-        self._warned: set[tuple[str, str]] = set()
         self._stopped = threading.Event()
         self._started_at = clock()
         self._last_metrics: dict[str, float] = {}
         self._disagreement: float | None = None
-        self._unreachable: set[str] = set()
         self._refusals = RefusalLog(log)
-        self.admission = Admission(
-            agent_id,
-            fleet=fleet,
-            digest=digest,
-            algorithm=algorithm.name,
-            block_numel=algorithm.block_numel,
-            max_blocks=algorithm.max_blocks,
-            dtype=algorithm.dtype,
-            refuse=self.refused,
+        self.admission = Admission.of(
+            agent_id, algorithm, fleet=fleet, digest=digest, refuse=self.refused
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -206,10 +155,7 @@ class Agent:
         incoming = frozenset(p for phase in assignment.schedule for p in phase.in_neighbours)
         with self._progress:
             old = self._assignment.peers if self._assignment is not None else {}
-            # A peer at a new address (it restarted) is worth a full share again.
-            self._unreachable = {
-                p for p in self._unreachable if assignment.peers.get(p) == old.get(p)
-            }
+            self.outbox.readdressed(assignment.peers, old)
             self.admission.set_in_neighbours(incoming, self.round)
             self._assignment = assignment
             self._progress.notify_all()
@@ -234,25 +180,33 @@ class Agent:
         self._started_at = self.clock()
         self.report(0)
 
-    def run(self) -> None:
-        """Run the remaining rounds on the wall clock, reporting round 0 first (unless it
-        resumed from a checkpoint); write a last checkpoint when it stops."""
-        if self.round == 0:
-            self.begin()
-        while self.round < self.settings.rounds and not self._stopped.is_set():
-            self.run_round(self.round + 1)
-        if self.checkpointer is not None:
-            self.checkpoint()
+    # -- for drivers ---------------------------------------------------------------------------
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopped.is_set()
 
-    def run_round(self, round_index: int) -> None:
-        self.local_step(round_index)
-        self.push(round_index)
-        self.wait_for_neighbours(round_index)
-        self.mix(round_index)
-        if self.report_due(round_index):
-            self.report(round_index)
-        if self.checkpointer is not None and self.checkpointer.due():
-            self.checkpoint()
+    def wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until ``ready()`` holds, re-checked whenever a push
+        finishes or a message arrives, or until the agent stops; return ``ready()``."""
+        deadline = self.clock() + timeout_s
+        with self._progress:
+            while not self._stopped.is_set():
+                remaining = deadline - self.clock()
+                if ready() or remaining <= 0:
+                    break
+                self._progress.wait(remaining)
+            return ready()
+
+    def peer_rounds(self) -> list[int]:
+        """The latest round each peer named (messages, acknowledgements)."""
+        with self._lock:
+            return list(self._peer_rounds.values())
+
+    def skip_to(self, round_index: int) -> None:
+        """Make ``round_index`` the last round this agent ran (it rejoins a fleet ahead)."""
+        with self._lock:
+            self.round = round_index
 
     def report_due(self, round_index: int) -> bool:
         """Whether ``round_index`` is evaluated and reported (every ``eval_every`` rounds and
@@ -280,100 +234,54 @@ class Agent:
             assignment = self._assignment
             if assignment is None:
                 return
-            phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
-            probe = round_index % PROBE_ROUNDS == 0
-            if self._unreachable:
-                phase = hold_back(phase, self._unreachable, probe=probe)
-            # Every peer without a message in flight: algorithms may also flush what they
-            # still owe a peer that is off this phase (a changed or periodic graph). An
-            # unreachable peer is only tried on probe rounds.
-            ready = _Ready(assignment.peers, self._inflight, self._unreachable, probe)
+            phase, ready = self.outbox.plan(
+                round_index,
+                self.algorithm.schedule(round_index, assignment.phase(round_index)),
+                assignment.peers,
+                starved=self.algorithm.starved(),
+            )
             payloads = self.algorithm.share(phase, ready)
-            self._inflight.update(payloads)
-            ahead = self.checkpointer is not None and self.algorithm.checkpoint_before_send
-            state = self._state() if ahead and payloads else None
-        if state is not None:
-            self._write(state)  # before anything it holds leaves (see GossipAlgorithm)
+            self.outbox.inflight.update(payloads)
+            lineages = {peer: self.lineages.outgoing(peer) for peer in payloads}
         for peer, payload in payloads.items():
-            message = self._message(round_index, peer, payload, assignment.epoch)
+            message = gossip_message(
+                self._sender, round_index, peer, payload,
+                epoch=assignment.epoch, lineage=lineages[peer],
+            )  # fmt: skip
             address = assignment.peers.get(peer, "")
             sent = partial(self._sent, peer, round_index, self.clock())
             self.transport.send(peer, address, message, sent)
 
-    def _message(self, round_index: int, peer: str, payload: Payload, epoch: int) -> GossipMessage:
-        encoded = payload.encoded
-        if encoded is None:
-            encoded = self.codec.encode(payload.vector)
-        header = MessageHeader(
-            sender=self.agent_id,
-            round=round_index,
-            seq=payload.seq,
-            base_seq=payload.base_seq,
-            algorithm=self.algorithm.name,
-            codec=encoded.codec,
-            numel=encoded.numel,
-            payload_bytes=len(encoded.data),
-            scalars=payload.scalars,
-            fleet_digest=self.digest,
-            codec_meta=encoded.meta,
-            receiver=peer,
-            fleet=self.fleet,
-            epoch=epoch,
-        )
-        return GossipMessage(header, encoded.data)
-
     def _sent(self, peer: str, round_index: int, began: float, outcome: SendOutcome) -> None:
         with self._progress:
-            self._inflight.discard(peer)
+            warning = self.outbox.finished(peer, outcome)
             c = self._counters
             c.messages_sent += 1
             c.bytes_sent += outcome.wire_bytes
             self._progress.notify_all()
             if outcome.delivered and outcome.ack is not None:
-                self.algorithm.on_ack(peer, outcome.ack)
-                self._unreachable.discard(peer)
+                self._acknowledged(peer, outcome.ack)
             elif outcome.dropped:
                 c.messages_dropped += 1
             else:
                 c.messages_failed += 1
-                err = outcome.error
-                if err is not None and err.code is RejectCode.UNAVAILABLE:
-                    self._unreachable.add(peer)
-                elif err is not None:
-                    self._unreachable.discard(peer)  # it answered, if only to refuse
-                if err is not None and err.code is RejectCode.FAILED_PRECONDITION:
-                    self.algorithm.on_refused(peer)
-                key = (peer, err.code.value if err else "?")
-                if key not in self._warned:
-                    self._warned.add(key)
-                    log.warning("%s: push to %s failed: %s", self.agent_id, peer, err)
+            if warning:
+                log.warning("%s: %s", self.agent_id, warning)
             if self.observer is not None:
-                kind = "delivered" if outcome.delivered else "failed"
-                kind = "dropped" if outcome.dropped else kind
-                code = outcome.error.code.value if outcome.error is not None else ""
                 seconds = self.clock() - began
-                event = SendEvent(peer, round_index, outcome.wire_bytes, seconds, kind, code)
-                self.observer.on_send(event)
+                self.observer.on_send(send_event(peer, round_index, outcome, seconds))
 
-    def wait_for_neighbours(self, round_index: int) -> None:
-        """Wait (at most ``wait_timeout_s``) until this round's sends are done and
-        in-neighbours are within ``staleness`` rounds.
-
-        On fast links that keeps agents near lock step; on slow ones the wait times out and
-        sending overlaps with the next round's work. In the last round the agent waits for
-        its in-neighbours' last messages too (no staleness), so that the final estimate
-        holds everything they sent.
-        """
-        timeout = self.settings.wait_timeout_s
-        if timeout <= 0:
-            return
-        deadline = self.clock() + timeout
-        with self._progress:
-            while not self._stopped.is_set():
-                remaining = deadline - self.clock()
-                if self.neighbours_ready(round_index) or remaining <= 0:
-                    return
-                self._progress.wait(remaining)
+    def _acknowledged(self, peer: str, ack: Ack) -> None:
+        """Take ``peer``'s acknowledgement (under the lock)."""
+        self._peer_rounds[peer] = ack.round
+        held = self.lineages.acknowledged(self.algorithm, peer, ack)
+        if held:
+            log.warning(
+                "%s: %s holds a newer lineage of our edge (%d) than ours: is another "
+                "process running as %s?", self.agent_id, peer, held, self.agent_id,
+            )  # fmt: skip
+        elif held is not None:
+            log.info("%s: starting the edge to %s over", self.agent_id, peer)
 
     def neighbours_ready(self, round_index: int) -> bool:
         """Whether the wait of ``round_index`` is over: its sends are done and in-neighbours
@@ -384,7 +292,7 @@ class Agent:
             assignment = self._assignment
             if assignment is None:
                 return True
-            if self._inflight:
+            if self.outbox.inflight:
                 return False
             phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
             heard, oldest = self._heard, need - PATIENCE_ROUNDS
@@ -453,13 +361,8 @@ class Agent:
             counters=self._counters.copy(),
             model=self.algorithm.estimate().to(torch.float32),
             algorithm=self.algorithm.state_dict(),
+            incarnation=self.lineages.incarnation,
         )
-
-    def _write(self, state: AgentState) -> None:
-        assert self.checkpointer is not None
-        self.checkpointer.write(state)
-        with self._lock:
-            self.algorithm.committed(state.algorithm)
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (atomically; see :mod:`edge.agent.checkpoints`)."""
@@ -467,13 +370,12 @@ class Agent:
             raise RuntimeError("this agent keeps no checkpoints")
         with self._lock:
             state = self._state()
-        self._write(state)
+        self.checkpointer.write(state)
 
     def resume(self) -> int | None:
-        """Take up the newest intact checkpoint, if any; return its round (None: none).
-
-        A corrupt newer checkpoint is reported (a warning naming it and why) and the one
-        before it used.
+        """Take up the newest intact checkpoint (however old), if any, as a new incarnation
+        that starts every edge over; return its round (None: none). A corrupt newer
+        checkpoint is reported (a warning naming it and why) and the one before it used.
 
         Raises
         ------
@@ -491,6 +393,8 @@ class Agent:
                 self.algorithm.load_state_dict(state.algorithm)
                 self.round = state.round
                 self._counters = state.counters.copy()
+                previous = max(self.lineages.incarnation, state.incarnation)
+                self.lineages.restart(new_incarnation(previous))
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {path} cannot be resumed: {err}") from None
         log.info("%s: resumed round %d from %s", self.agent_id, self.round, path)
@@ -520,25 +424,25 @@ class Agent:
     def deliver(self, message: GossipMessage) -> Ack:
         header = message.header  # transports call admit(header) first
         payload = self.admission.decode(message)
+        sender = header.sender
         with self._progress:
             try:
-                ack = self.algorithm.receive(header.sender, payload)
-            except ProtocolError as err:
-                raise self.admission.reject(
-                    RejectCode.FAILED_PRECONDITION, str(err), err.reason
-                ) from None
+                ack, why = self.lineages.receive(self.algorithm, sender, header.lineage, payload)
             except InvalidPayload as err:
                 raise self.admission.reject(
                     RejectCode.INVALID_ARGUMENT, str(err), err.reason
                 ) from None
+            if ack is None:  # not a refusal: the sender starts the edge over
+                self._refusals.note("start_over", f"{self.agent_id}: from {sender}: {why}")
+                return Ack(0, 0, False, self.round, self.lineages.incoming(sender), start_over=True)
             self._counters.messages_received += 1
             if self.observer is not None:
                 self.observer.on_receive(
                     ReceiveEvent(True, header.sender, payload_bytes=header.payload_bytes)
                 )
-            if header.round > self._heard.get(header.sender, 0):
-                self._heard[header.sender] = header.round
+            self._peer_rounds[sender] = header.round
+            if header.round > self._heard.get(sender, 0):
+                self._heard[sender] = header.round
                 self._progress.notify_all()
-            return Ack(
-                ack.last_seq, ack.base_seq, ack.absorbed, self.round, durable_seq=ack.durable
-            )
+            lineage = self.lineages.incoming(sender)
+            return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round, lineage)

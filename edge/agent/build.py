@@ -55,6 +55,7 @@ def build_agent(
     fleet: str = "",
     checkpoints: CheckpointStore | None = None,
     checkpoint_interval_s: float = 5.0,
+    incarnation: int = 0,
 ) -> Agent:
     """Build an agent from settings: load the task, start its algorithm from the task's
     initial parameters. Every way of running agents (processes, in-process fleets,
@@ -92,4 +93,5 @@ def build_agent(
         fleet=fleet,
         checkpoints=checkpoints,
         checkpoint_interval_s=checkpoint_interval_s,
+        incarnation=incarnation,
     )

@@ -39,7 +39,10 @@ class AgentState:
     model:
         The de-biased estimate (float32; for tools that read a checkpoint).
     algorithm:
-        The algorithm's own state (``GossipAlgorithm.state_dict``).
+        The algorithm's own state (``GossipAlgorithm.state_dict``; no per-edge state).
+    incarnation:
+        The incarnation that wrote it: a restarted agent takes a larger one
+        (:func:`~edge.agent.lineage.new_incarnation`).
     """
 
     agent_id: str
@@ -48,6 +51,7 @@ class AgentState:
     counters: Counters
     model: torch.Tensor
     algorithm: dict[str, Any]
+    incarnation: int = 0
 
     def to_checkpoint(self) -> dict[str, object]:
         return {
@@ -57,6 +61,7 @@ class AgentState:
             "counters": self.counters.as_dict(),
             "model": self.model,
             "algorithm": self.algorithm,
+            "incarnation": self.incarnation,
         }
 
     @classmethod
@@ -73,6 +78,7 @@ class AgentState:
             counters=Counters(**state["counters"]),
             model=model,
             algorithm=algorithm,
+            incarnation=int(state.get("incarnation", 0)),
         )
 
 

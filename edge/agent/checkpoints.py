@@ -145,7 +145,8 @@ class CheckpointStore:
     Parameters
     ----------
     directory:
-        Where they live (created if needed).
+        Where they live (created if needed). A checkpoint holds the agent's model: the folder
+        is made private (0700) and every file is 0600.
     agent_id:
         Names the files (``<agent_id>-<serial>.ckpt``), so agents may share a folder.
     keep:
@@ -158,7 +159,9 @@ class CheckpointStore:
         self.directory = directory
         self.agent_id = agent_id
         self.keep = keep
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.directory.stat().st_mode & 0o077:
+            self.directory.chmod(0o700)  # an existing folder others could read
         existing = self.paths()
         self._serial = self._serial_of(existing[-1]) if existing else 0
 
@@ -181,7 +184,8 @@ class CheckpointStore:
         self._serial += 1
         path = self.directory / f"{self.agent_id}-{self._serial:09d}{SUFFIX}"
         tmp = self.directory / f".{path.name}.tmp"
-        with tmp.open("wb") as handle:
+        tmp.unlink(missing_ok=True)  # left by a crash mid-write
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

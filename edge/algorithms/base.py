@@ -165,8 +165,7 @@ def parse_algorithm_options(
 class ModelNumbers:
     """Sequence numbers per peer of messages that each carry a whole model (the newest makes
     the older ones stale): one more per message, but never :data:`SEQ_SLACK` past what the
-    peer acknowledged (the latest number again), and past whatever the peer reports holding
-    (after this agent resumed from a checkpoint)."""
+    peer acknowledged (the latest number again), and past whatever the peer reports holding."""
 
     def __init__(self) -> None:
         self.sent: dict[str, int] = {}
@@ -181,13 +180,6 @@ class ModelNumbers:
     def on_ack(self, peer: str, last_seq: int) -> None:
         self.acked[peer] = max(self.acked.get(peer, 0), last_seq)
         self.sent[peer] = max(self.sent.get(peer, 0), last_seq)
-
-    def state(self) -> dict[str, Any]:
-        return {"sent": dict(self.sent), "acked": dict(self.acked)}
-
-    def load(self, state: dict[str, Any]) -> None:
-        self.sent = {p: int(v) for p, v in state["sent"].items()}
-        self.acked = {p: int(v) for p, v in state["acked"].items()}
 
 
 @dataclass(frozen=True)
@@ -221,20 +213,17 @@ class Payload:
 class Ack:
     """What a receiver reports back for one message.
 
-    ``durable_seq`` is the highest sequence number on the edge that the receiver's last
-    checkpoint holds: it never rolls back before it, so a sender may forget what it sent up
-    to there. None means ``last_seq`` (a receiver that keeps no checkpoints).
+    ``lineage`` and ``start_over`` are the agent's (see :mod:`edge.agent.lineage`): the
+    lineage of the edge the receiver holds, and whether it could not place the message, so
+    that the sender starts the edge over.
     """
 
     last_seq: int
     base_seq: int
     absorbed: bool
     round: int = 0
-    durable_seq: int | None = None
-
-    @property
-    def durable(self) -> int:
-        return self.last_seq if self.durable_seq is None else self.durable_seq
+    lineage: int = 0
+    start_over: bool = False
 
 
 class GossipAlgorithm(ABC):
@@ -267,9 +256,6 @@ class GossipAlgorithm(ABC):
     max_blocks: ClassVar[int] = 1
     #: Validates ``[algorithm_options]``.
     options_model: ClassVar[type[BaseModel]] = NoOptions
-    #: With checkpoints, the agent writes one after every ``share`` and before sending
-    #: (algorithms whose messages cannot be made again the same way after a rollback).
-    checkpoint_before_send: ClassVar[bool] = False
     #: Combines models by distillation (:meth:`teachers`): the task must implement
     #: :class:`~edge.tasks.base.Distiller`.
     needs_distillation: ClassVar[bool] = False
@@ -296,10 +282,6 @@ class GossipAlgorithm(ABC):
         self.options = parse_algorithm_options(self.name, self.options_model, options)
         self.shared_start = shared_start
         self._encodings = 0
-        #: Set by an agent that keeps checkpoints: acknowledgements then name only what a
-        #: checkpoint holds, and state a peer may rely on changes only when one is written
-        #: (see :meth:`state_dict` and :meth:`committed`).
-        self.checkpointing = False
 
     @classmethod
     def check_codec(cls, codec: Codec) -> None:
@@ -354,7 +336,8 @@ class GossipAlgorithm(ABC):
         Raises
         ------
         ProtocolError
-            When the payload does not fit the per-edge state (state is left unchanged).
+            When the payload does not fit the per-edge state (state is left unchanged): the
+            agent then has the sender start the edge over.
         InvalidPayload
             When no state could accept it (state is left unchanged).
         """
@@ -375,33 +358,40 @@ class GossipAlgorithm(ABC):
     def on_ack(self, peer: str, ack: Ack) -> None:  # noqa: B027 - optional hook
         """The receiver ``peer`` acknowledged our latest message to it."""
 
-    def on_refused(self, peer: str) -> None:  # noqa: B027 - optional hook
-        """``peer`` refused our message as not fitting its edge state (it restarted, say)."""
+    def restart_out_edge(self, peer: str) -> None:  # noqa: B027 - optional hook
+        """``peer`` holds nothing of the edge to it (it restarted, or could not place our
+        message): make the next message to it carry everything it has not acknowledged,
+        measured from nothing. Algorithms without per-edge history need nothing here."""
+
+    def forget_in_edge(self, sender: str) -> None:  # noqa: B027 - optional hook
+        """``sender`` started the edge from it over (it restarted): drop what this agent knew
+        of that edge; what was absorbed stays."""
 
     def scalars(self) -> dict[str, float]:
         """Small per-agent figures worth reporting (the push-sum weight, ...)."""
         return {}
 
+    def starved(self) -> bool:
+        """Whether the agent has so little mass left that it should give none away this round
+        (it keeps its share at home and only flushes what its edges owe)."""
+        return False
+
     # -- checkpoints ---------------------------------------------------------------------------
-    # An agent restarted from a checkpoint has forgotten what it did since; its peers have
-    # not. Algorithms make that safe with two rules: a receiver acknowledges as durable only
-    # what a written checkpoint holds (``Ack.durable_seq``), and a sender lets its peers see a
-    # change they would have to rely on after a rollback only once a checkpoint holds it.
+    # A checkpoint holds the agent's own state, never an edge's: an agent restarted from one
+    # (however old) starts every edge over in a new lineage, so nothing it sends or absorbs
+    # mixes its edges' history before the restart with what its peers hold since.
 
     def state_dict(self) -> dict[str, Any]:
-        """A consistent copy of the whole gossip state: tensors (copies), numbers, strings,
-        bytes, in nested dicts and lists. The caller writes it, then calls :meth:`committed`
-        with it."""
+        """A consistent copy of the agent's own gossip state (no per-edge state): tensors
+        (copies), numbers, strings, bytes, in nested dicts and lists."""
         return {"algorithm": self.name, "numel": self.numel, "encodings": self._encodings}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a :meth:`state_dict` (of this algorithm and model size)."""
+        """Resume from a :meth:`state_dict` (of this algorithm and model size); every edge
+        starts over."""
         if state.get("algorithm") != self.name or state.get("numel") != self.numel:
             raise ValueError(
                 f"checkpoint of {state.get('algorithm')!r} with {state.get('numel')} elements "
                 f"cannot resume {self.name!r} with {self.numel}"
             )
         self._encodings = int(state["encodings"])
-
-    def committed(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
-        """``state`` (from :meth:`state_dict`) is now durable: what it holds may be relied on."""

@@ -89,21 +89,17 @@ class DPSGD(GossipAlgorithm):
         self._latest[sender] = (payload.seq, model)
         return Ack(payload.seq, 0, absorbed=True)
 
+    def forget_in_edge(self, sender: str) -> None:
+        latest = self._latest.get(sender)
+        if latest is not None:  # its model still stands in until a newer one arrives
+            self._latest[sender] = (0, latest[1])
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "x": self._x.clone(),
-            "latest": {p: {"seq": s, "x": x} for p, (s, x) in self._latest.items()},
-            "numbers": self._numbers.state(),
-        }
+        return {**super().state_dict(), "x": self._x.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._x = state["x"].to(self.dtype).clone()
-        self._latest = {
-            p: (int(v["seq"]), v["x"].to(self.dtype)) for p, v in state["latest"].items()
-        }
-        self._numbers.load(state["numbers"])
 
     def mix(self) -> None:
         phase = self._phase

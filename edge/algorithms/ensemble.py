@@ -127,18 +127,17 @@ class EnsembleCompression(GossipAlgorithm):
     def scalars(self) -> dict[str, float]:
         return {"ensemble_size": float(len(self.last_ensemble))}
 
+    def forget_in_edge(self, sender: str) -> None:
+        self._latest.pop(sender, None)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),
-            "x": self._x.clone(), "numbers": self._numbers.state(),
-            "latest": dict(self._latest), "fresh": dict(self._fresh),
-            "combining": self._combining,
+            "x": self._x.clone(), "fresh": dict(self._fresh), "combining": self._combining,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._x = state["x"].to(self.dtype).clone()
-        self._numbers.load(state["numbers"])
-        self._latest = {p: int(v) for p, v in state["latest"].items()}
         self._fresh = {p: v.to(self.dtype) for p, v in state["fresh"].items()}
         self._combining = bool(state["combining"])

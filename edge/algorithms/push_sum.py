@@ -46,6 +46,13 @@ from edge.algorithms.base import (
 from edge.compression import Codec
 from edge.topology.mixing import Phase
 
+#: Weight below which an agent gives no share away (an agent starts with 1, a fleet's
+#: weights sum to its size). An agent that runs far faster than its in-neighbours (it
+#: restarted behind them, or they stalled) gives a share away every round and gets little
+#: back; without a floor its weight sinks until its float32 state underflows. Keeping a
+#: share at home is a valid push-sum step (a self-weight of 1), so mass stays conserved.
+STARVED_WEIGHT = 1e-6
+
 
 def _weight_of(sender: str, payload: Payload, *, positive: bool) -> float:
     return check_weight("y", sender, payload.scalars.get("y"), positive=positive)
@@ -105,6 +112,9 @@ class PushSumCore(GossipAlgorithm):
     def scalars(self) -> dict[str, float]:
         return {"weight": self._y}
 
+    def starved(self) -> bool:
+        return self._y < STARVED_WEIGHT
+
     def mass(self) -> tuple[torch.Tensor, float]:
         """``(x, y)`` held by this agent, received-but-unmixed mass included."""
         return self._x + self._pending_x, self._y + self._pending_y
@@ -140,13 +150,6 @@ class PushSumCore(GossipAlgorithm):
         return vector if vector.dtype == self.dtype else vector.to(self.dtype)
 
 
-#: Recent messages per out-edge a checkpointing sender remembers, so that it can measure from
-#: whichever of them the receiver's next checkpoint holds.
-SENT_HISTORY = 8
-#: Durable points per in-edge a checkpointing receiver keeps (see :class:`_InEdge`).
-DURABLE_POINTS = 8
-
-
 @dataclass
 class _OutEdge:
     sigma_x: torch.Tensor  # everything given to this edge since `base_seq`
@@ -154,14 +157,9 @@ class _OutEdge:
     seq: int = 0
     base_seq: int = 0
     acked: int = 0  # the highest seq the receiver reported holding
-    #: What recent messages carried, by seq, measured from `base_seq` (decoded: exactly what
-    #: the receiver holds once it absorbs that message).
+    #: What the latest message carried, measured from `base_seq` (decoded: exactly what the
+    #: receiver holds once it absorbs that message).
     sent: dict[int, tuple[torch.Tensor, float]] = field(default_factory=dict)
-    #: A message the receiver's checkpoint holds, to measure from once ours does too.
-    rebase: tuple[int, torch.Tensor, float] | None = None
-    #: Restored from a checkpoint and not yet heard from the receiver: it may hold other
-    #: contents under the seqs this edge is about to reuse.
-    resumed: bool = False
 
 
 @dataclass
@@ -170,29 +168,19 @@ class _InEdge:
     rho_y: float = 0.0
     last_seq: int = 0
     base_seq: int = 0
-    #: Durable points, oldest first: (seq, rho_x, rho_y) as of a message a checkpoint holds,
-    #: measured from `base_seq`. A sender may re-measure its sums from any of them. Without
-    #: checkpoints the one point is the last message itself.
-    points: list[tuple[int, torch.Tensor, float]] = field(default_factory=list)
-
-    @property
-    def durable_seq(self) -> int:
-        return max(self.base_seq, self.points[-1][0]) if self.points else self.base_seq
-
-    def point(self, seq: int) -> tuple[int, torch.Tensor, float] | None:
-        return next((p for p in self.points if p[0] == seq), None)
 
 
 class PushSum(PushSumCore):
     """Push-sum with running sums per edge: exact under loss, duplication and reordering.
 
-    **Checkpoints.** Running sums make a rollback of either end safe, with two rules. A
-    receiver acknowledges as durable only messages its last checkpoint holds, and keeps its
-    sum as of each such point; a sender re-measures its sums from such a point (forgetting
-    what it sent up to there) only in a checkpoint of its own, and numbers its messages past
-    whatever the receiver reports holding after a restart. A receiver rolled back then gets
-    everything since its checkpoint again with the next sum; a sender rolled back sends sums
-    whose difference to what the receiver absorbed corrects what it had sent twice.
+    **Restarts.** Running sums hold an edge's whole history, so an agent that lost its
+    state cannot continue its edges: a restarted agent (from a checkpoint of any age, or
+    from none) starts every edge over in a new lineage (the agent's bookkeeping, see
+    :mod:`edge.agent.lineage`), and a receiver that cannot place a message has the sender
+    start over. Starting an out-edge over (:meth:`restart_out_edge`) sends everything the
+    receiver has not acknowledged, measured from nothing; forgetting an in-edge
+    (:meth:`forget_in_edge`) keeps what was absorbed. What a restart costs the fleet's mass
+    is in docs/algorithms.md.
     """
 
     name = "push-sum"
@@ -205,8 +193,6 @@ class PushSum(PushSumCore):
         super().__init__(initial, **kwargs)
         self._out: dict[str, _OutEdge] = {}
         self._in: dict[str, _InEdge] = {}
-        #: The re-measurements the last state_dict() wrote, applied when it is committed.
-        self._written_rebases: dict[str, tuple[int, torch.Tensor, float]] = {}
 
     def share(self, phase: Phase, ready: Collection[str]) -> dict[str, Payload]:
         for peer, weight in phase.out_weights.items():
@@ -227,17 +213,12 @@ class PushSum(PushSumCore):
             # An edge off this phase (the graph changed, or a periodic graph) that still holds
             # undelivered weight flushes it as soon as it can, instead of stranding it.
             encoded, decoded = self.encode(edge.sigma_x, peer)
+            edge.sent.clear()  # only the latest message can be the receiver's last
             if edge.seq - edge.acked < SEQ_SLACK:
                 edge.seq += 1
-                if not self.checkpointing:
-                    edge.sent.clear()  # only the latest message can be the receiver's last
                 edge.sent[edge.seq] = (decoded, edge.sigma_y)
-                while len(edge.sent) > SENT_HISTORY:
-                    del edge.sent[min(edge.sent)]
-            else:
-                # Far past anything acknowledged (a dead peer, probed): the number is reused,
-                # and the receiver may hold either content under it.
-                edge.sent.pop(edge.seq, None)
+            # else: far past anything acknowledged (a dead peer, probed): the number is
+            # reused, and the receiver may hold either content under it.
             payloads[peer] = Payload(
                 decoded, {"y": edge.sigma_y}, edge.seq, edge.base_seq, encoded=encoded
             )
@@ -248,53 +229,42 @@ class PushSum(PushSumCore):
         if edge is None:
             return
         edge.acked = max(edge.acked, ack.last_seq)
-        if edge.resumed or ack.last_seq > edge.seq:
-            # The receiver heard from this edge before our restart: its seqs up to last_seq
-            # may hold other contents than ours. Never measure from them; number past them.
-            edge.resumed = False
-            edge.seq = max(edge.seq, ack.last_seq)
-            edge.sent = {s: v for s, v in edge.sent.items() if s > ack.last_seq}
-        sent = edge.sent.get(ack.durable)
-        if sent is None or ack.durable <= edge.base_seq:
+        sent = edge.sent.pop(ack.last_seq, None)
+        if sent is None or ack.last_seq <= edge.base_seq:
             return  # nothing we can measure from
-        # The receiver's sum is now exactly what it decoded: measure from there on both sides
-        # (with checkpoints, once our next one holds it: see committed()).
-        edge.rebase = (ack.durable, *sent)
-        if not self.checkpointing:
-            self._rebase(edge, edge.rebase)
-
-    @staticmethod
-    def _rebase(edge: _OutEdge, rebase: tuple[int, torch.Tensor, float]) -> None:
-        """Measure the edge's sums from the message ``rebase`` names, which the receiver holds."""
-        seq, x, y = rebase
-        if seq <= edge.base_seq:
-            return
+        # The receiver's sum is now exactly what it decoded: measure from there on both sides.
+        x, y = sent
         edge.sigma_x.sub_(x)
         edge.sigma_y -= y
-        edge.base_seq = seq
-        edge.sent = {s: (sx - x, sy - y) for s, (sx, sy) in edge.sent.items() if s > seq}
-        later = edge.rebase
-        if later is not None and later[0] > seq:
-            edge.rebase = (later[0], later[1] - x, later[2] - y)
-        else:
-            edge.rebase = None
+        edge.base_seq = ack.last_seq
+        edge.sent.clear()
 
-    def on_refused(self, peer: str) -> None:
+    def restart_out_edge(self, peer: str) -> None:
         edge = self._out.get(peer)
         if edge is None:
             return
-        # The receiver lost its edge state (a restart): it gets what is held since our base.
+        # What is held since the base is what the receiver has not acknowledged: all of it
+        # goes with the next message, measured from nothing.
         edge.base_seq = 0
+        edge.acked = edge.seq
         edge.sent.clear()
-        edge.rebase = None
+
+    def forget_in_edge(self, sender: str) -> None:
+        self._in.pop(sender, None)
 
     def receive(self, sender: str, payload: Payload) -> Ack:
         y = _weight_of(sender, payload, positive=True)
         edge = self._in.get(sender)
         last_seq, base_seq = (edge.last_seq, edge.base_seq) if edge else (0, 0)
         if payload.seq <= last_seq:
-            return Ack(last_seq, base_seq, absorbed=False, durable_seq=self._durable(edge))
+            return Ack(last_seq, base_seq, absorbed=False)
         check_sequence(sender, payload.seq, last_seq if edge else None)
+        if payload.base_seq != base_seq and (edge is None or payload.base_seq != last_seq):
+            raise ProtocolError(
+                f"message seq {payload.seq} from '{sender}' is measured from seq "
+                f"{payload.base_seq}, but this edge is at base {base_seq} after seq {last_seq}",
+                reason="cannot_place",
+            )
         vector = self._received_vector(sender, payload)
         check_message(vector, y, sender)
         # The pending mass after this message, computed before anything changes (in the order
@@ -304,43 +274,19 @@ class PushSum(PushSumCore):
             if edge is not None:
                 pending_x.sub_(edge.rho_x)
             pending_y = self._pending_y + (y - (edge.rho_y if edge else 0.0))
-        else:
-            point = edge.point(payload.base_seq) if edge is not None else None
-            if point is None or payload.base_seq < base_seq:
-                raise ProtocolError(
-                    f"message seq {payload.seq} from '{sender}' is measured from seq "
-                    f"{payload.base_seq}, but this edge is at base {base_seq} after seq "
-                    f"{last_seq}"
-                )
-            assert edge is not None
-            if point[0] == last_seq:  # measured from our last message: all of it is new
-                pending_x, pending_y = self._pending_x + vector, self._pending_y + y
-            else:  # what arrived after that point is already in
-                pending_x = self._pending_x + (vector - (edge.rho_x - point[1]))
-                pending_y = self._pending_y + (y - (edge.rho_y - point[2]))
+        else:  # measured from our last message: all of it is new
+            pending_x, pending_y = self._pending_x + vector, self._pending_y + y
         if pending_y < self._pending_y:
-            # Less than this edge already brought: the sender resumed from a checkpoint and
-            # re-counts what it gave since. Its sums catch up within as many rounds; until
-            # then there is nothing new (and taking back weight could sink ours below zero).
-            return Ack(last_seq, base_seq, absorbed=False, durable_seq=self._durable(edge))
+            # A running sum never shrinks within a lineage; a sender whose would is not
+            # absorbed (taking back weight could sink ours below zero).
+            return Ack(last_seq, base_seq, absorbed=False)
         self._check_pending(sender, pending_x, pending_y)
         self._pending_x, self._pending_y = pending_x, pending_y
         if edge is None:
             edge = self._in[sender] = _InEdge(torch.zeros_like(self._x))
-        if payload.base_seq != edge.base_seq:
-            point = edge.point(payload.base_seq)
-            assert point is not None
-            edge.points = [
-                (s, px - point[1], py - point[2]) for s, px, py in edge.points if s > point[0]
-            ]
         edge.rho_x, edge.rho_y = vector, y
         edge.last_seq, edge.base_seq = payload.seq, payload.base_seq
-        if not self.checkpointing:
-            edge.points = [(edge.last_seq, vector, y)]
-        return Ack(edge.last_seq, edge.base_seq, absorbed=True, durable_seq=self._durable(edge))
-
-    def _durable(self, edge: _InEdge | None) -> int | None:
-        return None if edge is None else edge.durable_seq
+        return Ack(edge.last_seq, edge.base_seq, absorbed=True)
 
     def out_edge_sum(self, peer: str) -> tuple[torch.Tensor, float, int]:
         """``(sigma_x, sigma_y, base_seq)``: what was given to ``peer`` since ``base_seq``."""
@@ -355,64 +301,6 @@ class PushSum(PushSumCore):
         if edge is None:
             return torch.zeros_like(self._x), 0.0, 0
         return edge.rho_x.clone(), edge.rho_y, edge.base_seq
-
-    # -- checkpoints -------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        out = {}
-        self._written_rebases = {}
-        for peer, edge in self._out.items():
-            sigma_x, sigma_y, base = edge.sigma_x.clone(), edge.sigma_y, edge.base_seq
-            if edge.rebase is not None:  # written re-measured; applied once durable
-                self._written_rebases[peer] = edge.rebase
-                base, x, y = edge.rebase
-                sigma_x.sub_(x)
-                sigma_y -= y
-            out[peer] = {
-                "sigma_x": sigma_x, "sigma_y": sigma_y, "seq": edge.seq, "base_seq": base,
-                "acked": edge.acked,
-            }  # fmt: skip
-        incoming = {}
-        for sender, in_edge in self._in.items():
-            points = [p for p in in_edge.points if p[0] < in_edge.last_seq]
-            points.append((in_edge.last_seq, in_edge.rho_x, in_edge.rho_y))
-            incoming[sender] = {
-                "rho_x": in_edge.rho_x, "rho_y": in_edge.rho_y, "last_seq": in_edge.last_seq,
-                "base_seq": in_edge.base_seq,
-                "points": [{"seq": s, "x": px, "y": py} for s, px, py in points],
-            }  # fmt: skip
-        return {**super().state_dict(), "out": out, "in": incoming}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._out = {
-            peer: _OutEdge(
-                e["sigma_x"].to(self.dtype).clone(), float(e["sigma_y"]), int(e["seq"]),
-                int(e["base_seq"]), int(e["acked"]), resumed=True,
-            )
-            for peer, e in state["out"].items()
-        }  # fmt: skip
-        self._in = {
-            sender: _InEdge(
-                e["rho_x"].to(self.dtype), float(e["rho_y"]), int(e["last_seq"]),
-                int(e["base_seq"]),
-                [(int(p["seq"]), p["x"].to(self.dtype), float(p["y"])) for p in e["points"]],
-            )
-            for sender, e in state["in"].items()
-        }  # fmt: skip
-
-    def committed(self, state: dict[str, Any]) -> None:
-        for peer, written in state.get("out", {}).items():
-            edge, rebase = self._out.get(peer), self._written_rebases.get(peer)
-            if edge is not None and rebase is not None and rebase[0] == written["base_seq"]:
-                self._rebase(edge, rebase)
-        for sender, written in state.get("in", {}).items():
-            in_edge = self._in.get(sender)
-            if in_edge is None or in_edge.base_seq != written["base_seq"]:
-                continue  # re-measured since: the older point is of no use
-            if in_edge.points and in_edge.points[-1][0] >= written["last_seq"]:
-                continue
-            in_edge.points.append((written["last_seq"], written["rho_x"], written["rho_y"]))
-            del in_edge.points[:-DURABLE_POINTS]
 
 
 class PlainPushSum(PushSumCore):

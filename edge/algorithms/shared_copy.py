@@ -32,9 +32,9 @@ weight ``y`` and the matching mass to each out-neighbour ``j``. Here:
 
 An edge with :data:`MAX_BLOCKS` unacknowledged blocks (a dead neighbour) makes no new ones:
 its share of the round stays home, and memory and message size stay bounded. A receiver
-that lost its state (a restart) refuses blocks it cannot place; the sender then takes back
-the flows it never delivered and starts that edge over from the start copy
-(see :meth:`SharedCopyGossip.on_refused`).
+that lost its state (a restart) cannot place blocks that build on a copy it no longer has;
+the sender then takes back the flows it never delivered and starts that edge over from the
+start copy (see :meth:`SharedCopyGossip.restart_out_edge`).
 """
 
 from __future__ import annotations
@@ -117,23 +117,18 @@ class _OutEdge:
 class _InEdge:
     copy: torch.Tensor
     last: int = 0  # the last block applied
-    durable: int = 0  # the last block a written checkpoint holds
 
 
 class SharedCopyGossip(PushSumCore):
     """Per-edge shared copies of the estimate, compressed increments replayed until
     acknowledged; see the module docstring.
 
-    **Checkpoints.** A receiver acknowledges only blocks its last checkpoint holds, so a
-    sender drops blocks a rolled-back receiver could still need. Blocks are not running sums:
-    a sender rolled back would make different blocks under numbers its receivers have
-    applied, so the agent writes a checkpoint after every ``share`` and before sending
-    (:attr:`checkpoint_before_send`), and a restarted sender replays exactly what it sent.
+    **Restarts.** Copies are edge state: a restarted agent starts every edge over (a new
+    lineage, see :mod:`edge.agent.lineage`), from the start copy on both ends.
     """
 
     max_blocks: ClassVar[int] = MAX_BLOCKS
     options_model: ClassVar[type[BaseModel]] = SharedCopyOptions
-    checkpoint_before_send: ClassVar[bool] = True
 
     @classmethod
     def check_codec(cls, codec: Codec) -> None:
@@ -188,9 +183,12 @@ class SharedCopyGossip(PushSumCore):
     def on_ack(self, peer: str, ack: Ack) -> None:
         edge = self._out.get(peer)
         if edge is not None:
-            edge.blocks = [b for b in edge.blocks if b.index > ack.durable]
+            edge.blocks = [b for b in edge.blocks if b.index > ack.last_seq]
 
-    def on_refused(self, peer: str) -> None:
+    def forget_in_edge(self, sender: str) -> None:
+        self._in.pop(sender, None)
+
+    def restart_out_edge(self, peer: str) -> None:
         edge = self._out.get(peer)
         if edge is None:
             return
@@ -226,11 +224,12 @@ class SharedCopyGossip(PushSumCore):
         last = edge.last if edge is not None else 0
         if payload.seq <= last:
             # nothing new: a duplicate or a stale copy
-            return Ack(last, 0, absorbed=False, durable_seq=self._durable(edge))
+            return Ack(last, 0, absorbed=False)
         if payload.base_seq > last and not restart:
             raise ProtocolError(
                 f"message from '{sender}' starts after block {payload.base_seq}, but this edge "
-                f"holds blocks up to {last} only"
+                f"holds blocks up to {last} only",
+                reason="cannot_place",
             )
         if restart:  # a restart may jump ahead, but not arbitrarily far
             check_sequence(sender, payload.base_seq, last if edge is not None else None)
@@ -252,59 +251,15 @@ class SharedCopyGossip(PushSumCore):
             edge = self._in[sender] = _InEdge(copy)
         edge.copy, edge.last = copy, payload.seq
         self._pending_x, self._pending_y = pending_x, pending_y
-        return Ack(edge.last, 0, absorbed=True, durable_seq=self._durable(edge))
-
-    def _durable(self, edge: _InEdge | None) -> int | None:
-        if not self.checkpointing:
-            return None  # what is held is what is acknowledged
-        return edge.durable if edge is not None else 0
+        return Ack(edge.last, 0, absorbed=True)
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        out = {
-            peer: {
-                "copy": edge.copy.clone(), "next": edge.next, "restart": edge.restart,
-                "blocks": [
-                    {
-                        "index": b.index, "codec": b.encoded.codec, "numel": b.encoded.numel,
-                        "data": bytes(b.encoded.data), "meta": bytes(b.encoded.meta),
-                        "q": b.q, "y": b.y, "flow": b.flow,
-                    }
-                    for b in edge.blocks
-                ],
-            }
-            for peer, edge in self._out.items()
-        }  # fmt: skip
-        incoming = {s: {"copy": e.copy.clone(), "last": e.last} for s, e in self._in.items()}
-        return {**super().state_dict(), "start": self._start.clone(), "out": out, "in": incoming}
+        return {**super().state_dict(), "start": self._start.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._start = state["start"].to(self.dtype).clone()
-        self._out = {
-            peer: _OutEdge(
-                e["copy"].to(self.dtype).clone(), int(e["next"]), int(e["restart"]),
-                [
-                    _Block(
-                        int(b["index"]),
-                        Encoded(str(b["codec"]), int(b["numel"]), b["data"], b["meta"]),
-                        b["q"].to(self.dtype), float(b["y"]), b["flow"].to(self.dtype),
-                    )
-                    for b in e["blocks"]
-                ],
-            )
-            for peer, e in state["out"].items()
-        }  # fmt: skip
-        self._in = {
-            s: _InEdge(e["copy"].to(self.dtype).clone(), int(e["last"]), int(e["last"]))
-            for s, e in state["in"].items()
-        }
-
-    def committed(self, state: dict[str, Any]) -> None:
-        for sender, written in state.get("in", {}).items():
-            edge = self._in.get(sender)
-            if edge is not None:
-                edge.durable = max(edge.durable, int(written["last"]))
 
     # -- inspection (tests, benchmarks) ------------------------------------------------------
     def in_flight(self) -> tuple[torch.Tensor, float]:

@@ -64,6 +64,7 @@ class MessageHeader:
     receiver: str = ""
     fleet: str = ""
     epoch: int = 0
+    lineage: int = 0
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ class _GossipServer:
             self._refuse(context, _internal(err))
         return gossip_pb2.PushAck(
             round=ack.round, last_seq=ack.last_seq, base_seq=ack.base_seq, absorbed=ack.absorbed,
-            durable_seq=ack.durable,
+            lineage=ack.lineage, start_over=ack.start_over,
         )  # fmt: skip
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -400,8 +400,9 @@ class GrpcTransport:
                 with self._lock:
                     self._calls.discard(call)
             ack = Ack(
-                reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.durable_seq
-            )
+                reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.lineage,
+                start_over=reply.start_over,
+            )  # fmt: skip
             done(SendOutcome(True, nbytes, ack=ack))
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN

@@ -60,6 +60,7 @@ def header_to_proto(header: MessageHeader) -> gossip_pb2.MessageHeader:
         receiver=header.receiver,
         fleet=header.fleet,
         epoch=header.epoch,
+        lineage=header.lineage,
     )
 
 
@@ -79,6 +80,7 @@ def header_from_proto(proto: gossip_pb2.MessageHeader) -> MessageHeader:
         receiver=proto.receiver,
         fleet=proto.fleet,
         epoch=proto.epoch,
+        lineage=proto.lineage,
     )
 
 
@@ -333,7 +335,7 @@ def wire_bytes(message: GossipMessage, chunk_bytes: int = CHUNK_BYTES) -> int:
         len(message.data), chunk_bytes, h.payload_bytes, h.numel, h.codec, _utf8(h.sender),
         _utf8(h.algorithm), _utf8(h.fleet_digest), len(h.codec_meta), tuple(sorted(h.scalars)),
         h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(), _utf8(h.receiver),
-        _utf8(h.fleet), h.epoch.bit_length(),
+        _utf8(h.fleet), h.epoch.bit_length(), h.lineage.bit_length(),
     )  # fmt: skip
     size = _SIZES.get(key)
     if size is None:

@@ -151,7 +151,7 @@ def test_a_receiver_that_lost_its_state_is_refused_then_restarted() -> None:
     with pytest.raises(ProtocolError, match="starts after block 1"):
         fresh.receive("a", owed)
     assert float(fresh.mass()[0].abs().sum()) == 0 and fresh.mass()[1] == 1.0
-    a.on_refused("b")  # takes back what fresh never got, restarts the edge
+    a.restart_out_edge("b")  # takes back what fresh never got, restarts the edge
     torch.testing.assert_close(a.mass()[0] + b.mass()[0], total_before)
     restart = a.share(phase, {"b"})["b"]
     assert restart.scalars["restart"] == 1.0 and restart.base_seq == 2

@@ -84,12 +84,24 @@ def test_an_agent_resumes_where_its_checkpoint_was(
     assert "resumed round 5" in caplog.text
     back = restarted.algorithm.state_dict()
     assert torch.equal(back["x"], written["x"]) and back["y"] == written["y"]
-    assert {p: e["seq"] for p, e in back["out"].items()} == {
-        p: e["seq"] for p, e in written["out"].items()
-    }
+    # its own state, never its edges': it starts every edge over as a new incarnation
+    assert "out" not in written and "in" not in written
+    assert restarted.lineages.incarnation > agents[1].lineages.incarnation
     assert restarted.counters() == agents[1].counters()
     # a checkpoint of another agent (or task) is refused, not silently taken
     stranger = fleet(tmp_path)[2]
     stranger.checkpointer = agents[1].checkpointer
     with pytest.raises(CheckpointError, match="belongs to 'agent-1'"):
         stranger.resume()
+
+
+def test_checkpoints_are_private_to_their_agent(tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    store = CheckpointStore(folder, "agent-0")
+    path = store.save({"round": 1, "x": torch.ones(3)})
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+    fresh = CheckpointStore(tmp_path / "a" / "b", "agent-1")
+    assert fresh.directory.stat().st_mode & 0o777 == 0o700

@@ -73,7 +73,7 @@ def test_inconsistent_base_is_refused_without_state_change_and_recovers() -> Non
     with pytest.raises(ProtocolError, match="measured from seq 1"):
         restarted.receive("a", payload)
     assert restarted.in_edge_sum("a")[2] == 0 and float(restarted.mass()[0].abs().sum()) == 0
-    a.on_refused("b")
+    a.restart_out_edge("b")
     payload = a.share(phase, {"b"})["b"]
     assert payload.base_seq == 0
     assert restarted.receive("a", payload).absorbed

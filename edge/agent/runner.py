@@ -1,0 +1,94 @@
+"""How an agent process drives its agent's rounds on the wall clock.
+
+The :class:`~edge.agent.agent.Agent` has the phases of a round and nothing of time; in-process
+drivers call them in lock step or on a virtual clock. A process runs them here: it waits for
+in-neighbours (bounded by ``wait_timeout_s``), writes checkpoints at their interval, and, when
+it starts while its fleet is under way (a restart), rejoins at the fleet's round
+(:mod:`edge.agent.rejoin`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edge.agent.agent import Agent
+from edge.agent.rejoin import REJOIN_WAIT_S, fleet_round, rejoin_round
+
+log = logging.getLogger("edge.agent.agent")
+
+
+class WallClockRunner:
+    """Runs one agent's remaining rounds on the wall clock."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._rejoining = False
+
+    def run(self) -> None:
+        """Run the remaining rounds, reporting round 0 first (unless the agent resumed from a
+        checkpoint); write a last checkpoint when it stops.
+
+        After its first round, an agent that finds its fleet well ahead (it restarted while
+        the fleet went on) skips ahead to its peers' round (see :meth:`catch_up`).
+        """
+        agent = self.agent
+        if agent.round == 0:
+            agent.begin()
+        self._rejoining = True
+        while agent.round < agent.settings.rounds and not agent.stopped:
+            self.run_round(agent.round + 1)
+            if self._rejoining:
+                self.catch_up(wait_s=REJOIN_WAIT_S)
+        if agent.checkpointer is not None:
+            agent.checkpoint()
+
+    def run_round(self, round_index: int) -> None:
+        agent = self.agent
+        agent.local_step(round_index)
+        agent.push(round_index)
+        self.wait_for_neighbours(round_index)
+        agent.mix(round_index)
+        if agent.report_due(round_index):
+            agent.report(round_index)
+        if agent.checkpointer is not None and agent.checkpointer.due():
+            agent.checkpoint()
+
+    def wait_for_neighbours(self, round_index: int) -> None:
+        """Wait (at most ``wait_timeout_s``) until this round's sends are done and
+        in-neighbours are within ``staleness`` rounds.
+
+        On fast links that keeps agents near lock step; on slow ones the wait times out and
+        sending overlaps with the next round's work. In the last round the agent waits for
+        its in-neighbours' last messages too (no staleness), so that the final estimate
+        holds everything they sent.
+        """
+        timeout = self.agent.settings.wait_timeout_s
+        if timeout > 0:
+            self.agent.wait(lambda: self.agent.neighbours_ready(round_index), timeout)
+
+    def rejoin(self, fleet: int) -> None:
+        """Skip ahead to round ``fleet`` (where the fleet is, as its coordinator or peers
+        say) when it is well ahead (:func:`~edge.agent.rejoin.rejoin_round`)."""
+        agent = self.agent
+        target = rejoin_round(
+            agent.round, fleet, rounds=agent.settings.rounds, staleness=agent.settings.staleness
+        )
+        if target is not None:
+            log.info(
+                "%s: rejoining the fleet at round %d (it was at round %d)",
+                agent.agent_id, target, agent.round,
+            )  # fmt: skip
+            agent.skip_to(target - 1)
+
+    def catch_up(self, wait_s: float = 0.0) -> None:
+        """:meth:`rejoin` the fleet at its peers' round, decided once, as soon as peers have
+        named their rounds (acknowledgements, messages), waiting at most ``wait_s`` for the
+        first."""
+        self.agent.wait(lambda: bool(self.agent.peer_rounds()), wait_s)
+        heard = fleet_round(self.agent.peer_rounds())
+        if heard is None:
+            if wait_s > 0:
+                self._rejoining = False  # no peer answers: go on alone
+            return  # nothing heard yet: decide after the next round's exchanges
+        self._rejoining = False
+        self.rejoin(heard)
