@@ -133,7 +133,7 @@ def check_bounds(server: CoordinatorServer) -> None:
 
 
 @settings(
-    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(requests=st.lists(st.one_of(REPORTS, HEARTBEATS), min_size=1, max_size=4))
 def test_any_report_or_heartbeat_gets_a_status_and_keeps_within_bounds(
