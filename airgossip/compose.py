@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from emulation.config import RunConfig
 
@@ -73,7 +74,7 @@ def compose_document(
     scenario: str,
     repository: str,
     traces: list[Path] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, JsonValue]:
     """The stack as a Compose-spec document.
 
     Parameters
@@ -90,25 +91,26 @@ def compose_document(
     """
     fleet = str(agents)
     repo = repository.rstrip("/") or "."
-    build = {"context": repo, "args": {"BASE_IMAGE": "${BASE_IMAGE:-python:3.11-slim}"}}
+    base_image = "${BASE_IMAGE:-python:3.11-slim}"
+    build: dict[str, JsonValue] = {"context": repo, "args": {"BASE_IMAGE": base_image}}
     scenario_mount = f"{scenario}:{SCENARIO_IN_CONTAINER}:ro"
 
     trace_mounts = [f"{path}:{path}:ro" for path in traces or []]
     token = "${AIRGOSSIP_TOKEN:-}"
-    coordinator_command = [
+    coordinator_command: list[JsonValue] = [
         "coordinator", "--listen", "0.0.0.0:7070", "--metrics-port", "9470",
         "--db", "/var/lib/airgossip/data/fleet.db", "--config", SCENARIO_IN_CONTAINER,
         "--agents", fleet, "--certs", CERTS,
     ]  # fmt: skip
     # The agents get the scenario (and the fleet size) from the coordinator; the entry point
     # adds --certs with the claimed index's own certificate (AIRGOSSIP_CERTS).
-    agent_command = [
+    agent_command: list[JsonValue] = [
         "agent", "--coordinator", "coordinator:7070", "--listen", "0.0.0.0:7000",
         "--metrics-listen", "0.0.0.0:9100", "--kernel-links", "eth0",
         "--linger-s", str(LINGER_S), "--threads", "1", "--checkpoint-dir", CHECKPOINTS,
     ]  # fmt: skip
-    certs_ready = {"certs": {"condition": "service_completed_successfully"}}
-    certs = {
+    certs_ready: dict[str, JsonValue] = {"certs": {"condition": "service_completed_successfully"}}
+    certs: dict[str, JsonValue] = {
         "image": IMAGE,
         # The first service to start builds the image (one build for the stack).
         "build": build,
@@ -119,7 +121,7 @@ def compose_document(
         "volumes": [f"fleet-ca:{AUTHORITY}", f"fleet-certs:{CERTS}"],
         "restart": "no",
     }
-    coordinator = {
+    coordinator: dict[str, JsonValue] = {
         "image": IMAGE,
         "init": True,
         "command": coordinator_command,
@@ -142,7 +144,7 @@ def compose_document(
         # It exits when the run is complete; it comes back (from its database) if it fails.
         "restart": "on-failure",
     }
-    agent = {
+    agent: dict[str, JsonValue] = {
         "image": IMAGE,
         "init": True,
         # tc and iptables on the container's own interface: root, with NET_ADMIN.
@@ -167,7 +169,7 @@ def compose_document(
         "deploy": {"replicas": fleet if not fleet.isdigit() else int(fleet)},
         "restart": "on-failure",
     }
-    prometheus = {
+    prometheus: dict[str, JsonValue] = {
         "image": PROMETHEUS_IMAGE,
         "command": [
             "--config.file=/etc/prometheus/prometheus.yml",
@@ -182,7 +184,7 @@ def compose_document(
         "depends_on": ["coordinator"],
         "restart": "unless-stopped",
     }
-    grafana = {
+    grafana: dict[str, JsonValue] = {
         "image": GRAFANA_IMAGE,
         "environment": {
             "GF_AUTH_ANONYMOUS_ENABLED": "true",
@@ -218,14 +220,14 @@ def compose_document(
     }
 
 
-def compose_yaml(document: dict[str, Any], header: str) -> str:
+def compose_yaml(document: dict[str, JsonValue], header: str) -> str:
     """``document`` as YAML, after ``header`` (comment lines)."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     _yaml_block(document, 0, lines)
     return "\n".join(lines) + "\n"
 
 
-def _yaml_scalar(value: Any) -> str:
+def _yaml_scalar(value: JsonValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -233,7 +235,7 @@ def _yaml_scalar(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a YAML double-quoted scalar
 
 
-def _yaml_block(value: dict[str, Any], indent: int, lines: list[str]) -> None:
+def _yaml_block(value: dict[str, JsonValue], indent: int, lines: list[str]) -> None:
     pad = " " * indent
     for key, item in value.items():
         if isinstance(item, dict):

@@ -191,7 +191,7 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
     notes: list[str] = []
     try:
         kill_at = int(scenario.rounds * 0.4)
-        early = max(1, kill_at - 500)
+        early = max(1, kill_at - 600)  # the checkpoint kept is at least 500 rounds old
         if scenario.restart == "old":
             fleet.wait(lambda: fleet.round_of(scenario.victims[0]) >= early, 900)
             time.sleep(2.5)  # at least one checkpoint written at or after `early`
@@ -215,7 +215,8 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
                 fleet.start_agent(index)
             notes.append(f"killed at fleet round {at}")
             if ages:
-                notes.append(f"checkpoints {min(ages)}-{max(ages)} rounds older than the fleet")
+                span = f"{min(ages)}" if min(ages) == max(ages) else f"{min(ages)} to {max(ages)}"
+                notes.append(f"checkpoints {span} rounds older than the fleet")
         results = fleet.results(timeout_s=1800)
         for index in scenario.victims if scenario.restart else ():
             joined = fleet.log_lines(index, r"rejoining the fleet at round (\d+)")

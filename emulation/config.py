@@ -33,7 +33,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from edge.config.settings import AgentSettings
 from edge.topology import TOPOLOGIES, SwitchingSettings
@@ -45,13 +53,17 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+#: Settings as written, before they are validated: a scenario file's tables, flags shaped
+#: like them, what an agent declares to its coordinator (TOML and JSON both fit).
+Settings = dict[str, JsonValue]
+
 #: Message loss a run that emulates every link on one machine (``airgossip run``) applies when
 #: its scenario says nothing: a lossy network is what the emulator is for.
 EMULATED_LOSS = 0.1
 #: Defaults under the scenario of agents on real links (devices, with ``airgossip agent`` and
 #: ``airgossip coordinator``): nothing emulated; a scenario's ``[network]`` table still asks
 #: for loss, latency or a rate limit on top of the real links.
-REAL_LINKS: dict[str, Any] = {"network": {"loss": 0.0}}
+REAL_LINKS: Settings = {"network": {"loss": 0.0}}
 
 
 class ConfigError(ValueError):
@@ -183,11 +195,11 @@ def _format(err: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def read_scenario(path: Path) -> dict[str, Any]:
-    """Parse a scenario TOML file into a plain dict; :class:`ConfigError` if unreadable."""
+def read_scenario(path: Path) -> Settings:
+    """Parse a scenario TOML file into its settings; :class:`ConfigError` if unreadable."""
     try:
         with path.open("rb") as handle:
-            data: dict[str, Any] = tomllib.load(handle)
+            data: Settings = tomllib.load(handle)
             return data
     except FileNotFoundError:
         raise ConfigError(f"scenario file {path} does not exist") from None
@@ -197,12 +209,13 @@ def read_scenario(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read scenario file {path}: {err.strerror}") from None
 
 
-def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def merge(base: Settings, overrides: Settings) -> Settings:
     """Overlay ``overrides`` on ``base``, merging nested tables."""
     out = dict(base)
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
+        table = out.get(key)
+        if isinstance(value, dict) and isinstance(table, dict):
+            out[key] = merge(table, value)
         else:
             out[key] = value
     return out
@@ -210,9 +223,9 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 def load_config(
     path: Path | None = None,
-    overrides: dict[str, Any] | None = None,
+    overrides: Settings | None = None,
     *,
-    base: dict[str, Any] | None = None,
+    base: Settings | None = None,
     real_links: bool = False,
 ) -> RunConfig:
     """``base`` (a wireless scenario) + scenario file (optional) + flag overrides ->
@@ -240,7 +253,7 @@ def scenario_toml(config: RunConfig) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: JsonValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -252,9 +265,9 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
-def _toml_table(data: dict[str, Any], path: list[str], lines: list[str]) -> None:
+def _toml_table(data: Settings, path: list[str], lines: list[str]) -> None:
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    arrays = {k: v for k, v in data.items()
+    arrays = {k: [x for x in v if isinstance(x, dict)] for k, v in data.items()
               if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}  # fmt: skip
     for key, value in data.items():
         if key not in tables and key not in arrays and value is not None:

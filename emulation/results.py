@@ -13,10 +13,10 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from edge.observability.stats import RoundRecord
 from edge.topology.switching import consensus_distance
@@ -58,6 +58,9 @@ class FinalFigures(RoundFigures):
     complete: bool = False
 
 
+_Row = TypeVar("_Row", bound=RoundFigures)
+
+
 class WirelessFigures(_Figures):
     """What a wireless network adds to a run's results."""
 
@@ -70,6 +73,19 @@ class WirelessFigures(_Figures):
     links_log: str | None = None
     links_log_steps: int | None = None
     messages_log: str | None = None
+
+
+class ResolvedFigures(_Figures):
+    """What a run resolved beside its settings, which ``results.json``'s ``config`` carries:
+    its first gossip graph's figures (and name, where the settings do not say it: a wireless
+    channel's graph, a coordinator's k-out) and the rounds a schedule switched graphs at."""
+
+    topology: str | None = None
+    lambda2: float | None = None
+    topology_period: int | None = None
+    edges_per_round: int | float | None = None
+    initial_strongly_connected: bool | None = None
+    switched_at: list[int] | None = None
 
 
 class RunIdentity(_Figures):
@@ -89,7 +105,9 @@ class RunIdentity(_Figures):
 class RunResults(_Figures):
     """Everything ``results.json`` holds."""
 
-    config: dict[str, Any]
+    #: The run's settings and what it resolved (an airgossip run's: see
+    #: ``emulation.runtime.results.ResultsConfig``), or another system's (a baseline's).
+    config: dict[str, JsonValue]
     rounds: list[RoundFigures]
     final: FinalFigures
     total_wall_s: float = 0.0
@@ -99,10 +117,10 @@ class RunResults(_Figures):
     #: Runs a coordinator collected (agents started by hand): the run's id and its agents.
     run: RunIdentity | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         """The JSON form: figures a run does not have are left out, NaN and infinity
         become null (JSON has neither)."""
-        data: dict[str, Any] = _clean(self.model_dump(mode="json", exclude_unset=True))
+        data: dict[str, JsonValue] = _clean(self.model_dump(mode="json", exclude_unset=True))
         return data
 
     def write(self, path: Path) -> None:
@@ -133,10 +151,15 @@ def relative_error(estimates: list[np.ndarray], reference: np.ndarray) -> float 
     return float(max(np.linalg.norm(z - reference) for z in estimates) / norm)
 
 
-def _figures(records: list[RoundRecord], reference: np.ndarray | None) -> dict[str, Any]:
+def _figures(
+    records: list[RoundRecord], reference: np.ndarray | None, row: type[_Row], **fixed: object
+) -> _Row:
+    """The fleet's figures over ``records`` (one per agent) as a ``row``; ``fixed``: its
+    other fields (the round)."""
     accuracies = [r.metrics["accuracy"] for r in records if "accuracy" in r.metrics]
     estimates = [r.estimate for r in records if r.estimate is not None]
-    row: dict[str, Any] = {
+    figures = row.model_validate({
+        **fixed,
         "wall_s": round(max(r.wall_s for r in records), 4),
         "mean_accuracy": float(np.mean(accuracies)) if accuracies else None,
         "min_accuracy": float(np.min(accuracies)) if accuracies else None,
@@ -146,20 +169,21 @@ def _figures(records: list[RoundRecord], reference: np.ndarray | None) -> dict[s
         "messages_sent": sum(r.counters.messages_sent for r in records),
         "messages_dropped": sum(r.counters.messages_lost for r in records),
         "agents_reporting": len(records),
-    }
+    })  # fmt: skip
+    # Figures a run does not have stay unset, and out of results.json.
     losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
     if losses:
-        row["mean_loss"] = float(np.mean(losses))
+        figures.mean_loss = float(np.mean(losses))
     if reference is not None:
-        row["relative_error"] = relative_error(estimates, reference)
-    return row
+        figures.relative_error = relative_error(estimates, reference)
+    return figures
 
 
 def summarise(
     records: Mapping[str, Iterable[RoundRecord]],
     *,
     reference: np.ndarray | None = None,
-    config: dict[str, Any] | None = None,
+    config: dict[str, JsonValue] | None = None,
 ) -> RunResults:
     """Per-round and final fleet figures.
 
@@ -180,16 +204,16 @@ def summarise(
             if agent_id not in last or record.round >= last[agent_id].round:
                 last[agent_id] = record
     rounds = [
-        RoundFigures(round=r, **_figures(list(by_round[r].values()), reference))
+        _figures(list(by_round[r].values()), reference, RoundFigures, round=r)
         for r in sorted(by_round)
     ]
-    # Nothing reported: a final row with the round and nothing else.
-    figures = _figures(list(last.values()), reference) if last else {}
-    final = FinalFigures(
-        round=max((r.round for r in last.values()), default=0),
-        **figures,
-        complete=bool(last) and all(r.final for r in last.values()),
-    )
+    final_round = max((r.round for r in last.values()), default=0)
+    complete = bool(last) and all(r.final for r in last.values())
+    if last:
+        final = _figures(list(last.values()), reference, FinalFigures, round=final_round,
+                         complete=complete)  # fmt: skip
+    else:  # nothing reported: a final row with the round and nothing else
+        final = FinalFigures(round=final_round, complete=complete)
     return RunResults(config=config or {}, rounds=rounds, final=final)
 
 

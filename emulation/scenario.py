@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from emulation.channel.radio import WIFI_DATA_SUBCARRIERS
 
@@ -213,15 +213,17 @@ def scenario_path(name_or_file: str) -> Path:
     return Path(str(resources.files("emulation") / "scenarios" / f"{name_or_file}.toml"))
 
 
-def resolve_trace_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+def resolve_trace_paths(data: dict[str, JsonValue], base: Path) -> dict[str, JsonValue]:
     """Make the trace files of a scenario's ``[wireless]`` table relative to its folder."""
     wireless = data.get("wireless")
-    if not isinstance(wireless, dict) or not isinstance(wireless.get("traces"), list):
+    entries = wireless.get("traces") if isinstance(wireless, dict) else None
+    if not isinstance(wireless, dict) or not isinstance(entries, list):
         return data
-    traces = []
-    for entry in wireless["traces"]:
-        if isinstance(entry, dict) and isinstance(entry.get("file"), str):
-            path = Path(entry["file"])
+    traces: list[JsonValue] = []
+    for entry in entries:
+        file = entry.get("file") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and isinstance(file, str):
+            path = Path(file)
             entry = {**entry, "file": str(path if path.is_absolute() else base / path)}
         traces.append(entry)
     return {**data, "wireless": {**wireless, "traces": traces}}

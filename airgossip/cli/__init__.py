@@ -17,6 +17,7 @@ import typer
 from airgossip.cli.agent import agent
 from airgossip.cli.baseline import baseline_app
 from airgossip.cli.certs import certs_app
+from airgossip.cli.choices import RegistryHelpCommand
 from airgossip.cli.compare import compare
 from airgossip.cli.compose import compose
 from airgossip.cli.coordinator import coordinator
@@ -35,15 +36,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("run")(run)
+# Help that names what a command accepts reads it from the registries when shown.
+app.command("run", cls=RegistryHelpCommand)(run)
 app.command("agent")(agent)
-app.command("coordinator")(coordinator)
-app.command("topology")(topology_info)
-app.command("links")(links_command)
+app.command("coordinator", cls=RegistryHelpCommand)(coordinator)
+app.command("topology", cls=RegistryHelpCommand)(topology_info)
+app.command("links", cls=RegistryHelpCommand)(links_command)
 app.add_typer(baseline_app, name="baseline")
 app.command("compare")(compare)
 app.add_typer(certs_app)
-app.command("compose")(compose)
+app.command("compose", cls=RegistryHelpCommand)(compose)
 
 
 def main() -> None:

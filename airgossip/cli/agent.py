@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from airgossip.cli.certs import InsecureOption, require_transport_choice
+from airgossip.cli.certs import InsecureOption
 from airgossip.cli.display import fail
 from airgossip.cli.metrics_access import (
     MetricsPasswordFileOption,
     MetricsTlsOption,
     MetricsUserOption,
-    metrics_security,
 )
 
 
@@ -36,7 +34,11 @@ def agent(
     ] = 0,
     listen: Annotated[str, typer.Option(help="host:port to serve gossip on.")] = "127.0.0.1:0",
     advertise: Annotated[
-        str | None, typer.Option(help="host:port peers should dial (default: the listen address).")
+        str | None,
+        typer.Option(
+            help="host:port peers should dial (default: the listen address); :PORT: this "
+            "host's own address (a container's, on its network)."
+        ),
     ] = None,
     coordinator: Annotated[str | None, typer.Option(help="Coordinator host:port.")] = None,
     peers: Annotated[
@@ -120,76 +122,21 @@ def agent(
     size and scenario come from the coordinator. Links are real: nothing is emulated unless
     the scenario's network table asks.
     """
-    from airgossip.agent_process import (
-        AgentProcessOptions,
-        configure_process,
-        die_with_parent,
-        run_agent_process,
-    )
-    from edge.config.identity import agent_id as default_id
-    from emulation.config import ConfigError, load_config, read_scenario
+    from emulation.runtime.command import AgentCommand
+    from emulation.runtime.process import AgentProcessError, run_agent_command
 
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
-    if (coordinator is None) == (peers is None):
-        fail("give exactly one of --coordinator HOST:PORT or --peers FILE")
-    require_transport_choice(certs, insecure)
-    guard = metrics_security(
-        certs, agent_id or default_id(index), metrics_tls, metrics_user, metrics_password_file
-    )
-    if not checkpoint_interval_s > 0:
-        fail(f"--checkpoint-interval-s must be positive, got {checkpoint_interval_s:g}")
-    if peers is not None and config is None:
-        fail("--peers needs --config (the scenario every agent of the list runs)")
-    if kernel_links is not None and not link_shaping:
-        fail("--kernel-links shapes the links: it cannot go with --no-link-shaping")
-    declared: dict[str, Any] | None = None
-    cfg = None
-    try:
-        if config is not None and config.suffix == ".json":
-            try:
-                declared = json.loads(config.read_text())
-            except (OSError, json.JSONDecodeError) as err:
-                fail(f"cannot read config {config}: {err}")
-            if not isinstance(declared, dict):
-                fail(f"config {config} is not a JSON object of settings")
-            cfg = load_config(None, declared)
-        elif config is not None:
-            declared = read_scenario(config)
-            cfg = load_config(config, real_links=True)
-        peer_table: dict[str, str] | None = None
-        if peers is not None:
-            table = read_scenario(peers).get("peers")
-            if not isinstance(table, dict) or not table:
-                fail(f'{peers} needs a [peers] table of id = "host:port" entries')
-            peer_table = {str(k): str(v) for k, v in table.items()}
-        if device is not None:
-            # The agent's own choice (a setting each agent makes for itself).
-            declared = {**(declared or {}), "device": device}
-            cfg = cfg.model_copy(update={"device": device}) if cfg is not None else None
-            load_config(None, {"device": device})  # a bad value fails here, with the others
-    except ConfigError as err:
-        fail(str(err))
-    if index < 0:
-        fail(f"--index must be 0 or more, got {index}")
-    configure_process(threads)
-    options = AgentProcessOptions(
-        agent_id=agent_id or default_id(index), index=index, listen=listen, advertise=advertise,
-        coordinator=coordinator, peers=peer_table, token=token, stats_dir=stats_dir,
-        linger_s=linger_s, ready_timeout_s=ready_timeout_s,
-        metrics_listen=None if metrics_listen == "off" else (
-            metrics_listen or f"{listen.rpartition(':')[0]}:0"
-        ),
-        metrics_advertise=metrics_advertise, metrics_security=guard, shape_links=link_shaping,
-        declared=declared,
-        kernel_device=kernel_links,
-        certs=certs, checkpoint_dir=checkpoint_dir, checkpoint_interval_s=checkpoint_interval_s,
+    command = AgentCommand(
+        config=config, agent_id=agent_id, index=index, listen=listen, advertise=advertise,
+        coordinator=coordinator, peers=peers, token=token, metrics_listen=metrics_listen,
+        metrics_advertise=metrics_advertise, metrics_tls=metrics_tls, metrics_user=metrics_user,
+        metrics_password_file=metrics_password_file, stats_dir=stats_dir, linger_s=linger_s,
+        ready_timeout_s=ready_timeout_s, parent_pid=parent_pid, threads=threads,
+        link_shaping=link_shaping, kernel_links=kernel_links, device=device, certs=certs,
+        insecure=insecure, checkpoint_dir=checkpoint_dir,
+        checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
-    from coordinator.client import CoordinatorError
-    from edge.tasks import TaskError
-
     try:
-        code = run_agent_process(cfg, options)
-    except (OSError, CoordinatorError, TaskError, ConfigError, ValueError) as err:
+        code = run_agent_command(command)
+    except AgentProcessError as err:
         fail(str(err))
     raise typer.Exit(code)

@@ -17,8 +17,8 @@ def compose(
     scenario: Annotated[
         str | None,
         typer.Option(
-            help="Wireless scenario: a preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or "
-            "a TOML file; --config and flags override it (default: static links)."
+            help="Wireless scenario: a preset ({presets}) or a TOML file; --config and flags "
+            "override it (default: static links)."
         ),
     ] = None,
     config: Annotated[
@@ -26,24 +26,18 @@ def compose(
     ] = None,
     topology: Annotated[
         str | None,
-        typer.Option(
-            help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
-            "edges (default: from config, else exponential)."
-        ),
+        typer.Option(help="{topologies} (default: from config, else exponential)."),
     ] = None,
     task: Annotated[
         str | None,
         typer.Option(
-            help="digits, consensus, separable, or module:callable importable in the image "
-            "(default: from config, else digits)."
+            help="{app_free_tasks}, or module:callable importable in the image (default: from "
+            "config, else digits)."
         ),
     ] = None,
     algorithm: Annotated[
         str | None,
-        typer.Option(
-            help="push-sum, push-sum-plain, dpsgd, dpsgd-ac, quantized-push-sum, choco, "
-            "gradient-tracking, local-sgd, ensemble (default: from config, else push-sum)."
-        ),
+        typer.Option(help="{algorithms} (default: from config, else push-sum)."),
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per agent.")] = None,
     loss: Annotated[

@@ -20,6 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
+    from pydantic import JsonValue
+
     from emulation.fleets import FleetProgress
     from emulation.results import RunResults
 
@@ -91,8 +93,10 @@ class ProgressDisplay:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def task_label(task: dict[str, Any]) -> str:
-    """A run's task for people: its name, or the Flower app it runs."""
+def task_label(task: JsonValue) -> str:
+    """A run's task (its settings) for people: its name, or the Flower app it runs."""
+    if not isinstance(task, dict):
+        return str(task)
     return f"flower app {task.get('app')}" if task.get("name") == "flower" else str(task["name"])
 
 

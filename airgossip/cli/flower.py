@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airgossip.cli.display import fail
 
 if TYPE_CHECKING:  # the CLI imports Flower only when a command runs a Flower app
-    from emulation.config import RunConfig
+    from pydantic import JsonValue
+
+    from edge.tasks.flower.app import RunConfigValue
+    from emulation.config import RunConfig, Settings
 
 
 def app_spec(app: str) -> str:
@@ -20,7 +23,7 @@ def app_spec(app: str) -> str:
     return str(path.resolve()) if path.is_dir() else app
 
 
-def parse_run_config_flag(text: str | None) -> dict[str, Any]:
+def parse_run_config_flag(text: str | None) -> dict[str, RunConfigValue]:
     """``--run-config 'k=v ...'`` as Flower reads it; one-line error if malformed."""
     if text is None:
         return {}
@@ -38,13 +41,14 @@ def flower_overrides(
     run_config: str | None,
     accuracy_metric: str | None,
     loss_metric: str | None,
-) -> dict[str, Any]:
+) -> Settings:
     """The ``[task]`` settings the Flower flags of ``airgossip run`` give."""
-    out: dict[str, Any] = {}
+    out: Settings = {}
     if app is not None:
         out.update(name="flower", app=app_spec(app))
     if run_config is not None:
-        out["run_config"] = parse_run_config_flag(run_config)
+        values: dict[str, JsonValue] = dict(parse_run_config_flag(run_config))
+        out["run_config"] = values
     if accuracy_metric is not None:
         out["accuracy_metric"] = accuracy_metric
     if loss_metric is not None:
@@ -52,7 +56,7 @@ def flower_overrides(
     return out
 
 
-def with_flower_rounds(config: RunConfig, flags: dict[str, Any]) -> RunConfig:
+def with_flower_rounds(config: RunConfig, flags: Settings) -> RunConfig:
     """``config`` with the app's ``num-server-rounds`` as its rounds, unless rounds were
     set (``--rounds`` or the scenario file)."""
     if config.task.name != "flower":

@@ -18,12 +18,7 @@ from airgossip.cli.scenario import flag_overrides, scenario_base
 def links_command(
     scenario: Annotated[
         str,
-        typer.Argument(
-            help=escape(
-                "A preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or a TOML file with a "
-                "[wireless] table."
-            )
-        ),
+        typer.Argument(help=escape("A preset ({presets}) or a TOML file with a [wireless] table.")),
     ],
     at: Annotated[float, typer.Option("--at", help="Seconds into the scenario.")] = 0.0,
     agents: Annotated[

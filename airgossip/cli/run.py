@@ -29,30 +29,23 @@ def run(
     agents: Annotated[int | None, typer.Option(help="Number of agents (default: 8).")] = None,
     topology: Annotated[
         str | None,
-        typer.Option(
-            help="complete, ring, directed-ring, exponential, one-peer-exponential, erdos-renyi, "
-            "edges (default: exponential)."
-        ),
+        typer.Option(help="{topologies} (default: exponential)."),
     ] = None,
     task: Annotated[
         str | None,
         typer.Option(
-            help="digits, consensus, separable (logistic regression on separable data), flower "
-            "(with --flower-app), or module:callable (default: digits)."
+            help="{tasks} (flower: with --flower-app), or module:callable (default: digits)."
         ),
     ] = None,
     algorithm: Annotated[
         str | None,
-        typer.Option(
-            help="push-sum, push-sum-plain, dpsgd, dpsgd-ac, quantized-push-sum, choco, "
-            "gradient-tracking, local-sgd, ensemble (default: push-sum)."
-        ),
+        typer.Option(help="{algorithms} (default: push-sum)."),
     ] = None,
     compression: Annotated[
         str | None,
         typer.Option(
-            help="Codec of every message: none, fp16, bf16, qsgd:BITS (1-8), topk:FRACTION, "
-            "randomk:FRACTION (default: none)."
+            help="Codec of every message: none (lossless in the gossip precision), {codecs} "
+            "(default: none)."
         ),
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per agent (default: 40).")] = None,
@@ -66,11 +59,7 @@ def run(
     mode: Annotated[
         str | None,
         typer.Option(
-            help="process (one OS process per agent, real gRPC), inproc (all agents in this "
-            "process in lock step), virtual (a wireless scenario on a virtual clock) or "
-            "namespaces (one network namespace per agent, links shaped by the kernel; root) "
-            "or containers (one Docker container per agent, each shaping its own links; "
-            "docs/deployment.md) (default: process)."
+            help="How agents run: {modes} (default: process; containers: docs/deployment.md)."
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
@@ -93,8 +82,8 @@ def run(
     scenario: Annotated[
         str | None,
         typer.Option(
-            help="Wireless scenario: a preset (wifi-indoor, wifi-outdoor-mobile, lte-urban) or "
-            "a TOML file; --config and flags override it."
+            help="Wireless scenario: a preset ({presets}) or a TOML file; --config and flags "
+            "override it."
         ),
     ] = None,
     record: Annotated[
@@ -130,8 +119,8 @@ def run(
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     from emulation.config import ConfigError, load_config
-    from emulation.fleets import FLEETS, FleetError, preflight, refuse_used_out_dir, run_fleet
-    from emulation.networks import network_for
+    from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
+    from emulation.runtime.folder import refuse_used_out_dir
 
     overrides = flag_overrides(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
@@ -144,8 +133,8 @@ def run(
     if flower_app is not None and task is not None:
         fail("give either --task or --flower-app, not both")
     flower = flower_overrides(flower_app, run_config, accuracy_metric, loss_metric)
-    if flower:
-        overrides["task"] = {**overrides.get("task", {}), **flower}
+    if flower:  # no --task with them (refused above)
+        overrides["task"] = flower
     try:
         base = scenario_base(scenario) if scenario is not None else None
         cfg = with_flower_rounds(load_config(config, overrides, base=base), flower)
@@ -170,7 +159,7 @@ def run(
         torch.set_num_threads(1)
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    links = network_for(cfg).describe()
+    links = plan.network.describe()
     say(
         f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
         f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}"

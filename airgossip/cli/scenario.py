@@ -4,27 +4,39 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from airgossip.cli.display import fail
 
+if TYPE_CHECKING:
+    from emulation.config import Settings
 
-def flag_overrides(**flags: Any) -> dict[str, Any]:
+
+def flag_overrides(
+    *,
+    agents: int | None = None,
+    topology: str | None = None,
+    task: str | None = None,
+    algorithm: str | None = None,
+    rounds: int | None = None,
+    loss: float | None = None,
+    seed: int | None = None,
+    mode: str | None = None,
+    device: str | None = None,
+    compression: str | None = None,
+) -> Settings:
     """Flag values given on the command line, shaped like the scenario file."""
-    out: dict[str, Any] = {}
-    for key, value in flags.items():
-        if value is None:
-            continue
-        if key == "task":
-            out.setdefault("task", {})["name"] = value
-        elif key == "loss":
-            out.setdefault("network", {})["loss"] = value
-        else:
-            out[key] = value
+    top = {"agents": agents, "topology": topology, "algorithm": algorithm, "rounds": rounds,
+           "seed": seed, "mode": mode, "device": device, "compression": compression}  # fmt: skip
+    out: Settings = {key: value for key, value in top.items() if value is not None}
+    if task is not None:
+        out["task"] = {"name": task}
+    if loss is not None:
+        out["network"] = {"loss": loss}
     return out
 
 
-def scenario_base(scenario: str) -> dict[str, Any]:
+def scenario_base(scenario: str) -> Settings:
     """A preset name or scenario file -> its settings (trace paths made absolute)."""
     from emulation.config import ConfigError, read_scenario
     from emulation.scenario import ScenarioNotFound, resolve_trace_paths, scenario_path

@@ -12,10 +12,7 @@ from airgossip.cli.display import fail, say
 def topology_info(
     name: Annotated[
         str,
-        typer.Argument(
-            help="complete, ring, directed-ring, exponential, one-peer-exponential, "
-            "erdos-renyi, or the coordinator's k-out (its first graph)."
-        ),
+        typer.Argument(help="{named_topologies}, or the coordinator's k-out (its first graph)."),
     ],
     agents: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for random graphs.")] = 0,

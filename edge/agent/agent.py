@@ -33,6 +33,7 @@ from edge.agent.admission import Admission
 from edge.agent.checkpointing import AgentState, Checkpointer
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
 from edge.agent.lineage import EdgeLineages, new_incarnation
+from edge.agent.rejoin import LATE_WEIGHT
 from edge.agent.sending import Outbox, Sender, gossip_message, send_event
 from edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
 from edge.compression import Codec
@@ -127,9 +128,12 @@ class Agent:
         self.codec: Codec = algorithm.codec
         self.address = ""
         self.round = 0
+        #: Its state carries the fleet's past: a checkpoint taken up, or it joined late.
+        self.holds_past = False
         self._assignment: Assignment | None = None
         self._lock = threading.RLock()
-        self._progress = threading.Condition(self._lock)
+        #: Notified whenever a push finishes or a message arrives (drivers wait on it).
+        self.progress = self._progress = threading.Condition(self._lock)
         self._heard: dict[str, int] = {}
         #: Latest round each peer named (messages, acknowledgements): where the fleet is.
         self._peer_rounds: dict[str, int] = {}
@@ -186,27 +190,19 @@ class Agent:
         """Whether :meth:`stop` was called."""
         return self._stopped.is_set()
 
-    def wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until ``ready()`` holds, re-checked whenever a push
-        finishes or a message arrives, or until the agent stops; return ``ready()``."""
-        deadline = self.clock() + timeout_s
-        with self._progress:
-            while not self._stopped.is_set():
-                remaining = deadline - self.clock()
-                if ready() or remaining <= 0:
-                    break
-                self._progress.wait(remaining)
-            return ready()
-
     def peer_rounds(self) -> list[int]:
         """The latest round each peer named (messages, acknowledgements)."""
         with self._lock:
             return list(self._peer_rounds.values())
 
     def skip_to(self, round_index: int) -> None:
-        """Make ``round_index`` the last round this agent ran (it rejoins a fleet ahead)."""
+        """Make ``round_index`` the last round this agent ran: it rejoins a fleet ahead, with
+        :data:`~edge.agent.rejoin.LATE_WEIGHT` when it took up no checkpoint."""
         with self._lock:
             self.round = round_index
+            if not self.holds_past:
+                self.algorithm.join_late(LATE_WEIGHT)
+                self.holds_past = True
 
     def report_due(self, round_index: int) -> bool:
         """Whether ``round_index`` is evaluated and reported (every ``eval_every`` rounds and
@@ -392,6 +388,7 @@ class Agent:
             with self._lock:
                 self.algorithm.load_state_dict(state.algorithm)
                 self.round = state.round
+                self.holds_past = True
                 self._counters = state.counters.copy()
                 previous = max(self.lineages.incarnation, state.incarnation)
                 self.lineages.restart(new_incarnation(previous))

@@ -11,6 +11,10 @@ from __future__ import annotations
 #: The fleet must be more than this many rounds (beyond the staleness bound) ahead for an
 #: agent to skip ahead; it is not joined in its last this-many rounds either.
 REJOIN_GAP_ROUNDS = 8
+#: The weight an agent that joins a fleet under way without a checkpoint starts with (an
+#: agent starts with 1): its fresh state, the task's initial one, must not pull its
+#: neighbours back, and its data already went into the fleet before it lost its state.
+LATE_WEIGHT = 1e-3
 #: How long an agent that has heard from no peer after its first round waits to hear one
 #: before it goes on alone (its out-neighbours are gone, say, and in-neighbours not yet back).
 REJOIN_WAIT_S = 5.0

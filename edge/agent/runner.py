@@ -10,9 +10,10 @@ it starts while its fleet is under way (a restart), rejoins at the fleet's round
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from edge.agent.agent import Agent
-from edge.agent.rejoin import REJOIN_WAIT_S, fleet_round, rejoin_round
+from edge.agent.rejoin import LATE_WEIGHT, REJOIN_WAIT_S, fleet_round, rejoin_round
 
 log = logging.getLogger("edge.agent.agent")
 
@@ -64,7 +65,19 @@ class WallClockRunner:
         """
         timeout = self.agent.settings.wait_timeout_s
         if timeout > 0:
-            self.agent.wait(lambda: self.agent.neighbours_ready(round_index), timeout)
+            self._wait(lambda: self.agent.neighbours_ready(round_index), timeout)
+
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``ready()`` holds, re-checked whenever a push
+        finishes or a message arrives, or until the agent stops."""
+        agent = self.agent
+        deadline = agent.clock() + timeout_s
+        with agent.progress:
+            while not agent.stopped:
+                remaining = deadline - agent.clock()
+                if ready() or remaining <= 0:
+                    return
+                agent.progress.wait(remaining)
 
     def rejoin(self, fleet: int) -> None:
         """Skip ahead to round ``fleet`` (where the fleet is, as its coordinator or peers
@@ -74,9 +87,10 @@ class WallClockRunner:
             agent.round, fleet, rounds=agent.settings.rounds, staleness=agent.settings.staleness
         )
         if target is not None:
+            fresh = "" if agent.holds_past else f", with weight {LATE_WEIGHT:g} (no checkpoint)"
             log.info(
-                "%s: rejoining the fleet at round %d (it was at round %d)",
-                agent.agent_id, target, agent.round,
+                "%s: rejoining the fleet at round %d (it was at round %d)%s",
+                agent.agent_id, target, agent.round, fresh,
             )  # fmt: skip
             agent.skip_to(target - 1)
 
@@ -84,7 +98,7 @@ class WallClockRunner:
         """:meth:`rejoin` the fleet at its peers' round, decided once, as soon as peers have
         named their rounds (acknowledgements, messages), waiting at most ``wait_s`` for the
         first."""
-        self.agent.wait(lambda: bool(self.agent.peer_rounds()), wait_s)
+        self._wait(lambda: bool(self.agent.peer_rounds()), wait_s)
         heard = fleet_round(self.agent.peer_rounds())
         if heard is None:
             if wait_s > 0:

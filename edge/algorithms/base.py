@@ -371,6 +371,12 @@ class GossipAlgorithm(ABC):
         """Small per-agent figures worth reporting (the push-sum weight, ...)."""
         return {}
 
+    def join_late(self, weight: float) -> None:  # noqa: B027 - optional hook
+        """The agent joins a fleet under way with nothing of its past (no checkpoint): scale
+        its own mass to ``weight``, so that its fresh state weighs little against the
+        fleet's (its data already went into the fleet before it lost its state).
+        Algorithms without a weight ignore it."""
+
     def starved(self) -> bool:
         """Whether the agent has so little mass left that it should give none away this round
         (it keeps its share at home and only flushes what its edges owe)."""

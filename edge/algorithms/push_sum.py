@@ -115,6 +115,10 @@ class PushSumCore(GossipAlgorithm):
     def starved(self) -> bool:
         return self._y < STARVED_WEIGHT
 
+    def join_late(self, weight: float) -> None:
+        self._x.mul_(weight / self._y)
+        self._y = weight
+
     def mass(self) -> tuple[torch.Tensor, float]:
         """``(x, y)`` held by this agent, received-but-unmixed mass included."""
         return self._x + self._pending_x, self._y + self._pending_y

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -30,13 +29,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
+from emulation.baselines.job import FlowerJob, FlowerRound, RunConfigValue
 from emulation.config import ConfigError
 from emulation.fleets.base import FleetProgress
 from emulation.fleets.processes import JsonLinesTail
-from emulation.fleets.run import refuse_used_out_dir
 from emulation.results import FinalFigures, RoundFigures, RunResults, plot_results
+from emulation.runtime.folder import refuse_used_out_dir
+
+if TYPE_CHECKING:  # Flower is imported when a baseline runs
+    from edge.tasks.flower.app import FlowerApp
+
+_Row = TypeVar("_Row", bound=RoundFigures)
 
 #: The key of a Flower app's run config that sets how many rounds its ServerApp runs.
 NUM_ROUNDS_KEY = "num-server-rounds"
@@ -76,7 +81,7 @@ class FlowerBaseline:
     app: str
     agents: int = 8
     rounds: int | None = None
-    run_config: Mapping[str, Any] = field(default_factory=dict)
+    run_config: Mapping[str, RunConfigValue] = field(default_factory=dict)
     accuracy_metric: str | None = None
     loss_metric: str | None = None
     seed: int = 0
@@ -84,7 +89,7 @@ class FlowerBaseline:
     timeout_s: float = 3600.0
 
 
-def _check(baseline: FlowerBaseline) -> tuple[Any, dict[str, Any]]:
+def _check(baseline: FlowerBaseline) -> tuple[FlowerApp, dict[str, RunConfigValue]]:
     """The app and the run config overrides, or :class:`ConfigError`."""
     from edge.tasks.flower import FlowerAppError, load_flower_app
 
@@ -155,40 +160,41 @@ def _end_group(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
             time.sleep(0.1)
 
 
-def _figures(row: dict[str, Any]) -> dict[str, Any]:
-    accuracies, losses = row["accuracies"], row["losses"]
-    figures: dict[str, Any] = {
-        "round": row["round"],
-        "wall_s": round(row["wall_s"], 4),
-        "bytes_sent": row["bytes_sent"],
-        "messages_sent": row["messages_sent"],
-        "messages_dropped": row["failed"],
+def _figures(row: FlowerRound, figures: type[_Row], **fixed: object) -> _Row:
+    """A round's figures as our results have them (``fixed``: more fields, ``complete``);
+    figures the round does not have are left unset (and out of results.json)."""
+    accuracies, losses = row.accuracies, row.losses
+    out = figures.model_validate({
+        **fixed,
+        "round": row.round,
+        "wall_s": round(row.wall_s, 4),
+        "bytes_sent": row.bytes_sent,
+        "messages_sent": row.messages_sent,
+        "messages_dropped": row.failed,
         "agents_reporting": max(len(accuracies), len(losses)),
-    }
+    })  # fmt: skip
     if accuracies:
-        figures.update(
-            mean_accuracy=sum(accuracies) / len(accuracies),
-            min_accuracy=min(accuracies),
-            max_accuracy=max(accuracies),
-        )
+        out.mean_accuracy = sum(accuracies) / len(accuracies)
+        out.min_accuracy = min(accuracies)
+        out.max_accuracy = max(accuracies)
     if losses:
-        figures["mean_loss"] = sum(losses) / len(losses)
-    return figures
+        out.mean_loss = sum(losses) / len(losses)
+    return out
 
 
-def _progress(agents: int, rounds: int, rows: list[dict[str, Any]]) -> FleetProgress:
+def _progress(agents: int, rounds: int, rows: list[FlowerRound]) -> FleetProgress:
     if not rows:
         return FleetProgress(agents, rounds)
-    last = _figures(rows[-1])
+    last = _figures(rows[-1], RoundFigures)
     return FleetProgress(
         agents=agents,
         rounds_total=rounds,
         registered=agents,
-        slowest_round=last["round"],
-        fastest_round=last["round"],
-        mean_accuracy=last.get("mean_accuracy"),
-        messages_sent=last["messages_sent"],
-        messages_dropped=last["messages_dropped"],
+        slowest_round=last.round,
+        fastest_round=last.round,
+        mean_accuracy=last.mean_accuracy,
+        messages_sent=last.messages_sent,
+        messages_dropped=last.messages_dropped,
     )
 
 
@@ -220,19 +226,14 @@ def run_flower_baseline(
     out_dir = out_dir.resolve()
     # Ray's session folder holds Unix sockets, whose paths must stay short: not the run's.
     ray_dir = tempfile.mkdtemp(prefix="ag-ray-")
-    job = {
-        "app": str(app.project_dir),
-        "run_config": overrides,
-        "agents": baseline.agents,
-        "seed": baseline.seed,
-        "client_cpus": baseline.client_cpus,
-        "accuracy_metric": baseline.accuracy_metric,
-        "loss_metric": baseline.loss_metric,
-        "ray_dir": ray_dir,
-        "parent_pid": os.getpid(),
-    }
+    job = FlowerJob(
+        app=str(app.project_dir), run_config=overrides, agents=baseline.agents,
+        seed=baseline.seed, client_cpus=baseline.client_cpus,
+        accuracy_metric=baseline.accuracy_metric, loss_metric=baseline.loss_metric,
+        ray_dir=ray_dir, parent_pid=os.getpid(),
+    )  # fmt: skip
     job_path = out_dir / "baseline.json"
-    job_path.write_text(json.dumps(job, indent=2) + "\n")
+    job.write(job_path)
     root = str(Path(__file__).resolve().parents[2])
     env = {
         **os.environ,
@@ -247,7 +248,7 @@ def run_flower_baseline(
     log_path = logs / "flower.log"
     started = time.monotonic()
     tail = JsonLinesTail(out_dir / ROUNDS_FILE)
-    rows: list[dict[str, Any]] = []
+    rows: list[FlowerRound] = []
     interrupted = False
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -266,7 +267,7 @@ def run_flower_baseline(
                     f"Flower baseline still running after {baseline.timeout_s:.0f} s; "
                     f"stopped (log: {log_path})"
                 )
-            fresh = tail.read()
+            fresh = [FlowerRound.model_validate(row) for row in tail.read()]
             rows += fresh
             if fresh and on_progress is not None:
                 on_progress(_progress(baseline.agents, rounds_total, rows))
@@ -276,13 +277,16 @@ def run_flower_baseline(
     finally:
         _end_group(process)
         shutil.rmtree(ray_dir, ignore_errors=True)
-    rows += tail.read()
+    rows += [FlowerRound.model_validate(row) for row in tail.read()]
     if process.returncode != 0 and not interrupted:
         raise BaselineError(
             f"Flower baseline failed: {_error_line(log_path) or 'no output'} (log: {log_path})"
         )
-    figures = [RoundFigures(**_figures(row)) for row in rows]
-    last = _figures(rows[-1]) if rows else {"round": 0}
+    figures = [_figures(row, RoundFigures) for row in rows]
+    if rows:
+        final = _figures(rows[-1], FinalFigures, complete=rows[-1].round >= rounds_total)
+    else:
+        final = FinalFigures(round=0, complete=False)
     results = RunResults(
         config={
             "baseline": "flower",
@@ -298,7 +302,7 @@ def run_flower_baseline(
             "client_cpus": baseline.client_cpus,
         },
         rounds=figures,
-        final=FinalFigures(**last, complete=bool(rows) and last["round"] >= rounds_total),
+        final=final,
         total_wall_s=round(time.monotonic() - started, 3),
         interrupted=interrupted,
         versions={

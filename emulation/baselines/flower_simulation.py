@@ -16,7 +16,6 @@ kept, one line per round in ``rounds.jsonl``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -43,6 +42,7 @@ from edge.tasks.flower import FlowerAppError, load_flower_app
 from edge.tasks.flower.client import SERVER_ROUND
 from edge.tasks.flower.initial import seeded
 from edge.tasks.flower.task import evaluation_metrics, flower_run_id
+from emulation.baselines.job import FlowerJob, FlowerRound
 
 
 def message_bytes(message: Message) -> int:
@@ -77,7 +77,7 @@ class _Round:
 class Recorder:
     """Counts what crosses the grid and writes one JSON line per evaluated round."""
 
-    def __init__(self, path: Path, job: dict[str, Any]) -> None:
+    def __init__(self, path: Path, job: FlowerJob) -> None:
         self.path = path
         self.job = job
         self.started = time.monotonic()
@@ -133,9 +133,9 @@ class Recorder:
                 values.update(_scalars(record))
         metrics = evaluation_metrics(
             values,
-            accuracy_metric=self.job["accuracy_metric"],
-            loss_metric=self.job["loss_metric"],
-            where=f"flower app '{self.job['app']}'",
+            accuracy_metric=self.job.accuracy_metric,
+            loss_metric=self.job.loss_metric,
+            where=f"flower app '{self.job.app}'",
         )
         if "accuracy" in metrics:
             row.accuracies.append(metrics["accuracy"])
@@ -149,10 +149,11 @@ class Recorder:
                 row = self.rounds.pop(number)
                 if row.failed and not (row.accuracies or row.losses):
                     raise FlowerAppError(
-                        f"flower app '{self.job['app']}': every evaluate reply of round "
+                        f"flower app '{self.job.app}': every evaluate reply of round "
                         f"{number} is an error: {row.reason}"
                     )
-                handle.write(json.dumps({"round": number, **row.__dict__}) + "\n")
+                line = FlowerRound(round=number, **row.__dict__).model_dump_json()
+                handle.write(line + "\n")
                 self.written += 1
 
     def close(self) -> None:
@@ -221,8 +222,9 @@ class MeteredGrid(Grid):
         return replies
 
 
-def run(job: dict[str, Any], out_dir: Path) -> None:
-    app = load_flower_app(job["app"], job["run_config"])
+def run(job: FlowerJob, out_dir: Path) -> None:
+    """Run the job's app on Flower's simulation engine, its rounds to ``out_dir``."""
+    app = load_flower_app(job.app, job.run_config)
     server = app.server_app()
     if server is None or app.project_dir is None:
         raise FlowerAppError(f"flower app '{app.spec}' has no ServerApp to run")
@@ -233,14 +235,14 @@ def run(job: dict[str, Any], out_dir: Path) -> None:
     @metered.main()
     def main(grid: Grid, context: Context) -> None:
         recorder.started = time.monotonic()
-        with seeded(job["seed"]):  # the same initial model as the serverless run's
+        with seeded(job.seed):  # the same initial model as the serverless run's
             server(grid=MeteredGrid(grid, recorder), context=context)
 
-    run_id = flower_run_id(job["seed"])
+    run_id = flower_run_id(job.seed)
     flower_run = Run.create_empty(run_id=run_id)
     flower_run.primary_task_id = 1
     flower_run.federation_id = NOOP_FEDERATION_ID
-    flower_run.override_config = dict(job["run_config"])
+    flower_run.override_config = dict(job.run_config)
     # What flwr-simulation sets before it starts a run.
     TaskIdentity.task_id = 1
     TaskIdentity.run_id = run_id
@@ -248,14 +250,14 @@ def run(job: dict[str, Any], out_dir: Path) -> None:
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(app.run_config))  # fmt: skip
     _run_simulation(
-        num_supernodes=job["agents"],
+        num_supernodes=job.agents,
         exit_event=EventType.FLWR_SIMULATION_RUN_LEAVE,
         server_app=metered,
         client_app_attr=app.client_ref,
         backend_name="ray",
         backend_config={
-            "client_resources": {"num_cpus": job["client_cpus"], "num_gpus": 0.0},
-            "init_args": {"_temp_dir": job["ray_dir"], "include_dashboard": False},
+            "client_resources": {"num_cpus": job.client_cpus, "num_gpus": 0.0},
+            "init_args": {"_temp_dir": job.ray_dir, "include_dashboard": False},
         },
         app_dir=str(app.project_dir),
         run=flower_run,
@@ -272,10 +274,10 @@ def run(job: dict[str, Any], out_dir: Path) -> None:
 
 def main() -> int:
     job_path = Path(sys.argv[1])
-    job = json.loads(job_path.read_text())
+    job = FlowerJob.read(job_path)
     from flwr.supercore.app_utils import start_parent_process_monitor
 
-    start_parent_process_monitor(job["parent_pid"])
+    start_parent_process_monitor(job.parent_pid)
     logging.getLogger("flwr").setLevel(logging.INFO)
     try:
         run(job, job_path.parent)

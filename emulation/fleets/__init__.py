@@ -3,14 +3,15 @@
 ``process`` (OS processes, real gRPC), ``inproc`` (lock step in this process), ``virtual``
 (discrete events on a virtual clock), ``namespaces`` (network namespaces, links shaped by
 the kernel) and ``containers`` (Docker containers, each agent shaping its own links in the
-kernel), registered by mode in :mod:`.registry`; :mod:`.processes` is the agent-process
-helper the process-based fleets share; :mod:`.run` checks a run and carries it to
-``results.json``.
+kernel), registered by mode in :mod:`.registry`; :mod:`.agent_fleet` is the base of the
+process-based fleets and :mod:`.processes` their group of agent processes; :mod:`.run`
+checks a run and carries it to ``results.json`` (written by :mod:`emulation.runtime`).
 """
 
 from emulation.fleets.base import Fleet, FleetError, FleetProgress, Launch, ProgressCallback
 from emulation.fleets.registry import FLEETS, fleet_class, modes_help
-from emulation.fleets.run import Plan, preflight, reference_answer, refuse_used_out_dir, run_fleet
+from emulation.fleets.run import Plan, preflight, run_fleet
+from emulation.runtime.results import reference_answer
 
 __all__ = [
     "FLEETS",
@@ -24,6 +25,5 @@ __all__ = [
     "modes_help",
     "preflight",
     "reference_answer",
-    "refuse_used_out_dir",
     "run_fleet",
 ]

@@ -11,6 +11,7 @@ asks which network it has: everything about the links comes from the
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,57 @@ class ProgressKeeper:
     def latest(self) -> FleetProgress:
         with self._lock:
             return self._latest
+
+
+class FleetBase(ABC):
+    """What fleets share, written once: built as ``Fleet(config, network, launch)``, progress
+    kept for the launcher (:attr:`keeper`), the scenario's wall clock, a :attr:`stopping`
+    event that :meth:`stop` sets, no refusal and no runtime of their own. A mode gives its
+    ``mode``, ``summary``, :meth:`run` and :meth:`records`, and overrides what differs."""
+
+    mode: ClassVar[str]
+    summary: ClassVar[str]
+    in_process: ClassVar[bool] = False
+    serves_metrics: ClassVar[bool] = False
+
+    def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
+        self.config = config
+        self.network = network
+        #: Where and how the fleet runs (None: in this process, for checks and notebooks).
+        self.launch = launch
+        self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
+        self.stopping = threading.Event()
+        self._clock = network.wall_clock()
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        """Why this mode cannot run ``network`` here (None: it can)."""
+        return None
+
+    @abstractmethod
+    def run(self) -> None:
+        """Run every agent to the end (or until :meth:`stop`)."""
+
+    @abstractmethod
+    def records(self) -> dict[str, list[RoundRecord]]:
+        """Every agent's round records so far, by agent id."""
+
+    def stop(self) -> None:
+        """Make :meth:`run` return soon; safe from any thread."""
+        self.stopping.set()
+
+    def progress(self) -> FleetProgress:
+        """The latest progress."""
+        return self.keeper.latest
+
+    def clock_s(self) -> float:
+        """Seconds on the scenario's clock since it started (here: the wall clock)."""
+        return self._clock()
+
+    @property
+    def runtime(self) -> LinkRuntime | None:
+        """The network's runtime when agents run in this process (None here)."""
+        return None
 
 
 def group_records(records: Iterable[RoundRecord]) -> dict[str, list[RoundRecord]]:

@@ -2,13 +2,14 @@
 agent's links shaped by the kernel inside its own container.
 
 The fleet makes a Docker network of its own, starts the coordinator in this process on that
-network's gateway address, and runs ``airgossip agent`` in one container per agent (the
-image of ``[containers] image``) through :class:`~emulation.fleets.processes.AgentProcesses`:
+network's gateway address, and runs the agent module (``python -m emulation.runtime.agent``,
+in place of the image's ``airgossip`` entry point) in one container per agent (the image of
+``[containers] image``) through :class:`~emulation.fleets.processes.AgentProcesses`:
 the parts of the run's folder an agent needs (the config, ``agents/`` for records, its own
 checkpoint folder) are mounted into its container, so records, progress and results work as
 in the process mode. Unless the run is insecure, the run's throwaway certificate authority
-(``certs/``) gives every member a certificate, and each container sees only the CA's
-certificate and its own certificate and key (read-only), never the other members' keys.
+(its key never written) gives every member a certificate, and each container sees only the
+CA's certificate and its own certificate and key (read-only), never the other members' keys.
 With ``NET_ADMIN`` (the default) every agent applies its share of the
 network's :class:`~emulation.networks.base.KernelLinks` on its own interface
 (:class:`~emulation.networks.kernel.AgentKernelLinks`); without it, or where the engine
@@ -19,29 +20,22 @@ network, are removed at the end, on Ctrl-C and on errors; all carry the label
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar
 
-from coordinator.run import RunSpec
-from coordinator.service import CoordinatorServer
 from edge.config.identity import agent_ids
-from edge.observability.stats import RoundRecord
 from edge.security.tls import CA_CERT
 from emulation.config import RunConfig
-from emulation.fleets.base import (
-    FleetError,
-    FleetProgress,
-    Launch,
-    ProgressKeeper,
-)
-from emulation.fleets.processes import AgentHost, AgentProcesses
-from emulation.networks import LinkRuntime, Network
+from emulation.fleets.agent_fleet import AgentProcessFleet
+from emulation.fleets.base import FleetError, Launch
+from emulation.fleets.processes import AgentHost
+from emulation.networks import Network
+from emulation.networks.kernel import AgentKernelReport, ContainerKernelReport
+from emulation.runtime.command import AGENT_MODULE, AgentCommand
 
 #: Where an agent container sees the run's folder, its own certificates, and its working
 #: directory (the image's).
@@ -135,36 +129,28 @@ class DockerEngine:
         ]
 
 
-class ContainerFleet:
+class ContainerFleet(AgentProcessFleet):
     """Agents in Docker containers on a network of their own, an embedded coordinator on
     its gateway; each agent shapes its own links in the kernel (NET_ADMIN)."""
 
-    mode: ClassVar[str] = "containers"
-    summary: ClassVar[str] = (
-        "one Docker container per agent, each shaping its own links in the kernel (NET_ADMIN)"
-    )
-    in_process: ClassVar[bool] = False
-    serves_metrics: ClassVar[bool] = True
+    mode = "containers"
+    summary = "one Docker container per agent, each shaping its own links in the kernel (NET_ADMIN)"
+    serves_metrics = True
+    # The image's Python runs the agent module; the run's folder and each agent's own
+    # credentials are mounted where it sees them.
+    host = AgentHost(
+        command=("python", "-m", AGENT_MODULE), run_dir=RUN_DIR, parent_pid=False,
+        certs_dir=CERTS_DIR,
+    )  # fmt: skip
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
-        self.config = config
-        self.network = network
-        self.launch = launch
+        super().__init__(config, network, launch)
         self.settings = config.containers
-        self.keeper = ProgressKeeper(config, launch.on_progress)
-        self.out_dir = launch.out_dir.resolve()
-        self.agents = AgentProcesses(
-            config, self.out_dir, launch.config_path.resolve(), self.keeper,
-            host=AgentHost(command=(), run_dir=RUN_DIR, parent_pid=False, certs_dir=CERTS_DIR),
-            insecure=launch.insecure,
-        )  # fmt: skip
         self.engine = DockerEngine()
         self.tag = uuid.uuid4().hex[:10]
-        self._clock = network.wall_clock()
-        # The coordinator plays the runtime's after_round ([switching]), as in process mode.
-        self._links = network.runtime(agent_ids(config.agents)) if network.round_driven else None
+        self._made_network = False
         #: What each agent's kernel shaping applied and measured (also ``kernel.json``).
-        self.report: dict[str, Any] = {}
+        self.report: ContainerKernelReport | None = None
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
@@ -176,18 +162,18 @@ class ContainerFleet:
     def _mounts(self, agent_id: str) -> list[str]:
         """What of the run's folder the agent's container sees: the config (read-only), the
         records folder, its checkpoints and its own credentials (read-only)."""
-        agents = self.agents
-        checkpoints = agents.checkpoints_dir / agent_id
+        agents, folder = self.agents, self.folder
+        checkpoints = folder.checkpoint_dir(agent_id)
         agents.stats_dir.mkdir(parents=True, exist_ok=True)
-        checkpoints.mkdir(parents=True, exist_ok=True)
         mounts = [
-            f"{agents.config_path}:{agents.seen(agents.config_path)}:ro",
+            f"{folder.config_path}:{agents.seen(folder.config_path)}:ro",
             f"{agents.stats_dir}:{agents.seen(agents.stats_dir)}",
             f"{checkpoints}:{agents.seen(checkpoints)}",
         ]
-        if agents.certs_dir is not None:
+        if agents.secure:
+            credentials = folder.credentials(agent_id)
             mounts += [
-                f"{agents.certs_dir / name}:{CERTS_DIR / name}:ro"
+                f"{credentials / name}:{CERTS_DIR / name}:ro"
                 for name in (CA_CERT, f"{agent_id}.pem", f"{agent_id}.key")
             ]
         return [part for mount in mounts for part in ("--volume", mount)]
@@ -211,61 +197,42 @@ class ContainerFleet:
             "--network", f"airgossip-{self.tag}", "--label", f"{LABEL}={self.tag}",
             *user, *self._mounts(agent_id), *traces,
             "--env", "HOME=/tmp", "--env", "OMP_NUM_THREADS=1", "--env", "PYTHONUNBUFFERED=1",
-            "--env", f"AIRGOSSIP_ADVERTISE_PORT={AGENT_PORT}",
             # The image's health check dials the agent as the agent (mutual TLS).
-            *(["--env", f"AIRGOSSIP_HEALTH_CERTS={CERTS_DIR}"] if self.agents.certs_dir else []),
-            self.settings.image,
+            *(["--env", f"AIRGOSSIP_HEALTH_CERTS={CERTS_DIR}"] if self.agents.secure else []),
+            # The agent module, not the image's entry point (the `airgossip` command).
+            "--entrypoint", "", self.settings.image,
         ]  # fmt: skip
 
-    def run(self) -> None:
+    def start_agents(self) -> None:
         try:
             gateway = self.engine.create_network(f"airgossip-{self.tag}", self.tag)
         except DockerError as err:
             raise FleetError(f"mode 'containers': {err}") from None
-        server: CoordinatorServer | None = None
+        self._made_network = True
+        port = self.launch.coordinator_listen.rpartition(":")[2]
+        address = self.start_coordinator(
+            f"{gateway}:{port}", metrics_note="; agents' metrics on their containers"
+        )
+        unapplied = self.network.kernel_links().unapplied
+        if unapplied:
+            self.launch.notice("the kernel does not apply: " + "; ".join(unapplied))
+        # Every agent tries the kernel; one without NET_ADMIN says so and shapes its links
+        # itself. It advertises its own address on the fleet's network (`:PORT`).
+        own = AgentCommand(
+            coordinator=address, listen=f"0.0.0.0:{AGENT_PORT}", advertise=f":{AGENT_PORT}",
+            metrics_listen=f"0.0.0.0:{METRICS_PORT}", kernel_links="eth0",
+        )  # fmt: skip
+        for index, agent_id in enumerate(agent_ids(self.config.agents)):
+            self.agents.spawn(index, agent_id, own, prefix=self._docker_run(agent_id))
+
+    def close(self) -> None:
         try:
-            port = self.launch.coordinator_listen.rpartition(":")[2]
-            server = CoordinatorServer(
-                expected=self.config.agents,
-                topology=self.network.topology(),
-                listen=f"{gateway}:{port}",
-                metrics_listen=self.launch.coordinator_metrics_listen,
-                security=self.agents.coordinator_credentials(),
-                run=RunSpec(
-                    scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds
-                ),
-                switcher=self._links.switcher if self._links is not None else None,
-            )
-            address = server.start()
-            if server.metrics_address:
-                self.launch.notice(
-                    f"fleet metrics at http://{server.metrics_address}/metrics "
-                    "(service discovery /sd, fleet /fleet; agents' metrics on their containers)"
-                )
-            unapplied = self.network.kernel_links().unapplied
-            if unapplied:
-                self.launch.notice("the kernel does not apply: " + "; ".join(unapplied))
-            # Every agent tries the kernel; one without NET_ADMIN says so and shapes its
-            # links itself.
-            kernel = ["--kernel-links", "eth0"]
-            for index, agent_id in enumerate(agent_ids(self.config.agents)):
-                self.agents.spawn(
-                    index, agent_id,
-                    ["--coordinator", address, "--listen", f"0.0.0.0:{AGENT_PORT}",
-                     "--metrics-listen", f"0.0.0.0:{METRICS_PORT}"],
-                    prefix=self._docker_run(agent_id),
-                    extra=kernel,
-                )  # fmt: skip
-            self.agents.monitor(server.registered)
-        finally:
-            self.agents.terminate()
-            try:
+            if self._made_network:
                 self.engine.remove(self.tag)
-            finally:
-                if server is not None:
-                    server.stop(grace_s=0.5)
-                self._own_files()
-                self._write_report()
+        finally:
+            super().close()
+            self._own_files()
+            self._write_report()
 
     def _own_files(self) -> None:
         """Hand files the agents wrote as root back to the launcher's user."""
@@ -273,48 +240,25 @@ class ContainerFleet:
             return
         subprocess.run(
             [self.engine.docker, "run", "--rm", "--user", "0:0", "--entrypoint", "chown",
-             "--volume", f"{self.out_dir}:{RUN_DIR}", self.settings.image,
+             "--volume", f"{self.folder.path}:{RUN_DIR}", self.settings.image,
              "-R", f"{os.getuid()}:{os.getgid()}", str(RUN_DIR)],
             capture_output=True, timeout=120,
         )  # fmt: skip
 
     def _write_report(self) -> None:
         """``kernel.json``: every agent's kernel shaping (its in-links), or why it had none."""
-        agents = []
-        for agent in self.agents.agents:
-            path = self.agents.stats_dir / f"{agent.agent_id}.kernel.json"
-            try:
-                agents.append(json.loads(path.read_text()))
-            except (OSError, json.JSONDecodeError):
-                agents.append({"agent": agent.agent_id, "kernel": False})
+        agents = [
+            AgentKernelReport.read(
+                self.agents.stats_dir / f"{agent.agent_id}.kernel.json", agent.agent_id
+            )
+            for agent in self.agents.agents
+        ]
         if not agents:
             return
-        self.report = {
-            "agents_shaping_in_kernel": sum(1 for a in agents if a.get("kernel")),
-            "fallback": {a["agent"]: a.get("reason", "") for a in agents if not a.get("kernel")},
-            "unapplied": sorted({u for a in agents for u in a.get("unapplied", [])}),
-            "controller_errors": [e for a in agents for e in a.get("controller_errors", [])][:5],
-            "links": [link for a in agents for link in a.get("links", [])],
-        }
-        (self.out_dir / "kernel.json").write_text(json.dumps(self.report, indent=2) + "\n")
-        if self.report["fallback"]:
+        self.report = ContainerKernelReport.gather(agents)
+        self.report.write(self.folder.path / "kernel.json")
+        if self.report.fallback:
             self.launch.notice(
-                f"{len(self.report['fallback'])} of {len(agents)} agents shaped their links in "
+                f"{len(self.report.fallback)} of {len(agents)} agents shaped their links in "
                 f"the agent, not the kernel (kernel.json says why)"
             )
-
-    def stop(self) -> None:
-        self.agents.stop()
-
-    def progress(self) -> FleetProgress:
-        return self.keeper.latest
-
-    def records(self) -> dict[str, list[RoundRecord]]:
-        return self.agents.records()
-
-    def clock_s(self) -> float:
-        return self._clock()
-
-    @property
-    def runtime(self) -> LinkRuntime | None:
-        return self._links

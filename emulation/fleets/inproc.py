@@ -3,9 +3,6 @@ transport; deterministic for a seed."""
 
 from __future__ import annotations
 
-import threading
-from typing import ClassVar
-
 import torch
 
 from edge.agent import Agent, build_agent
@@ -15,16 +12,15 @@ from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import RunConfig
 from emulation.fleets.base import (
     AgentProgress,
-    FleetProgress,
+    FleetBase,
     Launch,
-    ProgressKeeper,
     fleet_progress,
     group_records,
 )
 from emulation.networks import LinkRuntime, Network
 
 
-class InProcessFleet:
+class InProcessFleet(FleetBase):
     """All agents in this process, in lock step: every agent's local step and push, then
     every agent's mix and report, round after round. There is no clock, so a network whose
     links change with time cannot run here (the virtual mode runs those).
@@ -33,19 +29,15 @@ class InProcessFleet:
     assignments readable) for checks that need more than the records.
     """
 
-    mode: ClassVar[str] = "inproc"
-    summary: ClassVar[str] = "all agents in this process in lock step, deterministic"
-    in_process: ClassVar[bool] = True
-    serves_metrics: ClassVar[bool] = False
+    mode = "inproc"
+    summary = "all agents in this process in lock step, deterministic"
+    in_process = True
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
-        self.config = config
-        self.network = network
-        self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
+        super().__init__(config, network, launch)
         self.sink = MemoryStatsSink()
         self.agents: list[Agent] = []
         self.round = 0
-        self._stop = threading.Event()
         self._seen = 0
         self._accuracy: dict[str, float] = {}
         self._counters: dict[str, Counters] = {}
@@ -85,7 +77,7 @@ class InProcessFleet:
         torch.set_grad_enabled(False)  # gossip needs no autograd (training re-enables it)
         try:
             for round_index in range(1, config.rounds + 1):
-                if self._stop.is_set():
+                if self.stopping.is_set():
                     break
                 for agent in agents:
                     agent.local_step(round_index)
@@ -123,12 +115,6 @@ class InProcessFleet:
             for a in agents
         ]  # fmt: skip
         self.keeper.update(fleet_progress(self.config, states, len(agents)))
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def progress(self) -> FleetProgress:
-        return self.keeper.latest
 
     def records(self) -> dict[str, list[RoundRecord]]:
         return group_records(self.sink.records)

@@ -1,11 +1,13 @@
 """Agents as OS processes: start them, follow their records, stop them.
 
-:class:`AgentProcesses` is the one way fleets run ``airgossip agent``: the process, namespace
-and container fleets each hold one (composition), differing only in how an agent finds its
-peers, what wraps its command (``ip netns exec``, ``docker run``) and where the agent sees
-the run's folder (:class:`AgentHost`). Each agent writes its round records as JSON lines
-under ``agents/`` and its log under ``logs/``; the group tails the records for progress and
-reads them back at the end.
+:class:`AgentProcesses` is the one way fleets run agent processes
+(``python -m emulation.runtime.agent``, :mod:`emulation.runtime`): the process, namespace
+and container fleets each hold one (their base,
+:class:`~emulation.fleets.agent_fleet.AgentProcessFleet`), differing only in how an agent
+finds its peers, what wraps its command (``ip netns exec``, ``docker run``) and where the
+agent sees the run's folder (:class:`AgentHost`). Each agent
+writes its round records as JSON lines under ``agents/`` and its log under ``logs/``; the
+group tails the records for progress and reads them back at the end.
 
 Agents without a command prefix are forked by a :class:`~emulation.fleets.forkserver.ForkServer`
 (on Linux): one process imports torch and the agent's modules once and forks every agent,
@@ -13,9 +15,10 @@ instead of every agent paying those imports on its own (three quarters of an age
 start-up). An agent whose command is wrapped (``ip netns exec``) is started as a process of
 its own, as is every agent where ``fork`` is not available.
 
-Unless the run is ``insecure``, the group makes a throwaway certificate authority under
-``certs/`` with a certificate for every agent and the coordinator, and every agent speaks
-mutual TLS. Each agent keeps its checkpoints under ``checkpoints/<id>/``.
+Unless the run is ``insecure``, the group issues the run's throwaway credentials
+(:meth:`~emulation.runtime.folder.RunFolder.issue_credentials`: the authority's key never
+written) and every agent speaks mutual TLS with its own. Each agent keeps its checkpoints
+under ``checkpoints/<id>/``.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
+
+from pydantic import JsonValue
 
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord, read_records
-from edge.security.certificates import throwaway_fleet
 from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -44,14 +48,14 @@ from emulation.fleets.base import (
     ProgressKeeper,
     fleet_progress,
 )
-
-if TYPE_CHECKING:
-    from emulation.fleets.forkserver import ForkServer
+from emulation.fleets.forkserver import ForkServer
+from emulation.runtime.command import AGENT_MODULE, AgentCommand
+from emulation.runtime.folder import RunFolder
 
 #: What the fork server imports before it forks agents: everything an agent process imports
 #: before it serves (the CLI, torch, gRPC, the agent and its tasks), none of which starts a
 #: thread, a gRPC channel or torch's thread pool on import.
-AGENT_PRELOAD = ("airgossip.cli", "airgossip.agent_process")
+AGENT_PRELOAD = ("emulation.runtime.process",)
 
 #: Seconds without any agent progress after which a process fleet is declared stuck.
 STALL_TIMEOUT_S = 180.0
@@ -70,7 +74,7 @@ class JsonLinesTail:
         self.path = path
         self.offset = 0
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[dict[str, JsonValue]]:
         try:
             with self.path.open("rb") as handle:
                 handle.seek(self.offset)
@@ -131,25 +135,24 @@ class AgentProcess:
 
 @dataclass(frozen=True)
 class AgentHost:
-    """Where agent commands run: how the ``airgossip`` command is called there and where
-    the run's folder is seen.
+    """Where agent commands run: how the agent module is started there and where the run's
+    folder is seen.
 
     Attributes
     ----------
     command:
-        What runs ``airgossip`` (this Python by default; nothing inside an image whose
-        entry point it is).
+        What runs :data:`~emulation.runtime.command.AGENT_MODULE` (this Python by default).
     run_dir:
         The run's output folder as the agent sees it (None: the launcher's own path).
     parent_pid:
         Pass ``--parent-pid`` so the agent never outlives the launcher (only where both
         share a process namespace).
     certs_dir:
-        Where the agent sees its own ``ca.pem``, ``<id>.pem`` and ``<id>.key`` (None: the
-        run's ``certs/`` folder, which holds every member's).
+        Where the agent sees its own ``ca.pem``, ``<id>.pem`` and ``<id>.key`` (None: its
+        folder of the run's ``certs/``).
     """
 
-    command: tuple[str, ...] = (sys.executable, "-m", "airgossip")
+    command: tuple[str, ...] = (sys.executable, "-m", AGENT_MODULE)
     run_dir: Path | None = None
     parent_pid: bool = True
     certs_dir: Path | None = None
@@ -162,10 +165,9 @@ class AgentProcesses:
     ----------
     config:
         The run (for progress: fleet size and rounds).
-    out_dir:
-        Records go to ``out_dir/agents``, logs to ``out_dir/logs``.
-    config_path:
-        The config file every agent reads.
+    folder:
+        The run's folder: the config every agent reads, records under ``agents/``, logs
+        under ``logs/`` (:class:`~emulation.runtime.folder.RunFolder`).
     progress:
         Where progress goes as records arrive.
     host:
@@ -181,8 +183,7 @@ class AgentProcesses:
     def __init__(
         self,
         config: RunConfig,
-        out_dir: Path,
-        config_path: Path,
+        folder: RunFolder,
         progress: ProgressKeeper,
         host: AgentHost | None = None,
         *,
@@ -190,12 +191,8 @@ class AgentProcesses:
         fork_server: bool | None = None,
     ) -> None:
         self.config = config
-        self.config_path = config_path
-        self.out_dir = out_dir
+        self.folder = folder
         self.host = host or AgentHost()
-        self.stats_dir = out_dir / "agents"
-        self.logs_dir = out_dir / "logs"
-        self.checkpoints_dir = out_dir / "checkpoints"
         self.fork_server: ForkServer | None = None
         if fork_server is None:  # agents on this machine, where it can fork
             fork_server = host is None and sys.platform.startswith("linux") and hasattr(os, "fork")
@@ -203,65 +200,66 @@ class AgentProcesses:
             # Started first: its imports run while this process makes the certificates and
             # the fleet starts its coordinator.
             self.fork_server = self._start_fork_server()
-        self.certs_dir: Path | None = None
-        if not insecure:
-            ids = [*agent_ids(config.agents), COORDINATOR_IDENTITY]
-            self.certs_dir = throwaway_fleet(out_dir / "certs", ids)
+        self.secure = not insecure
+        if self.secure:
+            folder.issue_credentials([*agent_ids(config.agents), COORDINATOR_IDENTITY])
         self.progress = progress
         self.agents: list[AgentProcess] = []
         self.stopping = threading.Event()
 
+    @property
+    def stats_dir(self) -> Path:
+        """Where the agents write their round records."""
+        return self.folder.records_dir
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where the agents' logs go."""
+        return self.folder.logs_dir
+
     def coordinator_credentials(self) -> TlsCredentials | None:
         """The embedded coordinator's credentials (None for an insecure run)."""
-        if self.certs_dir is None:
+        if not self.secure:
             return None
-        return TlsCredentials.load(self.certs_dir, COORDINATOR_IDENTITY)
+        return TlsCredentials.load(
+            self.folder.credentials(COORDINATOR_IDENTITY), COORDINATOR_IDENTITY
+        )
+
+    def command(self, index: int, agent_id: str, own: AgentCommand) -> AgentCommand:
+        """Agent ``index``'s command: ``own`` (how it finds its peers, what else it needs of
+        its own) with what every agent of the group gets (the run's config, records,
+        credentials, checkpoints, one torch thread, serving its neighbours until stopped)."""
+        certs = None
+        if self.secure:
+            certs = self.host.certs_dir or self.seen(self.folder.credentials(agent_id))
+        return replace(
+            own, config=self.seen(self.folder.config_path), agent_id=agent_id, index=index,
+            stats_dir=self.seen(self.stats_dir), linger_s=3600.0, threads=1, certs=certs,
+            insecure=not self.secure,
+            checkpoint_dir=self.seen(self.folder.checkpoint_dir(agent_id)),
+        )  # fmt: skip
 
     def spawn(
-        self,
-        index: int,
-        agent_id: str,
-        peering: Sequence[str],
-        *,
-        prefix: Sequence[str] = (),
-        extra: Sequence[str] = (),
+        self, index: int, agent_id: str, own: AgentCommand, *, prefix: Sequence[str] = ()
     ) -> AgentProcess:
-        """Start one agent process.
-
-        ``peering`` says how it finds its neighbours (``--coordinator HOST:PORT``, or
-        ``--listen`` and ``--peers FILE``), ``prefix`` wraps the command (``ip netns exec
-        NS``), ``extra`` adds agent flags.
-        """
+        """Start agent ``index`` with :meth:`command` of ``own``; ``prefix`` wraps the
+        command (``ip netns exec NS``)."""
         self.stats_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.logs_dir / f"{agent_id}.log"
         server = None if prefix else self.fork_server
-        parent = []
+        command = self.command(index, agent_id, own)
         if self.host.parent_pid:
             # A forked agent's parent is the fork server (which dies with this process).
-            parent = ["--parent-pid", str(server.pid if server is not None else os.getpid())]
-        args = [
-            "agent",
-            "--config", self.seen(self.config_path),
-            "--id", agent_id,
-            "--index", str(index),
-            *peering,
-            "--stats-dir", self.seen(self.stats_dir),
-            *parent,
-            "--linger-s", "3600",
-            "--threads", "1",
-            *(["--certs", str(self.host.certs_dir or self.certs_dir)] if self.certs_dir
-              else ["--insecure"]),
-            "--checkpoint-dir", self.seen(self.checkpoints_dir / agent_id),
-            *extra,
-        ]  # fmt: skip
+            parent = server.pid if server is not None else os.getpid()
+            command = replace(command, parent_pid=parent)
         process: ProcessHandle
         if server is not None:
-            process = server.spawn("airgossip", args, log_path=log_path, cwd=Path.cwd())
+            process = server.spawn(AGENT_MODULE, command.argv(), log_path=log_path, cwd=Path.cwd())
         else:
             with log_path.open("wb") as log:
                 process = subprocess.Popen(
-                    [*prefix, *self.host.command, *args],
+                    [*prefix, *self.host.command, *command.argv()],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -275,24 +273,20 @@ class AgentProcesses:
         self.agents.append(agent)
         return agent
 
-    def seen(self, path: Path) -> str:
+    def seen(self, path: Path) -> Path:
         """``path`` (inside the run's folder) as the agents see it."""
         if self.host.run_dir is None:
-            return str(path)
-        return str(self.host.run_dir / path.relative_to(self.out_dir))
+            return path
+        return self.host.run_dir / path.relative_to(self.folder.path)
 
     def _start_fork_server(self) -> ForkServer:
-        # Imported here: the server runs as ``python -m emulation.fleets.forkserver``, which
-        # must not find itself imported already by the package.
-        from emulation.fleets.forkserver import ForkServer
-
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.folder.path.mkdir(parents=True, exist_ok=True)
         return ForkServer(
             AGENT_PRELOAD,
             env=agent_environment(),
-            log_path=self.out_dir / "forkserver.log",
+            log_path=self.folder.path / "forkserver.log",
             cwd=Path.cwd(),
-            label=str(self.out_dir),
+            label=str(self.folder.path),
         )
 
     def _poll(self) -> None:

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from edge.observability.telemetry import LinkFigures
 from edge.topology import Assignment, Graph, TopologySwitcher
 from edge.transport.base import LinkShaper
 from emulation.config import ConfigError, RunConfig
-from emulation.results import RunResults
+from emulation.results import ResolvedFigures, RunResults
 
 #: Seconds since the scenario's t = 0 (a wall clock or a virtual one).
 Clock = Callable[[], float]
@@ -169,9 +169,10 @@ class Network(ABC):
     def describe(self) -> str:
         """One line for consoles and plot titles (``exponential · loss 0.1``)."""
 
-    def launch_config(self, now_unix: float) -> RunConfig:
-        """The config agents of a run launched at ``now_unix`` share (a network that runs on
-        the wall clock stamps its t = 0 in it)."""
+    def launch(self, now_unix: float) -> RunConfig:
+        """Launch the run at ``now_unix``: a network that runs on the wall clock fixes its
+        t = 0 there (unless its config has one), in itself and in the config every agent
+        shares, which it returns."""
         return self.config
 
     def wall_clock(self) -> Clock:
@@ -204,9 +205,10 @@ class Network(ABC):
 
     # -- after the run ----------------------------------------------------------------------
     @abstractmethod
-    def resolved(self, graph: Graph) -> dict[str, Any]:
-        """The resolved config written into ``results.json``, with the figures of ``graph``
-        (the first gossip graph)."""
+    def resolved(self, graph: Graph, runtime: LinkRuntime | None = None) -> ResolvedFigures:
+        """What ``results.json``'s config carries beside the settings: the figures of
+        ``graph`` (the first gossip graph) and what ``runtime`` (the one that followed the
+        run's graph, if any) did with it."""
 
     def finish(  # noqa: B027 - optional hook
         self,

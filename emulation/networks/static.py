@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -35,7 +33,7 @@ from edge.topology import (
 from edge.transport.base import LinkVerdict
 from emulation.config import ConfigError
 from emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
-from emulation.results import RunResults
+from emulation.results import ResolvedFigures
 
 
 def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:
@@ -268,23 +266,12 @@ class StaticNetwork(Network):
             settings.latency_ms / 1000,
         )
 
-    def resolved(self, graph: Graph) -> dict[str, Any]:
-        data = self.config.model_dump(mode="json")
-        if data.get("switching") is None:
-            data.pop("switching", None)  # a run without a schedule reads as it always did
-        data["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph, self.scheme))
-        data["topology_period"] = graph.period
-        data["edges_per_round"] = graph.edge_count() / graph.period
-        return data
-
-    def finish(
-        self,
-        results: RunResults,
-        records: dict[str, list[RoundRecord]],
-        out_dir: Path,
-        *,
-        end_time_s: float,
-        runtime: LinkRuntime | None = None,
-    ) -> None:
+    def resolved(self, graph: Graph, runtime: LinkRuntime | None = None) -> ResolvedFigures:
+        figures = ResolvedFigures(
+            lambda2=second_largest_eigenvalue(mixing_matrices(graph, self.scheme)),
+            topology_period=graph.period,
+            edges_per_round=graph.edge_count() / graph.period,
+        )
         if isinstance(runtime, StaticLinks) and runtime.switcher is not None:
-            results.config["switched_at"] = list(runtime.switched_at)
+            figures = figures.model_copy(update={"switched_at": list(runtime.switched_at)})
+        return figures

@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -43,7 +42,7 @@ from emulation.networks.link_records import (
     write_link_log,
 )
 from emulation.networks.shaper import WirelessLinkShaper, link_record
-from emulation.results import RunResults, WirelessFigures
+from emulation.results import ResolvedFigures, RunResults, WirelessFigures
 from emulation.scenario import WirelessSettings
 
 log = logging.getLogger(__name__)
@@ -131,21 +130,21 @@ class WirelessLinks(LinkRuntime):
         assignment = agent.assignment
         peers = dict(assignment.peers) if assignment is not None else {}
         peers.pop(agent.agent_id, None)
-        current: dict[str, Any] = {"epoch": None, "assignment": None}
+        current = _Installed()
 
         def install() -> None:
             graph = topology.graph(self.clock())
-            replaced = agent.assignment is not current["assignment"]
-            if replaced and agent.assignment is not None and current["assignment"] is not None:
+            replaced = agent.assignment is not current.assignment
+            if replaced and agent.assignment is not None and current.assignment is not None:
                 # A coordinator update: take the addresses it knows (a restarted peer may
                 # be back at another one).
                 peers.update(agent.assignment.peers)
                 peers.pop(agent.agent_id, None)
             # Re-install too when something else (a coordinator update) replaced ours.
-            if current["epoch"] != graph.epoch or replaced:
+            if current.epoch != graph.epoch or replaced:
                 new = topology.assignment(graph, node, peers)
                 agent.set_assignment(new)
-                current.update(epoch=graph.epoch, assignment=new)
+                current.epoch, current.assignment = graph.epoch, new
 
         install()
 
@@ -159,6 +158,14 @@ class WirelessLinks(LinkRuntime):
                     log.exception("wireless graph update failed")
 
         threading.Thread(target=loop, name="wireless-graph", daemon=True).start()
+
+
+@dataclass
+class _Installed:
+    """The graph a follower last installed in its agent, and the assignment it made."""
+
+    epoch: int | None = None
+    assignment: Assignment | None = None
 
 
 @dataclass(frozen=True)
@@ -240,12 +247,12 @@ class WirelessNetwork(Network):
     def describe(self) -> str:
         return f"wireless {self.settings.name}"
 
-    def launch_config(self, now_unix: float) -> RunConfig:
+    def launch(self, now_unix: float) -> RunConfig:
         """Stamp the scenario's t = 0 on the wall clock: agents of a real-time run share it."""
-        if self.settings.epoch_unix is not None:
-            return self.config
-        wireless = self.settings.model_copy(update={"epoch_unix": now_unix})
-        return self.config.model_copy(update={"wireless": wireless})
+        if self.settings.epoch_unix is None:
+            self.settings = self.settings.model_copy(update={"epoch_unix": now_unix})
+            self.config = self.config.model_copy(update={"wireless": self.settings})
+        return self.config
 
     def wall_clock(self) -> Clock:
         """Seconds since the scenario's t = 0 on the wall clock."""
@@ -261,18 +268,21 @@ class WirelessNetwork(Network):
     def kernel_links(self) -> ChannelKernelLinks:
         return ChannelKernelLinks(ChannelModel(self.settings, self.config.agents, self.config.seed))
 
-    def resolved(self, graph: Graph) -> dict[str, Any]:
+    def resolved(self, graph: Graph, runtime: LinkRuntime | None = None) -> ResolvedFigures:
         adjacency = graph.phases[0]
-        resolved: dict[str, Any] = self.config.model_dump(mode="json", exclude={"switching"})
-        resolved["topology"] = graph.name
-        resolved["lambda2"] = None
-        if self.config.agents <= LAMBDA2_LIMIT:  # a dense eigenvalue problem: small fleets only
-            resolved["lambda2"] = second_largest_eigenvalue(mixing_matrices(graph))
-        resolved["topology_period"] = None
-        resolved["edges_per_round"] = int(adjacency.sum())
         connected, _ = strongly_connected(adjacency)
-        resolved["initial_strongly_connected"] = connected
-        return resolved
+        return ResolvedFigures(
+            topology=graph.name,
+            # A dense eigenvalue problem: small fleets only.
+            lambda2=(
+                second_largest_eigenvalue(mixing_matrices(graph))
+                if self.config.agents <= LAMBDA2_LIMIT
+                else None
+            ),
+            topology_period=None,
+            edges_per_round=int(adjacency.sum()),
+            initial_strongly_connected=connected,
+        )
 
     def finish(
         self,

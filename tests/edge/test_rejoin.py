@@ -20,6 +20,7 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.agent.checkpoints import CheckpointStore
+from edge.agent.rejoin import LATE_WEIGHT
 from edge.agent.runner import WallClockRunner
 from edge.algorithms.push_sum import PushSum
 from edge.config.settings import AgentSettings, TaskSettings
@@ -245,3 +246,22 @@ def test_an_agent_far_ahead_of_silent_in_neighbours_keeps_its_weight(tmp_path: P
     after_x, after_y = fleet.total()
     torch.testing.assert_close(after_x, before_x, rtol=1e-12, atol=1e-12)
     assert after_y == pytest.approx(before_y, rel=1e-12)
+
+
+def test_an_agent_without_a_checkpoint_joins_late_with_a_small_weight(tmp_path: Path) -> None:
+    """Its data went into the fleet before it lost its state: rejoining a fleet under way
+    with the task's initial state at full weight would count that data twice (a converged
+    consensus run then ends at relative error 0.8, benchmarks/rejoin). It joins with
+    LATE_WEIGHT instead, and the average barely moves."""
+    fleet = RejoinFleet(tmp_path, 8, loss=0.1)
+    fleet.run(300)
+    x, y = fleet.total()
+    before = x / y
+    fleet.restart(4, None)
+    WallClockRunner(fleet.agents[4]).rejoin(fleet.round)
+    assert fleet.algorithm(4).y == pytest.approx(LATE_WEIGHT)
+    fleet.run(300)
+    assert_healthy(fleet)
+    after = fleet.estimates()[4]
+    assert float((after - before).norm() / before.norm()) < 1e-3
+    assert fleet.agents[4].round == fleet.round  # it runs in the fleet's rounds

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -15,23 +15,25 @@ from edge.observability.stats import MemoryStatsSink, RoundRecord
 from edge.transport import InMemoryNetwork, InMemoryTransport
 from emulation.config import ConfigError, RunConfig, load_config, read_scenario
 from emulation.fleets import FLEETS, FleetProgress, Launch, preflight, run_fleet
-from emulation.fleets.base import ProgressKeeper, group_records
+from emulation.fleets.agent_fleet import AgentProcessFleet
+from emulation.fleets.base import FleetBase, group_records, refuse_round_driven
+from emulation.fleets.namespaces import write_peers
 from emulation.networks import LinkRuntime, Network
+from emulation.runtime.command import AgentCommand
 from emulation.scenario import scenario_path
+from tests.support import free_port
 
 
-class ReversedLockStep:
-    """A fifth mode written against the contract alone: every agent in this process, in
-    lock step, each round's phases run from the last agent to the first."""
+class ReversedLockStep(FleetBase):
+    """A mode written against the contract alone: every agent in this process, in lock step,
+    each round's phases run from the last agent to the first."""
 
-    mode: ClassVar[str] = "reversed"
-    summary: ClassVar[str] = "lock step, agents in reverse order (a test mode)"
-    in_process: ClassVar[bool] = True
-    serves_metrics: ClassVar[bool] = False
+    mode = "reversed"
+    summary = "lock step, agents in reverse order (a test mode)"
+    in_process = True
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
-        self.config, self.network = config, network
-        self.keeper = ProgressKeeper(config, launch.on_progress)
+        super().__init__(config, network, launch)
         self.sink = MemoryStatsSink()
         self._runtime = network.runtime(agent_ids(config.agents), clock=lambda: 0.0)
 
@@ -64,12 +66,6 @@ class ReversedLockStep:
         for agent in agents:
             agent.close()
 
-    def stop(self) -> None:
-        pass
-
-    def progress(self) -> FleetProgress:
-        return self.keeper.latest
-
     def records(self) -> dict[str, list[RoundRecord]]:
         return group_records(self.sink.records)
 
@@ -81,7 +77,30 @@ class ReversedLockStep:
         return self._runtime
 
 
-def test_a_fifth_mode_is_one_class_and_one_registry_line(
+class LoopbackPeers(AgentProcessFleet):
+    """A process-based mode written against the base: agent processes on loopback that find
+    each other from a static peer list, without a coordinator. Only what differs from the
+    other process-based modes: how the agents find their peers."""
+
+    mode = "loopback-peers"
+    summary = "agent processes on loopback, a static peer list (a test mode)"
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        return refuse_round_driven(cls.mode, network)
+
+    def start_agents(self) -> None:
+        ids = agent_ids(self.config.agents)
+        peers = self.folder.path / "peers.toml"
+        write_peers(peers, {agent_id: f"127.0.0.1:{free_port()}" for agent_id in ids})
+        table = read_scenario(peers)["peers"]
+        assert isinstance(table, dict)
+        for index, agent_id in enumerate(ids):
+            own = AgentCommand(listen=str(table[agent_id]), peers=peers)
+            self.agents.spawn(index, agent_id, own)
+
+
+def test_a_new_mode_is_one_class_and_one_registry_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(FLEETS, ReversedLockStep.mode, ReversedLockStep)  # the registry line
@@ -118,6 +137,26 @@ def test_a_mode_that_cannot_serve_a_network_says_so(
     with pytest.raises(ConfigError, match=message):
         run_fleet(config, tmp_path)
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_a_process_based_mode_is_only_its_own_differences(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base runs, follows, stops and collects the agent processes; the mode says only
+    how they find their peers."""
+    monkeypatch.setitem(FLEETS, LoopbackPeers.mode, LoopbackPeers)
+    config = load_config(None, {"mode": "loopback-peers", "agents": 3, "rounds": 30,
+                                "topology": "complete", "task": {"name": "consensus"},
+                                "network": {"loss": 0.2}})  # fmt: skip
+    results = run_fleet(config, tmp_path / "run", insecure=True).to_json()
+    final = results["final"]
+    assert results["config"]["mode"] == "loopback-peers" and final["complete"]
+    assert final["agents_reporting"] == 3 and final["round"] == 30
+    assert final["relative_error"] < 1e-6 and final["messages_dropped"] > 0
+    assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == [
+        "agent-0.log", "agent-1.log", "agent-2.log"
+    ]  # fmt: skip
 
 
 def test_an_in_process_fleet_stops_when_asked(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The command line tells the truth: help that lists what each command accepts, bracketed
-words printed intact, tables that fit 80 columns, custom tasks found like ``python -m``."""
+"""The command line tells the truth: help that lists what each command accepts (read from
+the registries), bracketed words printed intact, tables that fit 80 columns, custom tasks
+found like ``python -m``."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import typer.main
 from rich.console import Console
 
 from airgossip.cli import app
+from airgossip.cli.choices import CHOICES, fill, read_registries, registry_names
 from airgossip.cli.display import summary_table
 from coordinator.policy import POLICIES
 from edge.algorithms import ALGORITHMS
+from edge.compression import CODEC_FORMS
 from edge.tasks import BUILTIN_TASKS
 from edge.topology import TOPOLOGIES
 from emulation.fleets import FLEETS
@@ -33,7 +36,7 @@ assert isinstance(COMMAND, click.Group)
 ACCEPTS = {
     "run": [("mode", list(FLEETS)), ("topology", list(TOPOLOGIES)),
             ("algorithm", list(ALGORITHMS)), ("task", list(BUILTIN_TASKS)),
-            ("scenario", preset_names())],
+            ("compression", list(CODEC_FORMS)), ("scenario", preset_names())],
     "coordinator": [("topology", list(POLICIES))],
     "topology": [("name", [p for p in POLICIES if p != "edges"])],
     "links": [("scenario", preset_names())],
@@ -81,10 +84,32 @@ def test_help_lists_every_mode_and_topology_a_command_accepts(command: str) -> N
     params = {p.name: p for p in COMMAND.commands[command].params}
     shown = rendered_help(command)
     for name, accepted in ACCEPTS[command]:
-        text = getattr(params[name], "help", None) or ""
+        text = fill(getattr(params[name], "help", None) or "")
         missing = [value for value in accepted if not re.search(rf"\b{re.escape(value)}\b", text)]
         assert not missing, f"{command} {name}: help does not name {missing}"
         assert all(value in shown for value in accepted), (command, name)
+
+
+def test_the_help_names_are_what_the_registries_hold() -> None:
+    """Help reads the registries' names from a generated file (they import torch, which
+    --help must not): the file is what the registries hold now."""
+    assert registry_names() == read_registries(), (
+        "a registry changed: regenerate airgossip/cli/registry_names.json with "
+        'python -c "from airgossip.cli.choices import write_registry_names; '
+        'write_registry_names()"'
+    )
+
+
+@pytest.mark.parametrize("path", command_paths(COMMAND), ids=" ".join)
+def test_help_names_only_registries_that_exist(path: tuple[str, ...]) -> None:
+    """A placeholder of a registry is filled where help is shown; any other word in braces
+    would print as written."""
+    found = find(path)
+    for text in [getattr(p, "help", None) or "" for p in found.params]:
+        for word in re.findall(r"\{(\w+)\}", text):
+            assert word in CHOICES, f"{' '.join(path)}: unknown placeholder {{{word}}}"
+    shown = rendered_help(*path)
+    assert not re.search(r"\{(" + "|".join(CHOICES) + r")\}", shown), shown
 
 
 @pytest.mark.parametrize("path", command_paths(COMMAND), ids=" ".join)
@@ -92,7 +117,7 @@ def test_help_prints_its_bracketed_words(path: tuple[str, ...]) -> None:
     shown = re.sub(r"\s+", " ", rendered_help(*path))
     command = " ".join(path)
     found = find(path)
-    texts = [found.help or ""] + [getattr(p, "help", None) or "" for p in found.params]
+    texts = [found.help or ""] + [fill(getattr(p, "help", None) or "") for p in found.params]
     for text in texts:
         for word in BRACKETED.findall(text.replace("\\[", "[")):
             assert re.sub(r"\s+", " ", word) in shown, f"{command}: {word!r} is not printed"
@@ -192,7 +217,8 @@ def console_script(tmp_path: Path) -> Path:
 def test_the_readme_custom_task_command_works_from_the_checkout(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", COLUMNS="200")
-    # Its agents are `python -m airgossip` processes started in the checkout: this code.
+    # Its agents are `python -m emulation.runtime.agent` processes started in the checkout:
+    # this code.
     result = subprocess.run(
         [sys.executable, str(console_script(tmp_path)), "run", "--task",
          "examples.linear_task:make_task", "--agents", "2", "--rounds", "3",

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 import edge.agent.waiting
-from airgossip.agent_process import _wait_for_peers
 from coordinator.client import CoordinatorClient
 from coordinator.policy import TopologySpec
 from coordinator.run import RunSpec
@@ -31,6 +30,7 @@ from edge.security.certificates import throwaway_fleet
 from edge.topology import Assignment, Phase
 from emulation.config import load_config
 from emulation.results import RunResults
+from emulation.runtime.peers import wait_for_peers
 from tests.support import ROOT, airgossip, assert_one_line_error, free_port
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -201,7 +201,7 @@ def test_an_agent_says_how_full_the_fleet_is_and_which_peers_do_not_answer(
             silent = f"127.0.0.1:{free_port()}"
             phase = Phase(0.5, {"agent-1": 0.5}, ("agent-1",))
             assignment = Assignment(1, {"agent-0": "x", "agent-1": silent}, (phase,))
-            _wait_for_peers("agent-0", assignment, 1.5, threading.Event())
+            wait_for_peers("agent-0", assignment, 1.5, threading.Event())
     finally:
         client.close()
         server.stop(grace_s=0)

@@ -22,6 +22,8 @@ from emulation.config import load_config
 from emulation.fleets.base import FleetError, ProgressKeeper
 from emulation.fleets.forkserver import ForkServer
 from emulation.fleets.processes import AgentProcesses, agent_environment
+from emulation.runtime.command import AgentCommand
+from emulation.runtime.folder import RunFolder
 from tests.support import ROOT, kill_all, processes_mentioning, wait_until_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -158,11 +160,12 @@ def test_an_agent_that_fails_is_reported_with_its_error(tmp_path: Path) -> None:
     """The fleet's own helper: a forked agent that exits at once is a FleetError naming
     the agent, its exit code and the error line from its log."""
     config = load_config(None, {"agents": 2, "rounds": 2, "mode": "process"})
-    missing = tmp_path / "missing.toml"
-    group = AgentProcesses(config, tmp_path / "run", missing, ProgressKeeper(config, None))
+    folder = RunFolder(tmp_path / "run")  # its config.json never written
+    missing = folder.config_path
+    group = AgentProcesses(config, folder, ProgressKeeper(config, None))
     try:
         assert group.fork_server is not None
-        agent = group.spawn(0, "agent-0", ["--coordinator", "127.0.0.1:1"])
+        agent = group.spawn(0, "agent-0", AgentCommand(coordinator="127.0.0.1:1"))
         assert agent.process.wait(120) == 2
         with pytest.raises(FleetError) as caught:
             group.monitor(lambda: 0)

@@ -2,13 +2,16 @@
 
 Layers import downwards only: ``protos <- edge <- coordinator <- emulation <- airgossip``.
 Inside ``emulation`` the rooms do too: the channel model imports no network or fleet code,
-networks import no fleets, and the data models (config, scenario, results) import neither.
-Every import counts, at module level or inside a function.
+networks import neither the runtime nor the fleets, the runtime no fleets, and the data
+models (config, scenario, results) import none of them. Every import counts, at module level
+or inside a function; so does a lower layer starting the CLI by name (``-m airgossip`` in an
+argument list or a string, a fork server told to run or preload one of its modules).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +26,8 @@ PURE = {
 ROOMS = {
     "emulation/channel": {"emulation.networks", "emulation.fleets", "emulation.config",
                           "emulation.results", "coordinator", "grpc"},
-    "emulation/networks": {"emulation.fleets"},
+    "emulation/networks": {"emulation.fleets", "emulation.runtime"},
+    "emulation/runtime": {"emulation.fleets"},
     "emulation/config.py": {"emulation.networks", "emulation.fleets", "emulation.channel.model"},
     "emulation/scenario.py": {"emulation.networks", "emulation.fleets", "emulation.channel.model"},
     "emulation/results.py": {"emulation.networks", "emulation.fleets", "emulation.config"},
@@ -165,6 +169,60 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: A command line that runs a module of the CLI package (``python -m airgossip agent``).
+RUNS_THE_CLI = re.compile(r"-m\s+airgossip\b")
+
+
+def cli_modules() -> set[str]:
+    """Every module of the CLI package, by name (``airgossip``, ``airgossip.cli.agent``...)."""
+    return {module_name(p) for p in sources(LAYERS[-1])}
+
+
+def names_the_cli(source: str, where: str, modules: set[str]) -> list[str]:
+    """Where ``source`` starts or loads the CLI by name: a string that is one of its
+    ``modules`` (an argument after ``-m``, a module for a fork server to run or preload, an
+    ``import_module``) or a command line with ``-m airgossip``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        text = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(text, str) and (text in modules or RUNS_THE_CLI.search(text)):
+            found.append(f"{where}:{node.lineno} names {text[:60]!r}")
+    return found
+
+
+def test_lower_layers_never_start_the_cli_by_name() -> None:
+    """What an import walk cannot see: a subprocess or fork server entry point."""
+    modules = cli_modules()
+    violations = [
+        hit
+        for layer in LAYERS[:-1]
+        for path in sources(layer)
+        for hit in names_the_cli(path.read_text(), str(path.relative_to(ROOT)), modules)
+    ]
+    assert not violations, "a lower layer starts the CLI:\n" + "\n".join(violations)
+
+
+def test_the_entry_point_check_sees_every_way_of_naming_the_cli() -> None:
+    modules = cli_modules()
+    assert {"airgossip", "airgossip.cli", "airgossip.cli.agent"} <= modules
+    started = """
+import sys, importlib
+COMMAND = (sys.executable, "-m", "airgossip")
+PRELOAD = ("airgossip.cli",)
+server.spawn("airgossip", ["agent"])
+subprocess.run(["sh", "-c", "python3 -m airgossip agent --index 0"])
+importlib.import_module("airgossip.cli.agent")
+"""
+    assert len(names_the_cli(started, "x.py", modules)) == 5
+    unrelated = """
+log = logging.getLogger("airgossip.agent")
+LABEL = "airgossip.run"
+name = f"airgossip-{tag}-agent-0"
+COMMAND = (sys.executable, "-m", "emulation.runtime.agent")
+"""
+    assert names_the_cli(unrelated, "y.py", modules) == []
+
+
 def test_no_import_circles() -> None:
     found = circles(import_graph())
     assert not found, "import circles:\n" + "\n".join(", ".join(c) for c in found)
@@ -173,7 +231,7 @@ def test_no_import_circles() -> None:
 def test_the_checkers_see_imports_and_circles() -> None:
     """Guard against a walker that silently finds nothing, or a cycle finder that cannot."""
     assert "edge.topology.mixing" in imports(ROOT / "edge/topology/assignment.py")
-    assert any("coordinator" in n for n in imports(ROOT / "emulation/fleets/process.py"))
+    assert any("coordinator" in n for n in imports(ROOT / "emulation/fleets/agent_fleet.py"))
     graph = import_graph()
     assert "emulation.networks.base" in graph["emulation.fleets.base"] or (
         "emulation.networks" in graph["emulation.fleets.base"]

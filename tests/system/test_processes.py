@@ -43,6 +43,14 @@ def test_process_fleet_is_exact_under_loss(tmp_path: Path) -> None:
         assert results["config"]["mode"] == "process"
         logs = sorted(p.name for p in (out / "logs").iterdir())
         assert logs == [f"agent-{i}.log" for i in range(6)]
+        # Mutual TLS with a throwaway authority whose key was never written: each agent's
+        # folder holds its own key (0600, in a 0700 folder) and the CA's certificate.
+        assert not list(out.rglob("ca.key"))
+        own = out / "certs" / "agent-0"
+        assert sorted(p.name for p in own.iterdir()) == ["agent-0.key", "agent-0.pem", "ca.pem"]
+        assert (own / "agent-0.key").stat().st_mode & 0o077 == 0
+        for private in (own, out / "checkpoints", out / "checkpoints" / "agent-0"):
+            assert private.stat().st_mode & 0o077 == 0, private
         assert wait_until_gone(str(out)) == []
     finally:
         kill_all(str(out))

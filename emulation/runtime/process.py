@@ -1,4 +1,5 @@
-"""``airgossip agent``: one edge agent as an OS process, over real gRPC.
+"""One edge agent as an OS process, over real gRPC: what every process-based fleet runs and
+``airgossip agent`` runs on a device.
 
 With a coordinator it first fetches the run (its scenario: the fleet's, one source of
 truth), then serves gossip (and gRPC health) on ``--listen``, registers, trains and gossips
@@ -12,25 +13,17 @@ the peers) says what it waits for every few seconds; SIGTERM/SIGINT leave cleanl
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import grpc
-import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
-from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
 from edge.agent.checkpoints import CheckpointStore
 from edge.agent.lineage import new_incarnation
@@ -38,171 +31,54 @@ from edge.agent.runner import WallClockRunner
 from edge.agent.waiting import WaitReporter
 from edge.config.identity import agent_ids, natural_order
 from edge.config.settings import AgentSettings
-from edge.observability.http import HttpSecurity, MetricsServer
+from edge.observability.http import MetricsServer
 from edge.observability.metrics import AgentMetrics
 from edge.observability.stats import FileStatsSink
 from edge.observability.telemetry import LatestStats, Telemetry
-from edge.security.tls import TlsCredentials, dial, fleet_of
-from edge.topology import Assignment, TopologyError, assignments_for_graph
+from edge.security.tls import TlsCredentials, fleet_of
+from edge.tasks import TaskError
 from edge.transport.grpc_transport import GrpcTransport
-from emulation.config import ConfigError, RunConfig, load_config, merge
+from emulation.config import ConfigError, RunConfig
 from emulation.networks import Network, network_for
-from emulation.networks.kernel import AgentKernelLinks, KernelUnavailable
+from emulation.networks.kernel import AgentKernelLinks, AgentKernelReport, KernelUnavailable
+from emulation.runtime.command import AgentCommand
+from emulation.runtime.lifecycle import (
+    SHUTDOWN_GRACE_S,
+    configure_process,
+    die_with_parent,
+    exit_after,
+)
+from emulation.runtime.options import AgentProcessOptions, agent_options
+from emulation.runtime.peers import (
+    fleet_config,
+    static_assignment,
+    static_fleet_config,
+    wait_for_peers,
+)
 
 log = logging.getLogger("airgossip.agent")
 
 
-#: Longest graceful shutdown (leave, drain sends, close servers) before the process exits anyway.
-SHUTDOWN_GRACE_S = 8.0
+class AgentProcessError(RuntimeError):
+    """An agent process that could not run: a bad flag or file, a coordinator that refused
+    it, a task that would not load (one line: what was wrong)."""
 
 
-def exit_after(seconds: float, why: str) -> None:
-    """Exit the process in ``seconds`` whatever the main thread is doing (a daemon timer):
-    a shutdown stuck on a dying peer or coordinator must not leave the agent behind."""
+def run_agent_command(command: AgentCommand, stop: threading.Event | None = None) -> int:
+    """Run the agent process ``command`` describes to the end; return its exit code.
 
-    def hard_exit() -> None:
-        log.warning("%s: still running %.0f s later; exiting now", why, seconds)
-        logging.shutdown()
-        os._exit(0)
-
-    timer = threading.Timer(seconds, hard_exit)
-    timer.daemon = True
-    timer.start()
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Make sure this process never outlives its parent (the launcher): the kernel sends
-    SIGTERM when the parent dies (Linux), and a watchdog thread exits the process if the
-    parent is gone while the main thread cannot run the signal handler. Exit at once if
-    the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != parent_pid:
-        raise SystemExit("parent process is gone; not starting")
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        exit_after(SHUTDOWN_GRACE_S, "parent process gone")
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-@dataclass(frozen=True)
-class AgentProcessOptions:
-    agent_id: str
-    index: int
-    listen: str = "127.0.0.1:0"
-    advertise: str | None = None
-    coordinator: str | None = None
-    peers: dict[str, str] | None = None
-    token: str = ""
-    stats_dir: Path | None = None
-    linger_s: float = 10.0
-    ready_timeout_s: float = 120.0
-    #: host:port of the Prometheus endpoint (None: no metrics); port 0 picks a free port.
-    metrics_listen: str | None = None
-    #: host:port scrapers should use [default: the advertised host, the bound port].
-    metrics_advertise: str | None = None
-    #: TLS and basic auth in front of the metrics port (None: plain HTTP).
-    metrics_security: HttpSecurity | None = None
-    #: Shape the links in the agent (off where a kernel shapes them).
-    shape_links: bool = True
-    #: The settings the agent was started with, as written (its scenario file): a coordinator
-    #: refuses the agent if any disagrees with the fleet's; with static peers, the fleet size
-    #: comes from the peer list unless they set it. None: nothing declared.
-    declared: dict[str, Any] | None = None
-    #: Longest wait for the coordinator to take the last round reports.
-    report_timeout_s: float = 30.0
-    #: Shape this agent's links in the kernel on this interface of its own network
-    #: namespace (a container with NET_ADMIN); in the agent where that is refused.
-    kernel_device: str | None = None
-    #: Folder of the agent's TLS credentials (ca.pem, <id>.pem, <id>.key); None: plaintext.
-    certs: Path | None = None
-    #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
-    checkpoint_dir: Path | None = None
-    checkpoint_interval_s: float = 5.0
-
-
-def static_assignment(network: Network, agent_id: str, peers: dict[str, str]) -> Assignment:
-    """This agent's neighbours from a static peer list (no coordinator): the network's
-    topology over the listed ids in natural order."""
-    if agent_id not in peers:
-        raise ConfigError(f"agent id '{agent_id}' is not in the peer list ({', '.join(peers)})")
-    ids = natural_order(peers)
+    :class:`AgentProcessError` when it cannot run. With ``--parent-pid`` the process never
+    outlives that parent.
+    """
+    if command.parent_pid is not None:
+        die_with_parent(command.parent_pid)
     try:
-        graph = network.topology().graph(len(ids))
-    except TopologyError as err:
-        raise ConfigError(str(err)) from None
-    return assignments_for_graph(graph, {i: peers[i] for i in ids}, scheme=network.scheme)[agent_id]
-
-
-def _wait_for_peers(
-    agent_id: str,
-    assignment: Assignment,
-    timeout_s: float,
-    stop: threading.Event,
-    security: TlsCredentials | None = None,
-) -> None:
-    """Wait until every peer answers the gRPC health check (bounded by ``timeout_s``),
-    saying every few seconds which peers it still waits for."""
-    deadline = time.monotonic() + timeout_s
-    pending = dict(assignment.peers)
-    pending.pop(agent_id, None)
-    waiting = WaitReporter(agent_id, "its peers")
-    while pending and time.monotonic() < deadline and not stop.is_set():
-        for peer, address in list(pending.items()):
-            with dial(address, peer, security) as channel:
-                try:
-                    reply = health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(service=""), timeout=1.0
-                    )
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        pending.pop(peer)
-                except grpc.RpcError:
-                    pass
-        if pending:
-            waiting.tick(
-                f"{len(pending)} of {len(assignment.peers) - 1} not answering yet: "
-                + ", ".join(f"{p} ({a})" for p, a in pending.items())
-            )
-            stop.wait(0.2)
-    if pending and not stop.is_set():
-        log.warning("%s starting without hearing from: %s", agent_id, ", ".join(pending))
-
-
-def fleet_config(
-    run: RunInfo, own: RunConfig | None, declared: dict[str, Any] | None, coordinator: str
-) -> RunConfig:
-    """The config the agent runs: the fleet's scenario from the coordinator (with the
-    settings an agent chooses for itself taken from its own), or its own when the coordinator
-    hands out none."""
-    if run.scenario is None:
-        if own is None:
-            raise ConfigError(
-                f"the coordinator at {coordinator} hands out no scenario; give the agent --config"
-            )
-        return own
-    mine = {k: v for k, v in (declared or {}).items() if k in PER_AGENT_SETTINGS}
-    try:
-        return load_config(None, merge(run.scenario, mine))
-    except ConfigError as err:
-        raise ConfigError(f"the coordinator's scenario: {err}") from None
-
-
-def static_fleet_config(
-    config: RunConfig, peers: dict[str, str], declared: dict[str, Any] | None
-) -> RunConfig:
-    """With static peers the peer list says how many agents there are; a scenario that sets
-    another fleet size is refused."""
-    if declared is not None and "agents" in declared and config.agents != len(peers):
-        raise ConfigError(
-            f"the peer list names {len(peers)} agents; the scenario says agents = "
-            f"{config.agents} (drop agents from the scenario, or list every agent)"
-        )
-    return config.model_copy(update={"agents": len(peers)})
+        config, options = agent_options(command)
+        configure_process(command.threads)
+        return run_agent_process(config, options, stop)
+    except (OSError, CoordinatorError, TaskError, ValueError) as err:
+        # ValueError: ConfigError and the refusals of settings that cannot work here.
+        raise AgentProcessError(str(err)) from None
 
 
 @dataclass
@@ -229,7 +105,9 @@ class _Held:
         if self.agent is not None:
             self.agent.close()
         if self.kernel is not None:
-            write_kernel_report(self.kernel_report, {"kernel": True, **self.kernel.close()})
+            report = self.kernel.close()
+            if self.kernel_report is not None:
+                report.write(self.kernel_report)
         if self.exporter is not None:
             self.exporter.stop()
 
@@ -258,8 +136,9 @@ def kernel_links(
             options.agent_id,
             err,
         )
-        report = {"agent": options.agent_id, "kernel": False, "reason": str(err)}
-        write_kernel_report(kernel_report_path(options), report)
+        path = kernel_report_path(options)
+        if path is not None:
+            AgentKernelReport(agent=options.agent_id, kernel=False, reason=str(err)).write(path)
         return None
     log.info("%s shapes its links in the kernel on %s", options.agent_id, options.kernel_device)
     return links
@@ -268,11 +147,6 @@ def kernel_links(
 def kernel_report_path(options: AgentProcessOptions) -> Path | None:
     """``<id>.kernel.json`` beside the agent's records (the container fleet gathers them)."""
     return options.stats_dir / f"{options.agent_id}.kernel.json" if options.stats_dir else None
-
-
-def write_kernel_report(path: Path | None, report: dict[str, object]) -> None:
-    if path is not None:
-        path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def run_agent_process(
@@ -434,7 +308,7 @@ def _run_agent(
             return 3
     else:
         assert agent.assignment is not None
-        _wait_for_peers(options.agent_id, agent.assignment, options.ready_timeout_s, stop, security)
+        wait_for_peers(options.agent_id, agent.assignment, options.ready_timeout_s, stop, security)
     if stop.is_set():
         return 0
     assert agent.assignment is not None
@@ -495,11 +369,3 @@ def _linger(
         if time.monotonic() >= deadline:
             return
         waiting.tick(f"{status.finished} of {status.registered} agents finished")
-
-
-def configure_process(threads: int | None) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if threads:
-        torch.set_num_threads(threads)

@@ -1,0 +1,121 @@
+"""What a command accepts, named in its help from the registries themselves.
+
+A help text names a registry with a placeholder (``{modes}``, ``{topologies}``...), filled
+when the help is shown (:class:`RegistryHelpCommand`). :data:`CHOICES` says how each is read
+from its registry. Most registries import torch, which ``--help`` must not (it would take
+seconds), so what they hold is kept in ``registry_names.json`` beside this module, generated
+from them (:func:`write_registry_names`) and checked against them by
+``tests/system/test_cli_truth.py``, as the generated protobuf code is: a new mode, codec or
+algorithm fails that test until the file is generated again::
+
+    python -c "from airgossip.cli.choices import write_registry_names; write_registry_names()"
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import click
+import typer.core
+
+#: What the registries held when last generated (see the module docstring).
+REGISTRY_NAMES = Path(__file__).with_name("registry_names.json")
+
+
+def _topologies() -> str:
+    from edge.topology import TOPOLOGIES
+
+    return ", ".join(TOPOLOGIES)
+
+
+def _named_topologies() -> str:
+    from edge.topology import TOPOLOGIES
+
+    return ", ".join(name for name in TOPOLOGIES if name != "edges")
+
+
+def _algorithms() -> str:
+    from edge.algorithms import ALGORITHMS
+
+    return ", ".join(ALGORITHMS)
+
+
+def _tasks() -> str:
+    from edge.tasks import BUILTIN_TASKS
+
+    return ", ".join(BUILTIN_TASKS)
+
+
+def _app_free_tasks() -> str:
+    from edge.tasks import BUILTIN_TASKS
+
+    return ", ".join(name for name in BUILTIN_TASKS if name != "flower")
+
+
+def _codecs() -> str:
+    from edge.compression import CODEC_FORMS
+
+    return ", ".join(CODEC_FORMS)
+
+
+def _modes() -> str:
+    from emulation.fleets import modes_help
+
+    return modes_help()
+
+
+def _presets() -> str:
+    from emulation.scenario import preset_names
+
+    return ", ".join(preset_names())
+
+
+#: Each placeholder and what fills it: the names its registry holds, in its order.
+CHOICES: dict[str, Callable[[], str]] = {
+    "topologies": _topologies,
+    "named_topologies": _named_topologies,
+    "algorithms": _algorithms,
+    "tasks": _tasks,
+    "app_free_tasks": _app_free_tasks,
+    "codecs": _codecs,
+    "modes": _modes,
+    "presets": _presets,
+}
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(CHOICES) + r")\}")
+
+
+@cache
+def registry_names() -> dict[str, str]:
+    """What every placeholder names, as generated into ``registry_names.json``."""
+    names: dict[str, str] = json.loads(REGISTRY_NAMES.read_text())
+    return names
+
+
+def fill(text: str) -> str:
+    """``text`` with every placeholder replaced by what its registry names."""
+    return _PLACEHOLDER.sub(lambda m: registry_names()[m.group(1)], text)
+
+
+def read_registries() -> dict[str, str]:
+    """What every placeholder names, read from the registries now (imports torch)."""
+    return {name: read() for name, read in CHOICES.items()}
+
+
+def write_registry_names() -> None:
+    """Read the registries and write what they hold into ``registry_names.json``."""
+    REGISTRY_NAMES.write_text(json.dumps(read_registries(), indent=2) + "\n")
+
+
+class RegistryHelpCommand(typer.core.TyperCommand):
+    """A command whose options' help names what the registries hold, read when shown."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for param in self.params:
+            text = getattr(param, "help", None)
+            if isinstance(text, str):
+                param.help = fill(text)  # type: ignore[attr-defined]
+        super().format_help(ctx, formatter)

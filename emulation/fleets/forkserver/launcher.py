@@ -1,0 +1,206 @@
+"""The launcher's side of the fork server: start it, spawn children, follow each one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from emulation.fleets.forkserver.protocol import (
+    ANSWER_TIMEOUT_S,
+    CHILD_GRACE_S,
+    ForkAnswer,
+    ForkRequest,
+    ForkServerError,
+)
+
+
+class ForkedChild:
+    """A child of the fork server, followed like a ``subprocess.Popen``: ``pid``, ``poll``,
+    ``wait``, ``send_signal``, ``terminate``, ``kill``; ``returncode`` as Popen gives it
+    (negative: the signal that killed it)."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+        self.returncode: int | None = None
+        self._exited = threading.Event()
+
+    def _exit(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(f"agent process {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        # Only while the server has not reported it reaped: its pid is not reused before.
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """Start a fork server that preloads ``preload`` (module names), with ``env`` (what
+    every child inherits: set thread counts here, the server's imports read them), its own
+    log at ``log_path``, ``label`` on its command line (which its children share: what
+    ``ps`` shows of them; the run's folder, say). :meth:`close` stops it and every child it
+    still has."""
+
+    def __init__(
+        self,
+        preload: Sequence[str],
+        *,
+        env: dict[str, str],
+        log_path: Path,
+        cwd: Path,
+        label: str = "",
+    ) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "emulation.fleets.forkserver",
+            "--parent-pid", str(os.getpid()), "--preload", ",".join(preload),
+            "--label", label,
+        ]  # fmt: skip
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops agents
+            )
+        self.log_path = log_path
+        #: The server's CPU seconds for its imports, once it said it is ready.
+        self.preload_cpu_s: float | None = None
+        self._lock = threading.Lock()
+        self._answers: dict[int, ForkAnswer] = {}
+        self._answered = threading.Condition(self._lock)
+        self._children: dict[int, ForkedChild] = {}
+        self._early_exits: dict[int, int] = {}
+        self._next_id = 0
+        self._gone = False
+        self._reader = threading.Thread(target=self._read, name="fork-server", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def spawn(self, module: str, args: Sequence[str], *, log_path: Path, cwd: Path) -> ForkedChild:
+        """Fork a child that runs ``python -m module args`` with stdout and stderr to
+        ``log_path`` (made anew) in ``cwd``."""
+        with self._lock:
+            self._next_id += 1
+            request_id = self._next_id
+        request = ForkRequest(request_id, module, tuple(args), str(log_path), str(cwd))
+        stdin = self.process.stdin
+        assert stdin is not None
+        try:
+            stdin.write(request.line())
+            stdin.flush()
+        except OSError:
+            raise ForkServerError(self._gone_message()) from None
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        with self._answered:
+            while request_id not in self._answers:
+                left = deadline - time.monotonic()
+                if self._gone or left <= 0:
+                    raise ForkServerError(self._gone_message())
+                self._answered.wait(left)
+            answer = self._answers.pop(request_id)
+            if answer.pid is None:
+                why = answer.error
+                raise ForkServerError(f"the fork server could not start {module}: {why}")
+            child = ForkedChild(self, answer.pid)
+            self._children[child.pid] = child
+            if child.pid in self._early_exits:
+                child._exit(self._early_exits.pop(child.pid))
+            return child
+
+    def _gone_message(self) -> str:
+        code = self.process.poll()
+        tail = ""
+        with contextlib.suppress(OSError):
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+            tail = " | ".join(lines[-3:])
+        state = f"exited with code {code}" if code is not None else "did not answer"
+        return f"the fork server {state}: {tail or 'no output'} (log: {self.log_path})"
+
+    def _read(self) -> None:
+        stdout = self.process.stdout
+        assert stdout is not None
+        for line in stdout:
+            message = json.loads(line)
+            with self._answered:
+                if "ready" in message:
+                    self.preload_cpu_s = float(message["cpu_s"])
+                elif "exit" in message:
+                    pid, code = int(message["exit"]), int(message["code"])
+                    child = self._children.get(pid)
+                    if child is not None:
+                        child._exit(code)
+                    else:  # exited before its spawn call saw the answer
+                        self._early_exits[pid] = code
+                else:
+                    pid = message.get("pid")
+                    self._answers[int(message["id"])] = ForkAnswer(
+                        int(pid) if pid is not None else None, message.get("error")
+                    )
+                    self._answered.notify_all()
+        # The server is gone: its children die with it (the kernel's parent-death signal),
+        # but nobody is left to say how; say it was the server.
+        self.process.wait()
+        with self._answered:
+            self._gone = True
+            self._answered.notify_all()
+            lost = [c for c in self._children.values() if c.returncode is None]
+        for child in lost:
+            _wait_gone(child.pid, CHILD_GRACE_S + 5.0)
+            child._exit(self.process.returncode or -signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        """Tell the server to stop (end of requests) without waiting: it SIGTERMs the
+        children it still has, waits :data:`CHILD_GRACE_S`, SIGKILLs the rest and exits."""
+        with contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+
+    def close(self) -> None:
+        """Stop the server (see :meth:`shutdown`) and wait for it; SIGKILL it if it has not
+        exited well after the grace period it gives its children."""
+        if self.process.poll() is None:
+            self.shutdown()
+            try:
+                self.process.wait(timeout=CHILD_GRACE_S + 5.0)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(timeout=CHILD_GRACE_S + 10.0)
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -1,0 +1,106 @@
+"""An agent process's command line, typed: one :class:`AgentCommand` for what people give
+``airgossip agent`` and what fleets give ``python -m emulation.runtime.agent``.
+
+A fleet builds an :class:`AgentCommand` and starts :data:`AGENT_MODULE` with
+:meth:`AgentCommand.argv`; the process parses it back with :func:`parse_agent_command`. The
+CLI's ``airgossip agent`` takes the same flags, with help for people
+(``tests/system/test_runtime_command.py`` keeps the two the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import NoReturn
+
+#: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
+AGENT_MODULE = "emulation.runtime.agent"
+#: Flags whose name is not the field's.
+_FLAG_NAMES = {"agent_id": "id"}
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """One agent process's flags (``airgossip agent --help`` says what each means)."""
+
+    config: Path | None = None
+    agent_id: str | None = None
+    index: int = 0
+    listen: str = "127.0.0.1:0"
+    advertise: str | None = None
+    coordinator: str | None = None
+    peers: Path | None = None
+    token: str = ""
+    metrics_listen: str | None = None
+    metrics_advertise: str | None = None
+    metrics_tls: bool = False
+    metrics_user: str | None = None
+    metrics_password_file: Path | None = None
+    stats_dir: Path | None = None
+    linger_s: float = 10.0
+    ready_timeout_s: float = 120.0
+    parent_pid: int | None = None
+    threads: int | None = None
+    link_shaping: bool = True
+    kernel_links: str | None = None
+    device: str | None = None
+    certs: Path | None = None
+    insecure: bool = False
+    checkpoint_dir: Path | None = None
+    checkpoint_interval_s: float = 5.0
+
+    def argv(self) -> list[str]:
+        """The flags that differ from the defaults, as a command line."""
+        out: list[str] = []
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value == field.default:
+                continue
+            flag = flag_name(field.name)
+            if isinstance(value, bool):
+                out.append(flag if value else f"--no-{flag.removeprefix('--')}")
+            else:
+                out += [flag, str(value)]
+        return out
+
+
+def flag_name(field: str) -> str:
+    """The command-line flag of an :class:`AgentCommand` field (``stats_dir``: ``--stats-dir``)."""
+    return "--" + _FLAG_NAMES.get(field, field).replace("_", "-")
+
+
+def _value_type(annotation: object) -> type:
+    """The type a flag's value is read as: ``Path | None`` reads a ``Path``."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = options[0]
+    assert isinstance(kind, type), annotation
+    return kind
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as every error of an agent process (the fleets read it from its log).
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_agent_command(argv: list[str]) -> AgentCommand:
+    """Parse what :meth:`AgentCommand.argv` wrote (``SystemExit(2)`` and one error line for
+    anything else)."""
+    parser = _Parser(prog=f"python -m {AGENT_MODULE}", description=AgentCommand.__doc__)
+    hints = typing.get_type_hints(AgentCommand)
+    for field in fields(AgentCommand):
+        kind = _value_type(hints[field.name])
+        flag = flag_name(field.name)
+        assert field.default is not MISSING
+        if kind is bool:
+            # --link-shaping and --no-link-shaping, say.
+            parser.add_argument(
+                flag, dest=field.name, action=argparse.BooleanOptionalAction, default=field.default
+            )
+        else:
+            parser.add_argument(flag, dest=field.name, type=kind, default=field.default)
+    return AgentCommand(**vars(parser.parse_args(argv)))
