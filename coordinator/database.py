@@ -10,18 +10,16 @@ the run's round records (:mod:`coordinator.rounds`) share. It is opened so that:
 * any SQLite error later (a full disk, a file damaged while the coordinator runs) is a
   :class:`StoreError` with a one-line reason, never a ``sqlite3`` traceback.
 
-Without a path the database is a private temporary file, removed at :meth:`Database.close`:
-round records then live on disk, not in memory, however long the run.
+Without a path the database is SQLite's own private temporary file (unlinked as soon as it
+is opened): round records then live on disk, not in memory, however long the run.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sqlite3
 import stat
-import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -83,7 +81,7 @@ class Database:
     Parameters
     ----------
     path:
-        The file (created if missing); ``None``: a private temporary file removed at close.
+        The file (created if missing); ``None``: a private temporary file, gone at close.
     schema:
         ``CREATE ... IF NOT EXISTS`` statements run at open.
 
@@ -94,25 +92,25 @@ class Database:
     """
 
     def __init__(self, path: str | Path | None, schema: str) -> None:
-        self._temporary: Path | None = None
-        if path is None:
-            self._temporary = Path(tempfile.mkdtemp(prefix="airgossip-coordinator-"))
-            file = self._temporary / "fleet.db"
-        else:
-            file = Path(path)
-            _private_folder(file.parent)
-        self.path = str(file)
+        self.path = str(path) if path is not None else "(temporary)"
         self.lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         try:
-            _private_file(file)
-            for suffix in ("-wal", "-shm"):  # SQLite gives them the database's own mode
-                sidecar = Path(f"{file}{suffix}")
-                if sidecar.exists():
-                    os.chmod(sidecar, 0o600)
-            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            if path is None:
+                # SQLite's own private temporary database: a file it unlinks as soon as it
+                # opens it (nothing is left behind, even by a process killed with -9), with
+                # only its page cache in memory.
+                db = sqlite3.connect("", check_same_thread=False, isolation_level=None)
+            else:
+                file = Path(path)
+                _private_folder(file.parent)
+                _private_file(file)
+                for suffix in ("-wal", "-shm"):  # SQLite gives them the database's own mode
+                    sidecar = Path(f"{file}{suffix}")
+                    if sidecar.exists():
+                        os.chmod(sidecar, 0o600)
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         except (sqlite3.Error, OSError) as err:
-            self._discard()
             raise StoreError(f"cannot use database {self.path}: {err}") from None
         self._db = db
         try:
@@ -180,14 +178,8 @@ class Database:
                 raise self._failed(err) from None
 
     def close(self) -> None:
-        """Close the connection (and remove a temporary database)."""
+        """Close the connection (a temporary database is gone with it)."""
         with self.lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-        self._discard()
-
-    def _discard(self) -> None:
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
-            self._temporary = None

@@ -72,7 +72,7 @@ class CoordinatorServer:
     security:
         The coordinator's TLS credentials (identity ``coordinator``); None serves plaintext.
     db:
-        SQLite file to persist the fleet in (None: a private temporary file, removed at stop).
+        SQLite file to persist the fleet in (None: a private temporary file, gone at stop).
     liveness:
         Heartbeat interval and timeout handed to agents.
     metrics_listen:

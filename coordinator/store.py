@@ -140,7 +140,7 @@ class FleetStore:
     Parameters
     ----------
     path:
-        SQLite file (created 0600 if missing); ``None``: a private temporary file, removed at
+        SQLite file (created 0600 if missing); ``None``: a private temporary file, gone at
         :meth:`close` (a coordinator embedded in a launcher that lives as long as its fleet).
 
     Raises
@@ -151,7 +151,7 @@ class FleetStore:
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.database = Database(path, _SCHEMA)
-        self.path = self.database.path if path is not None else ":memory:"
+        self.path = self.database.path
         version = self._meta("schema_version")
         try:
             if version is None:
