@@ -19,23 +19,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
-from coordinator.convert import assignment_from_proto, record_to_proto, snapshot_to_proto
-from coordinator.run import (
-    MAX_REPORTS_PER_CALL,
-    REASON_FINISHED,
-    REPORT_BATCH_BYTES,
-    REPORT_ESTIMATE_LIMIT,
-)
+from coordinator.convert import RunInfo, assignment_from_proto, snapshot_to_proto
+from coordinator.report_queue import ReportQueue
+from coordinator.retry import RETRYABLE, backoff_delays, retry_after
+from coordinator.run import REASON_FINISHED, JsonObject, report_length
 from edge.agent.waiting import WaitReporter
 from edge.observability.stats import RoundRecord
 from edge.observability.telemetry import AgentSnapshot
@@ -43,10 +37,10 @@ from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from edge.topology import Assignment
 from protos import coordinator_pb2, coordinator_pb2_grpc
 
+__all__ = ["CoordinatorClient", "CoordinatorError", "RunInfo"]
+
 log = logging.getLogger(__name__)
 
-#: gRPC codes that mean "try again later" rather than "you are refused".
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 #: Channel options. Keepalive notices a coordinator host that vanished without closing the
 #: stream. gRPC's own reconnect backoff grows to two minutes, and while it waits every call
 #: fails at once without dialling: capped at one second (one TCP handshake per second to a
@@ -59,42 +53,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
-
-#: Round reports an agent keeps while the coordinator cannot be reached (the oldest go first).
-MAX_PENDING_REPORTS = 10_000
-
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """The run as the coordinator describes it (see ``RunReply`` in coordinator.proto)."""
-
-    run_id: str
-    scenario: dict[str, Any] | None
-    expected_agents: int
-    rounds: int
-    started_unix: float | None
-    registered: int
-    finished: int
-    complete: bool
-    #: The round the run's agents have reached (0: none reported yet).
-    fleet_round: int = 0
-
-    @classmethod
-    def from_proto(cls, reply: coordinator_pb2.RunReply) -> RunInfo:
-        scenario = json.loads(reply.scenario_json) if reply.scenario_json else None
-        return cls(
-            run_id=reply.run_id,
-            scenario=scenario if isinstance(scenario, dict) else None,
-            expected_agents=reply.expected_agents,
-            rounds=reply.rounds,
-            started_unix=reply.started_unix or None,
-            registered=reply.registered_agents,
-            finished=reply.finished_agents,
-            complete=reply.complete,
-            fleet_round=reply.fleet_round,
-        )
 
 
 class CoordinatorError(RuntimeError):
@@ -104,14 +63,6 @@ class CoordinatorError(RuntimeError):
         super().__init__(f"coordinator refused: {code.name}: {reason}")
         self.code = code
         self.reason = reason
-
-
-def backoff_delays(base: float = 0.1, cap: float = 5.0) -> Iterator[float]:
-    """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**k))."""
-    attempt = 0
-    while True:
-        yield random.uniform(0, min(cap, base * 2**attempt))
-        attempt += 1
 
 
 class CoordinatorClient:
@@ -160,13 +111,10 @@ class CoordinatorClient:
         self.epoch_held = 0
         self.registrations = 0
         self._refusals: set[grpc.StatusCode] = set()
-        self._pending: deque[coordinator_pb2.RoundReport] = deque()
-        self._pending_lock = threading.Lock()
-        self._report_lock = threading.Lock()
-        self._dropped_reports = 0
+        self._reports = ReportQueue(agent_id, self._send_batch)
 
     # -- the run -----------------------------------------------------------------------------
-    def fetch_run(self, declared: dict[str, Any] | None, *, timeout_s: float = 60.0) -> RunInfo:
+    def fetch_run(self, declared: JsonObject | None, *, timeout_s: float = 60.0) -> RunInfo:
         """The run and its scenario, waiting (with backoff, saying so) for a coordinator
         that cannot be reached yet. ``declared``: the settings this agent was started with,
         which the coordinator compares with the fleet's.
@@ -204,8 +152,10 @@ class CoordinatorClient:
             try:
                 return call()
             except grpc.RpcError as err:
-                if err.code() not in RETRYABLE:
+                wait = retry_after(err)
+                if err.code() not in RETRYABLE and wait is None:
                     raise CoordinatorError(err.code(), err.details() or "") from None
+                delay = max(delay, wait or 0.0)
                 if time.monotonic() + delay > deadline:
                     raise CoordinatorError(
                         err.code(), f"no coordinator at {self.address} after {timeout_s:.0f} s"
@@ -224,55 +174,22 @@ class CoordinatorClient:
     def record(self, record: RoundRecord) -> None:
         """Queue a round record for the coordinator (a stats sink: the agent's telemetry
         hands it every record); the heartbeat thread sends what is queued."""
-        report = record_to_proto(record, estimate_limit=REPORT_ESTIMATE_LIMIT)
-        with self._pending_lock:
-            self._pending.append(report)
-            if len(self._pending) > MAX_PENDING_REPORTS:
-                self._pending.popleft()
-                self._dropped_reports += 1
-                if self._dropped_reports == 1:
-                    log.warning(
-                        "%s: more than %d round reports wait for the coordinator; dropping the "
-                        "oldest", self.agent_id, MAX_PENDING_REPORTS,
-                    )  # fmt: skip
+        self._reports.record(record)
 
     def pending_reports(self) -> int:
-        with self._pending_lock:
-            return len(self._pending)
+        """Round reports not yet acknowledged by the coordinator."""
+        return self._reports.pending()
 
     def send_reports(self) -> None:
         """Send every queued report, in batches (raises ``grpc.RpcError``; what was not
         acknowledged stays queued)."""
-        with self._report_lock:
-            while True:
-                with self._pending_lock:
-                    batch: list[coordinator_pb2.RoundReport] = []
-                    size = 0
-                    for report in self._pending:
-                        if batch and (
-                            len(batch) >= MAX_REPORTS_PER_CALL or size > REPORT_BATCH_BYTES
-                        ):
-                            break
-                        batch.append(report)
-                        size += len(report.estimate) + 256
-                if not batch:
-                    return
-                request = coordinator_pb2.ReportRequest(
-                    agent_id=self.agent_id, token=self.token, rounds=batch
-                )
-                try:
-                    self._stub.Report(request, timeout=max(5.0, self.heartbeat_interval_s))
-                except grpc.RpcError as err:
-                    if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
-                        raise
-                    # Refused as it is: sending it again would block every later report.
-                    log.warning(
-                        "%s: the coordinator refused %d round reports: %s", self.agent_id,
-                        len(batch), err.details(),
-                    )  # fmt: skip
-                with self._pending_lock:
-                    for _ in batch:
-                        self._pending.popleft()
+        self._reports.send()
+
+    def _send_batch(self, batch: list[coordinator_pb2.RoundReport]) -> None:
+        request = coordinator_pb2.ReportRequest(
+            agent_id=self.agent_id, token=self.token, rounds=batch
+        )
+        self._stub.Report(request, timeout=max(5.0, self.heartbeat_interval_s))
 
     # -- registration ------------------------------------------------------------------------
     def register(
@@ -281,9 +198,13 @@ class CoordinatorClient:
         digest: str,
         *,
         metrics_address: str = "",
+        model_numel: int = 0,
         timeout_s: float = 60.0,
     ) -> None:
         """Register, retrying while the coordinator is unreachable for up to ``timeout_s``.
+
+        ``model_numel``: elements of the agent's model, which fix the length of the estimates
+        its round reports carry (0: its reports carry none).
 
         Raises
         ------
@@ -296,6 +217,7 @@ class CoordinatorClient:
             token=self.token,
             fleet_digest=digest,
             metrics_address=metrics_address,
+            estimate_length=report_length(model_numel),
         )
         self._retrying(self._register_once, "registration with", timeout_s)
 
@@ -435,6 +357,8 @@ class CoordinatorClient:
                 if code == grpc.StatusCode.NOT_FOUND:
                     if self._register_again("the coordinator did not know this agent"):
                         wait = 0.0
+                elif (asked := retry_after(err)) is not None:
+                    wait = max(wait, asked)  # called too often: the coordinator says when
                 elif code in RETRYABLE:
                     self._lost_contact(code)
                     delays = delays or backoff_delays(cap=self._cap())
@@ -484,7 +408,10 @@ class CoordinatorClient:
                 self.send_reports()
                 return True
             except grpc.RpcError as err:
-                if err.code() not in RETRYABLE or time.monotonic() + delay > deadline:
+                asked = retry_after(err)
+                delay = max(delay, asked or 0.0)
+                retry = err.code() in RETRYABLE or asked is not None
+                if not retry or time.monotonic() + delay > deadline:
                     log.warning(
                         "%s: %d round reports not delivered: %s: %s", self.agent_id,
                         self.pending_reports(), err.code().name, err.details(),
@@ -495,6 +422,7 @@ class CoordinatorClient:
         raise AssertionError("backoff_delays never ends")
 
     def close(self) -> None:
+        """Stop every background thread and close the channel."""
         self._stop.set()
         if self._call is not None:
             self._call.cancel()

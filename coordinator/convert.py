@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from coordinator.run import JsonObject
 from edge.observability.stats import Counters, RoundRecord, probe_estimate
 from edge.observability.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import Assignment, Phase
@@ -15,6 +18,7 @@ from protos import coordinator_pb2
 def assignment_to_proto(
     assignment: Assignment, *, ready: bool = True
 ) -> coordinator_pb2.Assignment:
+    """An assignment as the coordinator streams it."""
     return coordinator_pb2.Assignment(
         epoch=assignment.epoch,
         ready=ready,
@@ -55,6 +59,7 @@ def assignment_from_proto(proto: coordinator_pb2.Assignment) -> Assignment:
 
 
 def snapshot_to_proto(snapshot: AgentSnapshot) -> coordinator_pb2.AgentStats:
+    """An agent's latest figures as its heartbeat carries them."""
     stats = coordinator_pb2.AgentStats(
         round=snapshot.round,
         **snapshot.counters.as_dict(),
@@ -95,6 +100,8 @@ def snapshot_from_proto(stats: coordinator_pb2.AgentStats) -> AgentSnapshot:
 
 #: Most metrics or scalars one round report may name (a report is data, not a dump).
 MAX_REPORT_FIGURES = 64
+#: Largest counter a report may carry: what a signed 64-bit integer holds (SQLite, results).
+MAX_COUNTER = 2**63 - 1
 
 
 def record_to_proto(record: RoundRecord, *, estimate_limit: int) -> coordinator_pb2.RoundReport:
@@ -127,12 +134,23 @@ def _numbers(figures: dict[str, float]) -> dict[str, float]:
 
 
 def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> RoundRecord:
-    """Raise ``ValueError`` for a report that is not usable (too many figures, an estimate
-    that is not whole float64 values)."""
+    """Raise ``ValueError`` for a report that is not usable (too many figures, figures or a
+    time that are not finite, counters past 2^63 - 1, an estimate that is not whole float64
+    values)."""
+    where = f"round {report.round}"
     for name in ("metrics", "scalars"):
         figures = getattr(report, name)
         if len(figures) > MAX_REPORT_FIGURES or any(len(k) > 64 for k in figures):
-            raise ValueError(f"round {report.round}: at most {MAX_REPORT_FIGURES} {name}")
+            raise ValueError(
+                f"{where}: at most {MAX_REPORT_FIGURES} {name}, names of at most 64 characters"
+            )
+        if not all(math.isfinite(v) for v in figures.values()):
+            raise ValueError(f"{where}: {name} must be finite numbers")
+    if not (math.isfinite(report.wall_s) and report.wall_s >= 0):
+        raise ValueError(f"{where}: wall_s must be a finite number of seconds, at least 0")
+    counters = Counters.from_fields(report)
+    if max(counters.as_dict().values()) > MAX_COUNTER:
+        raise ValueError(f"{where}: counters must be at most {MAX_COUNTER}")
     estimate = None
     if report.estimate:
         if len(report.estimate) % 8:
@@ -146,5 +164,37 @@ def record_from_proto(agent_id: str, report: coordinator_pb2.RoundReport) -> Rou
         scalars=dict(report.scalars),
         final=bool(report.final),
         estimate=estimate,
-        counters=Counters.from_fields(report),
+        counters=counters,
     )
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run as the coordinator describes it (see ``RunReply`` in coordinator.proto)."""
+
+    run_id: str
+    scenario: JsonObject | None
+    expected_agents: int
+    rounds: int
+    started_unix: float | None
+    registered: int
+    finished: int
+    complete: bool
+    #: The round the run's agents have reached (0: none reported yet).
+    fleet_round: int = 0
+
+    @classmethod
+    def from_proto(cls, reply: coordinator_pb2.RunReply) -> RunInfo:
+        """The run a ``RunReply`` describes."""
+        scenario = json.loads(reply.scenario_json) if reply.scenario_json else None
+        return cls(
+            run_id=reply.run_id,
+            scenario=scenario if isinstance(scenario, dict) else None,
+            expected_agents=reply.expected_agents,
+            rounds=reply.rounds,
+            started_unix=reply.started_unix or None,
+            registered=reply.registered_agents,
+            finished=reply.finished_agents,
+            complete=reply.complete,
+            fleet_round=reply.fleet_round,
+        )

@@ -2,7 +2,7 @@
 
 All of the coordinator's Prometheus objects are created here. The fleet figures are a mirror
 of state held elsewhere (the latest heartbeat of each agent, the current graph), so they are
-produced at scrape time by a custom collector from one :class:`~coordinator.membership.FleetView`:
+produced at scrape time by a custom collector from one :class:`~coordinator.views.FleetView`:
 an agent that dies or leaves simply disappears from the next scrape, with no stale series.
 
 Routes served next to ``/metrics``:
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from coordinator.membership import ALIVE, DEAD, FINISHED, LEFT, FleetView
-from edge.observability.metrics import MetricsServer, json_route
+from coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, TargetGroup
+from edge.observability.http import HttpSecurity, MetricsServer, json_route
 
 #: Per-agent gauges from heartbeats: (metric name, help, AgentSnapshot attribute).
 AGENT_GAUGES = (
@@ -200,7 +199,7 @@ class FleetCollector(Collector):
             yield counter
 
 
-def service_discovery(view: FleetView) -> list[dict[str, Any]]:
+def service_discovery(view: FleetView) -> list[TargetGroup]:
     """Prometheus HTTP SD target groups: one per live agent with a metrics address."""
     return [
         {"targets": [m.metrics_address], "labels": {"agent": m.agent_id}}
@@ -210,10 +209,14 @@ def service_discovery(view: FleetView) -> list[dict[str, Any]]:
 
 
 def metrics_server(
-    view: Callable[[], FleetView], listen: str, *, refusals: RefusalSnapshot | None = None
+    view: Callable[[], FleetView],
+    listen: str,
+    *,
+    refusals: RefusalSnapshot | None = None,
+    security: HttpSecurity | None = None,
 ) -> MetricsServer:
     """The coordinator's HTTP server: ``/metrics``, ``/sd`` and ``/fleet`` (and the count of
-    refused calls from ``refusals``).
+    refused calls from ``refusals``), behind ``security`` (TLS, basic auth) when given.
 
     Raises
     ------
@@ -229,4 +232,5 @@ def metrics_server(
             "/sd": json_route(lambda: service_discovery(view())),
             "/fleet": json_route(lambda: view().to_json()),
         },
+        security=security,
     )

@@ -27,21 +27,50 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
+from coordinator.graphs import FleetGraph, from_edges, join_components, restrict, splice_out
+from coordinator.run import JsonValue
 from edge.topology import (
     TOPOLOGIES,
     Graph,
     TopologyError,
     TopologySwitcher,
     build_graph,
-    is_strongly_connected,
 )
 
 #: Coordinator topologies: the scenario's named ones plus the dynamic k-out graph.
 POLICIES = (*TOPOLOGIES, "k-out")
+
+
+class _TopologyIdentity(TypedDict):
+    name: str
+    seed: int
+
+
+class TopologyDescription(_TopologyIdentity, total=False):
+    """What identifies a topology, as stored with a fleet and compared on restart (only the
+    keys that apply to it)."""
+
+    edges: list[list[int]]
+    p: float | None
+    out_degree: int
+    scheme: str
+    #: A ``[switching]`` schedule, as its settings' JSON.
+    switching: dict[str, JsonValue]
+
+
+class PolicyState(TypedDict, total=False):
+    """What a policy remembers across a coordinator restart (only the keys it uses)."""
+
+    #: The fleet at release, in natural order.
+    universe: list[str]
+    #: An edge list set at run time, as ``[from, to]`` ids.
+    edges: list[list[str]]
+    #: Rounds after which a ``[switching]`` schedule moved on.
+    switched_at: list[int]
 
 
 @dataclass(frozen=True)
@@ -76,9 +105,9 @@ class TopologySpec:
         ``k-out`` and the other policies that edit their graph have no such graph)."""
         return build_graph(self.name, n, seed=self.seed, edges=list(self.edges) or None, p=self.p)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TopologyDescription:
         """What identifies the topology (stored with a fleet, compared on restart)."""
-        data: dict[str, Any] = {"name": self.name, "seed": self.seed}
+        data: TopologyDescription = {"name": self.name, "seed": self.seed}
         if self.name == "edges":
             data["edges"] = [list(e) for e in self.edges]
         if self.name == "erdos-renyi":
@@ -88,90 +117,6 @@ class TopologySpec:
         if self.scheme != "column-stochastic":
             data["scheme"] = self.scheme
         return data
-
-
-@dataclass(frozen=True)
-class FleetGraph:
-    """A directed graph over agent ids: node ``i`` of ``graph`` is ``ids[i]``."""
-
-    ids: tuple[str, ...]
-    graph: Graph
-
-    @property
-    def strongly_connected(self) -> bool:
-        return is_strongly_connected(self.graph.union()) if self.ids else False
-
-    def edges(self) -> list[list[tuple[str, str]]]:
-        """Per phase, the ``(from, to)`` id pairs."""
-        return [
-            [(self.ids[int(i)], self.ids[int(j)]) for i, j in zip(*np.nonzero(a), strict=True)]
-            for a in self.graph.phases
-        ]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.graph.name, "ids": list(self.ids), "phases": self.edges()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FleetGraph:
-        return from_edges(
-            data["name"], data["ids"], [[tuple(e) for e in p] for p in data["phases"]]
-        )
-
-
-def from_edges(
-    name: str, ids: Sequence[str], phases: Sequence[Iterable[tuple[str, str]]]
-) -> FleetGraph:
-    """Build a :class:`FleetGraph` from per-phase ``(from, to)`` id pairs."""
-    index = {agent_id: i for i, agent_id in enumerate(ids)}
-    matrices = []
-    for pairs in phases or [[]]:
-        a = np.zeros((len(ids), len(ids)), dtype=bool)
-        for u, v in pairs:
-            a[index[u], index[v]] = True
-        matrices.append(a)
-    return FleetGraph(tuple(ids), Graph(name=name, phases=tuple(matrices)))
-
-
-def splice_out(adjacency: np.ndarray, node: int) -> None:
-    """Remove ``node`` in place, joining each in-neighbour to each out-neighbour.
-
-    Every path that ran through ``node`` survives as a path one hop shorter, so a strongly
-    connected graph stays strongly connected on the remaining nodes.
-    """
-    sources = np.flatnonzero(adjacency[:, node])
-    targets = np.flatnonzero(adjacency[node])
-    for u in sources:
-        for w in targets:
-            if u != w:
-                adjacency[u, w] = True
-    adjacency[node, :] = False
-    adjacency[:, node] = False
-
-
-def join_components(adjacency: np.ndarray, rng: np.random.Generator) -> int:
-    """Add edges in place until the graph is strongly connected; return how many were added.
-
-    Components are chained in a cycle (one edge from a random member of each to a random
-    member of the next), which makes any digraph strongly connected.
-    """
-    import networkx as nx
-
-    n = adjacency.shape[0]
-    if n <= 1:
-        return 0
-    graph = nx.from_numpy_array(adjacency.astype(np.int8), create_using=nx.DiGraph)
-    components = sorted(sorted(c) for c in nx.strongly_connected_components(graph))
-    if len(components) == 1:
-        return 0
-    for here, there in zip(components, components[1:] + components[:1], strict=True):
-        adjacency[int(rng.choice(here)), int(rng.choice(there))] = True
-    return len(components)
-
-
-def _restrict(adjacency: np.ndarray, ids: Sequence[str], keep: Sequence[str]) -> np.ndarray:
-    index = [ids.index(agent_id) for agent_id in keep]
-    restricted: np.ndarray = adjacency[np.ix_(index, index)].copy()
-    return restricted
 
 
 class TopologyPolicy(ABC):
@@ -204,15 +149,15 @@ class TopologyPolicy(ABC):
         """Whether ``agent_id`` may (re)join once the fleet is released."""
         return self.open_membership
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TopologyDescription:
         """What identifies the topology (stored with a fleet, compared on restart)."""
         return self.spec.describe()
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> PolicyState:
         """What the policy must remember across a coordinator restart."""
         return {}
 
-    def restore(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def restore(self, state: PolicyState) -> None:  # noqa: B027 - optional hook
         """Take back :meth:`state` after a restart."""
 
 
@@ -242,13 +187,13 @@ class StaticPolicy(TopologyPolicy):
             for node, agent_id in enumerate(self.universe):
                 if agent_id not in alive:
                     splice_out(a, node)
-            phases.append(_restrict(a, self.universe, alive))
+            phases.append(restrict(a, self.universe, alive))
         return FleetGraph(tuple(alive), Graph(name=base.name, phases=tuple(phases)))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> PolicyState:
         return {"universe": list(self.universe)}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: PolicyState) -> None:
         self.universe = tuple(state.get("universe", ()))
         self._base = None
 
@@ -284,13 +229,13 @@ class EdgeListPolicy(StaticPolicy):
         self._pairs = checked
         self._base = None
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> PolicyState:
         data = super().state()
         if self._pairs is not None:
             data["edges"] = [list(p) for p in self._pairs]
         return data
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: PolicyState) -> None:
         super().restore(state)
         edges = state.get("edges")
         self._pairs = [(str(u), str(v)) for u, v in edges] if edges is not None else None
@@ -325,13 +270,17 @@ class SwitchingPolicy(StaticPolicy):
             )
         return graph
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "switching": self.schedule.settings.model_dump(mode="json")}
+    def describe(self) -> TopologyDescription:
+        data = super().describe()
+        data["switching"] = self.schedule.settings.model_dump(mode="json")
+        return data
 
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "switched_at": list(self.schedule.switched_at)}
+    def state(self) -> PolicyState:
+        data = super().state()
+        data["switched_at"] = list(self.schedule.switched_at)
+        return data
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: PolicyState) -> None:
         super().restore(state)
         try:
             self.schedule.restore(state.get("switched_at", []))
@@ -389,7 +338,7 @@ class KOutPolicy(TopologyPolicy):
                 a[host, node] = True
                 a[node, w] = True
             present.append(node)
-        a = _restrict(a, ids, alive)
+        a = restrict(a, ids, alive)
         # Top every agent up to k out-neighbours (fewer when the fleet is smaller).
         m = len(alive)
         for src in range(m):

@@ -4,8 +4,9 @@ A fleet of agents started by hand on separate devices is one run, as ``airgossip
 the coordinator names it (:func:`new_run_id`), hands every agent the scenario at
 registration (one source of truth: an agent whose own settings disagree is refused, and the
 refusal names the settings, see :func:`disagreements`), and keeps every agent's round
-records as the agents report them (:class:`RunLog`), from which results are written when
-the last agent has finished.
+records as the agents report them (:mod:`coordinator.rounds`, checked against the run by
+:mod:`coordinator.reports`), from which results are written when the last agent has
+finished.
 
 The coordinator does not interpret the scenario: it is plain JSON to hand out and compare.
 """
@@ -14,15 +15,17 @@ from __future__ import annotations
 
 import math
 import secrets
-import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 
-from edge.observability.stats import RoundRecord
+#: A JSON value as :func:`json.loads` returns it.
+JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
+#: A JSON object (a scenario's settings, say).
+JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 #: The reason a finished agent gives when it leaves (``LeaveRequest.reason``).
 REASON_FINISHED = "finished"
@@ -40,6 +43,9 @@ MAX_REQUEST_BYTES = 1 << 20
 MAX_DECLARED_CHARS = 1 << 18
 #: Most round reports one ``Report`` call may carry.
 MAX_REPORTS_PER_CALL = 256
+#: The last round of a run whose length the coordinator does not know: the most rounds an
+#: agent runs (``AgentSettings.rounds``).
+MAX_ROUNDS = 10_000_000
 #: Estimate bytes after which an agent closes a batch of round reports: with the largest
 #: single report (32 KB) on top it stays well inside :data:`MAX_REQUEST_BYTES`.
 REPORT_BATCH_BYTES = MAX_REQUEST_BYTES // 2
@@ -66,11 +72,16 @@ class RunSpec:
     """
 
     run_id: str = field(default_factory=new_run_id)
-    scenario: Mapping[str, Any] = field(default_factory=dict)
+    scenario: Mapping[str, JsonValue] = field(default_factory=dict)
     rounds: int = 0
 
+    @property
+    def last_round(self) -> int:
+        """The last round an agent of the run may report."""
+        return self.rounds if self.rounds > 0 else MAX_ROUNDS
 
-def _same(declared: Any, fleet: Any) -> bool:
+
+def _same(declared: JsonValue, fleet: JsonValue) -> bool:
     if isinstance(declared, bool) or isinstance(fleet, bool):
         return declared is fleet
     if isinstance(declared, int | float) and isinstance(fleet, int | float):
@@ -84,7 +95,7 @@ def _same(declared: Any, fleet: Any) -> bool:
     return bool(declared == fleet)
 
 
-def _show(value: Any) -> str:
+def _show(value: JsonValue) -> str:
     if isinstance(value, Mapping):
         return "a table" if value else "an empty table"
     if isinstance(value, str):
@@ -95,7 +106,7 @@ def _show(value: Any) -> str:
 
 
 def disagreements(
-    fleet: Mapping[str, Any], declared: Mapping[str, Any], *, prefix: str = ""
+    fleet: Mapping[str, JsonValue], declared: Mapping[str, JsonValue], *, prefix: str = ""
 ) -> list[str]:
     """The settings ``declared`` (what an agent was started with) sets otherwise than
     ``fleet`` (the run's scenario), each as ``name = here, fleet``; settings an agent may
@@ -107,10 +118,12 @@ def disagreements(
             continue
         if key not in fleet:
             out.append(f"{name} = {_show(value)} here, not set in the fleet")
-        elif isinstance(value, Mapping) and isinstance(fleet[key], Mapping):
-            out += disagreements(fleet[key], value, prefix=f"{name}.")
-        elif not _same(value, fleet[key]):
-            out.append(f"{name} = {_show(value)} here, {_show(fleet[key])} in the fleet")
+            continue
+        theirs = fleet[key]
+        if isinstance(value, Mapping) and isinstance(theirs, Mapping):
+            out += disagreements(theirs, value, prefix=f"{name}.")
+        elif not _same(value, theirs):
+            out.append(f"{name} = {_show(value)} here, {_show(theirs)} in the fleet")
     return out
 
 
@@ -125,44 +138,7 @@ def check_estimate(estimate: np.ndarray) -> None:
         raise ValueError("estimate holds NaN or infinity")
 
 
-class RunLog:
-    """Every agent's round records of one run, by agent and round; thread-safe.
-
-    A record reported twice (a retried report) replaces the first; an agent that restarted
-    reports its rounds again, and its latest report of each round is kept.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._records: dict[str, dict[int, RoundRecord]] = {}
-
-    def add(self, agent_id: str, records: Iterable[RoundRecord]) -> int:
-        """Keep ``records`` of ``agent_id``; return how many rounds it has reported."""
-        with self._lock:
-            held = self._records.setdefault(agent_id, {})
-            for record in records:
-                held[record.round] = record
-            return len(held)
-
-    def records(self) -> dict[str, list[RoundRecord]]:
-        """Every agent's records in round order."""
-        with self._lock:
-            return {a: [rs[r] for r in sorted(rs)] for a, rs in self._records.items()}
-
-    def at_round(self, round_index: int) -> dict[str, RoundRecord]:
-        """Every agent's record of ``round_index``, by agent (agents that did not report it
-        are missing)."""
-        with self._lock:
-            return {a: rs[round_index] for a, rs in self._records.items() if round_index in rs}
-
-    def fleet_round(self) -> int:
-        """The round the run's agents have reached: the median of the latest round each
-        reported (0 before any report), so that one agent cannot move it far."""
-        with self._lock:
-            latest = sorted(max(rs) for rs in self._records.values() if rs)
-        return latest[len(latest) // 2] if latest else 0
-
-    def latest_round(self, agent_id: str) -> int | None:
-        with self._lock:
-            held = self._records.get(agent_id)
-            return max(held) if held else None
+def report_length(numel: int) -> int:
+    """Elements of the estimate a round report carries for a model of ``numel`` elements:
+    the estimate itself up to :data:`REPORT_ESTIMATE_LIMIT`, a sketch of that size beyond."""
+    return min(int(numel), REPORT_ESTIMATE_LIMIT)

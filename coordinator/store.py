@@ -3,26 +3,28 @@
 Every change of membership or topology is committed in one transaction before any agent
 hears of it, so a coordinator killed at any moment and restarted on the same database hands
 out exactly what it had handed out. Heartbeat figures are not stored: they are stale by the
-time a coordinator comes back, and agents resend them within one heartbeat interval.
+time a coordinator comes back, and agents resend them within one heartbeat interval. The
+run's round records share the file (:mod:`coordinator.rounds`).
 
-The database is in WAL mode, so tools (and tests) can read it while the coordinator runs.
+The database is in WAL mode, so tools (and tests) can read it while the coordinator runs;
+how it is opened (private, checked intact) is :mod:`coordinator.database`'s.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sqlite3
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from edge.observability.stats import RoundRecord
+from coordinator.database import Database, StoreError
+from coordinator.graphs import FleetGraphJson
+from coordinator.policy import PolicyState, TopologyDescription
+from coordinator.run import JsonObject
 from edge.topology import Assignment, Phase
+
+__all__ = ["FleetStore", "MemberRecord", "StoreError", "StoredFleet"]
 
 SCHEMA_VERSION = 1
 
@@ -50,11 +52,8 @@ CREATE TABLE IF NOT EXISTS rounds (
     estimate BLOB,
     PRIMARY KEY (agent_id, round)
 );
+CREATE INDEX IF NOT EXISTS rounds_by_round ON rounds (round);
 """
-
-
-class StoreError(RuntimeError):
-    """The database cannot be opened or holds a different fleet; the message says which."""
 
 
 @dataclass
@@ -85,18 +84,21 @@ class MemberRecord:
 class StoredFleet:
     """Everything a restarted coordinator needs."""
 
-    topology: dict[str, Any]
+    topology: TopologyDescription
     expected: int
     epoch: int
-    graph: dict[str, Any] | None
-    policy_state: dict[str, Any]
+    graph: FleetGraphJson | None
+    policy_state: PolicyState
     members: dict[str, MemberRecord]
     assignments: dict[str, Assignment]
     #: The run's start (unix seconds; None before the fleet was complete).
     started_unix: float | None = None
+    #: Elements of every estimate the run's reports carry (None: no agent registered yet).
+    estimate_length: int | None = None
 
 
 def assignment_to_json(assignment: Assignment) -> str:
+    """An assignment as stored."""
     return json.dumps(
         {
             "epoch": assignment.epoch,
@@ -115,6 +117,7 @@ def assignment_to_json(assignment: Assignment) -> str:
 
 
 def assignment_from_json(text: str) -> Assignment:
+    """The assignment :func:`assignment_to_json` stored."""
     data = json.loads(text)
     return Assignment(
         epoch=int(data["epoch"]),
@@ -137,74 +140,83 @@ class FleetStore:
     Parameters
     ----------
     path:
-        SQLite file (created if missing); ``None`` keeps everything in memory (a coordinator
-        embedded in a launcher that lives as long as its fleet).
+        SQLite file (created 0600 if missing); ``None``: a private temporary file, gone at
+        :meth:`close` (a coordinator embedded in a launcher that lives as long as its fleet).
 
     Raises
     ------
     StoreError
-        When the file cannot be opened or is not an airgossip coordinator database.
+        When the file cannot be opened, is damaged or is not an airgossip coordinator database.
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
-        self.path = str(path) if path is not None else ":memory:"
-        self._lock = threading.Lock()
+        self.database = Database(path, _SCHEMA)
+        self.path = self.database.path
+        version = self._meta("schema_version")
         try:
-            if path is not None and not Path(path).parent.is_dir():
-                raise sqlite3.OperationalError(f"folder {Path(path).parent} does not exist")
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            if path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                # A committed change must survive the coordinator's death (kill -9).
-                self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-            version = self._meta("schema_version")
             if version is None:
-                self._db.execute(
-                    "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
+                self._set_meta(schema_version=str(SCHEMA_VERSION))
             elif int(version) != SCHEMA_VERSION:
                 raise StoreError(
                     f"database {self.path} has schema version {version}; this coordinator "
                     f"reads version {SCHEMA_VERSION}"
                 )
-        except sqlite3.Error as err:
-            raise StoreError(f"cannot use database {self.path}: {err}") from None
+        except (StoreError, ValueError) as err:
+            self.database.close()
+            if isinstance(err, StoreError):
+                raise
+            raise StoreError(f"database {self.path} has schema version {version!r}") from None
 
     def _meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        rows = self.database.query("SELECT value FROM meta WHERE key = ?", (key,))
+        return None if not rows else str(rows[0][0])
+
+    def _set_meta(self, **values: str) -> None:
+        with self.database.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
 
     def load(self) -> StoredFleet | None:
-        """The stored fleet, or None for a new database."""
-        with self._lock:
-            topology = self._meta("topology")
-            if topology is None:
-                return None
-            graph = self._meta("graph")
-            members = {
-                row[0]: MemberRecord(*row)
-                for row in self._db.execute(
-                    "SELECT agent_id, address, metrics_address, digest, state, joined_at, "
-                    "changed_at, incarnation FROM members"
-                )
-            }
-            assignments = {
-                row[0]: assignment_from_json(row[1])
-                for row in self._db.execute("SELECT agent_id, assignment FROM assignments")
-            }
-            return StoredFleet(
-                topology=json.loads(topology),
-                expected=int(self._meta("expected") or 0),
-                epoch=int(self._meta("epoch") or 0),
-                graph=json.loads(graph) if graph else None,
-                policy_state=json.loads(self._meta("policy_state") or "{}"),
-                members=members,
-                assignments=assignments,
-                started_unix=float(started) if (started := self._meta("started_unix")) else None,
-            )
+        """The stored fleet, or None for a new database (:class:`StoreError` for a file
+        whose contents do not read back)."""
+        try:
+            return self._load()
+        except (ValueError, TypeError, KeyError) as err:
+            raise StoreError(
+                f"database {self.path} holds a fleet that does not read back ({err!s:.120}): "
+                "start with another --db"
+            ) from None
 
-    def claim(self, topology: dict[str, Any], expected: int) -> StoredFleet | None:
+    def _load(self) -> StoredFleet | None:
+        topology = self._meta("topology")
+        if topology is None:
+            return None
+        graph = self._meta("graph")
+        members = {
+            str(row[0]): MemberRecord(*row)
+            for row in self.database.query(
+                "SELECT agent_id, address, metrics_address, digest, state, joined_at, "
+                "changed_at, incarnation FROM members"
+            )
+        }
+        assignments = {
+            str(row[0]): assignment_from_json(str(row[1]))
+            for row in self.database.query("SELECT agent_id, assignment FROM assignments")
+        }
+        started = self._meta("started_unix")
+        length = self._meta("estimate_length")
+        return StoredFleet(
+            topology=json.loads(topology),
+            expected=int(self._meta("expected") or 0),
+            epoch=int(self._meta("epoch") or 0),
+            graph=json.loads(graph) if graph else None,
+            policy_state=json.loads(self._meta("policy_state") or "{}"),
+            members=members,
+            assignments=assignments,
+            started_unix=float(started) if started else None,
+            estimate_length=int(length) if length is not None else None,
+        )
+
+    def claim(self, topology: TopologyDescription, expected: int) -> StoredFleet | None:
         """Load the stored fleet after checking it runs ``topology`` for ``expected`` agents;
         record them in a new database.
 
@@ -215,12 +227,7 @@ class FleetStore:
         """
         stored = self.load()
         if stored is None:
-            with self._lock, self._db:
-                self._db.execute("BEGIN")
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('topology', ?)", (json.dumps(topology),)
-                )
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('expected', ?)", (expected,))
+            self._set_meta(topology=json.dumps(topology), expected=str(expected))
             return None
         if stored.topology != topology or stored.expected != expected:
             raise StoreError(
@@ -235,15 +242,14 @@ class FleetStore:
         members: Iterable[MemberRecord],
         *,
         epoch: int | None = None,
-        graph: dict[str, Any] | None = None,
-        policy_state: dict[str, Any] | None = None,
+        graph: FleetGraphJson | None = None,
+        policy_state: PolicyState | None = None,
         assignments: dict[str, Assignment] | None = None,
     ) -> None:
         """Write changed members and, with ``epoch``, the new graph and assignments, in one
         transaction."""
-        with self._lock, self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(
+        with self.database.transaction() as db:
+            db.executemany(
                 "INSERT OR REPLACE INTO members VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (m.agent_id, m.address, m.metrics_address, m.digest, m.state,
@@ -253,27 +259,26 @@ class FleetStore:
             )  # fmt: skip
             if epoch is None:
                 return
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(epoch),))
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('graph', ?)", (json.dumps(graph or {}),)
+            db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [
+                    ("epoch", str(epoch)),
+                    ("graph", json.dumps(graph or {})),
+                    ("policy_state", json.dumps(policy_state or {})),
+                ],
             )
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('policy_state', ?)",
-                (json.dumps(policy_state or {}),),
-            )
-            self._db.execute("DELETE FROM assignments")
-            self._db.executemany(
+            db.execute("DELETE FROM assignments")
+            db.executemany(
                 "INSERT INTO assignments VALUES (?, ?, ?)",
                 [(i, a.epoch, assignment_to_json(a)) for i, a in (assignments or {}).items()],
             )
 
-    def stored_run(self) -> tuple[str, dict[str, Any]] | None:
+    def stored_run(self) -> tuple[str, JsonObject] | None:
         """The id and scenario of the run this database holds (None: a new database)."""
-        with self._lock:
-            run_id, scenario = self._meta("run_id"), self._meta("scenario")
+        run_id, scenario = self._meta("run_id"), self._meta("scenario")
         return None if run_id is None else (run_id, json.loads(scenario or "{}"))
 
-    def claim_run(self, run_id: str, scenario: dict[str, Any]) -> str:
+    def claim_run(self, run_id: str, scenario: JsonObject) -> str:
         """The id of the run this database holds (a new database records ``run_id`` and
         ``scenario``).
 
@@ -282,58 +287,32 @@ class FleetStore:
         StoreError
             When the database holds a run of another scenario.
         """
-        with self._lock, self._db:
-            stored_id, stored_scenario = self._meta("run_id"), self._meta("scenario")
-            if stored_id is None:
-                self._db.execute("BEGIN")
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('run_id', ?)", (run_id,))
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('scenario', ?)", (json.dumps(scenario),)
+        with self.database.transaction() as db:
+            rows = db.execute(
+                "SELECT key, value FROM meta WHERE key IN ('run_id', 'scenario')"
+            ).fetchall()
+            stored = {str(k): str(v) for k, v in rows}
+            if "run_id" not in stored:
+                db.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("run_id", run_id), ("scenario", json.dumps(scenario))],
                 )
                 return run_id
-        if json.loads(stored_scenario or "{}") != scenario:
+        if json.loads(stored.get("scenario") or "{}") != scenario:
             raise StoreError(
-                f"database {self.path} holds run {stored_id} of another scenario; start with "
-                "the same scenario or another --db"
+                f"database {self.path} holds run {stored['run_id']} of another scenario; start "
+                "with the same scenario or another --db"
             )
-        return stored_id
+        return stored["run_id"]
 
     def mark_started(self, started_unix: float) -> None:
         """Record when the run started (the fleet was complete)."""
-        with self._lock, self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('started_unix', ?)", (repr(started_unix),)
-            )
+        self._set_meta(started_unix=repr(started_unix))
 
-    def add_rounds(self, agent_id: str, records: Iterable[RoundRecord]) -> None:
-        """Keep ``agent_id``'s round records (a round stored again replaces the first)."""
-        rows = [
-            (
-                agent_id,
-                r.round,
-                json.dumps(r.to_json()),
-                None if r.estimate is None else np.asarray(r.estimate, "<f8").tobytes(),
-            )
-            for r in records
-        ]
-        with self._lock, self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?)", rows)
-
-    def load_rounds(self) -> dict[str, list[RoundRecord]]:
-        """Every agent's stored round records, in round order."""
-        out: dict[str, list[RoundRecord]] = {}
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT agent_id, record, estimate FROM rounds ORDER BY agent_id, round"
-            ).fetchall()
-        for agent_id, text, blob in rows:
-            record = RoundRecord.from_json(json.loads(text))
-            if blob is not None:
-                record.estimate = np.frombuffer(blob, dtype="<f8").astype(np.float64)
-            out.setdefault(agent_id, []).append(record)
-        return out
+    def fix_estimate_length(self, length: int) -> None:
+        """Record the elements of every estimate the run's reports carry."""
+        self._set_meta(estimate_length=str(length))
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Close the database (a temporary one is removed)."""
+        self.database.close()

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from edge.observability.stats import RoundRecord
-from edge.privacy.figures import EPSILON
+from edge.privacy.figures import Spent
 from edge.topology.switching import consensus_distance
 
 
@@ -217,9 +217,9 @@ def _figures(
     losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]
     if losses:
         figures.mean_loss = float(np.mean(losses))
-    spent = [r.metrics[EPSILON] for r in records if EPSILON in r.metrics]
-    if spent:
-        figures.privacy_epsilon = float(np.max(spent))
+    spent = [s for r in records if (s := Spent.from_metrics(r.metrics)) is not None]
+    if spent:  # infinite (no noise) is written as null
+        figures.privacy_epsilon = max(s.epsilon for s in spent)
     if reference is not None:
         figures.relative_error = relative_error(estimates, reference)
     return figures

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/coordinator.proto\x12\x0c\x61irgossip.v1\"r\n\x0fRegisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12\x14\n\x0c\x66leet_digest\x18\x04 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x05 \x01(\t\"r\n\rRegisterReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0f\x65xpected_agents\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"z\n\tLinkStats\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x12\n\nbytes_sent\x18\x02 \x01(\x04\x12\x15\n\rmessages_sent\x18\x03 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x04 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x05 \x01(\x04\"\xf5\x02\n\nAgentStats\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\nbytes_sent\x18\x04 \x01(\x04\x12\x15\n\rmessages_sent\x18\x05 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x06 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x07 \x01(\x04\x12\x19\n\x11messages_received\x18\x08 \x01(\x04\x12\x19\n\x11messages_rejected\x18\t \x01(\x04\x12\x1c\n\x0fpush_sum_weight\x18\n \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0c\x64isagreement\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12&\n\x05links\x18\x0c \x03(\x0b\x32\x17.airgossip.v1.LinkStatsB\x0b\n\t_accuracyB\x07\n\x05_lossB\x12\n\x10_push_sum_weightB\x0f\n\r_disagreement\"v\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.airgossip.v1.AgentStats\x12\x18\n\x10\x61ssignment_epoch\x18\x04 \x01(\x04\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"/\n\x0cWatchRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"#\n\x04Peer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"*\n\x07OutEdge\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"]\n\x05Phase\x12\x13\n\x0bself_weight\x18\x01 \x01(\x01\x12(\n\tout_edges\x18\x02 \x03(\x0b\x32\x15.airgossip.v1.OutEdge\x12\x15\n\rin_neighbours\x18\x03 \x03(\t\"\x85\x01\n\nAssignment\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05ready\x18\x02 \x01(\x08\x12!\n\x05peers\x18\x03 \x03(\x0b\x32\x12.airgossip.v1.Peer\x12%\n\x08schedule\x18\x04 \x03(\x0b\x32\x13.airgossip.v1.Phase\x12\x0f\n\x07lambda2\x18\x05 \x01(\x01\"?\n\x0cLeaveRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x0c\n\nLeaveReply\"D\n\nRunRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x15\n\rdeclared_json\x18\x03 \x01(\t\"\xcb\x01\n\x08RunReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x15\n\rscenario_json\x18\x02 \x01(\t\x12\x17\n\x0f\x65xpected_agents\x18\x03 \x01(\r\x12\x0e\n\x06rounds\x18\x04 \x01(\x04\x12\x14\n\x0cstarted_unix\x18\x05 \x01(\x01\x12\x19\n\x11registered_agents\x18\x06 \x01(\r\x12\x17\n\x0f\x66inished_agents\x18\x07 \x01(\r\x12\x10\n\x08\x63omplete\x18\x08 \x01(\x08\x12\x13\n\x0b\x66leet_round\x18\t \x01(\x04\"\xb3\x03\n\x0bRoundReport\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06wall_s\x18\x02 \x01(\x01\x12\x37\n\x07metrics\x18\x03 \x03(\x0b\x32&.airgossip.v1.RoundReport.MetricsEntry\x12\x37\n\x07scalars\x18\x04 \x03(\x0b\x32&.airgossip.v1.RoundReport.ScalarsEntry\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x15\n\rmessages_sent\x18\x06 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x07 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x08 \x01(\x04\x12\x19\n\x11messages_received\x18\t \x01(\x04\x12\x19\n\x11messages_rejected\x18\n \x01(\x04\x12\r\n\x05\x66inal\x18\x0b \x01(\x08\x12\x10\n\x08\x65stimate\x18\x0c \x01(\x0c\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\rReportRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12)\n\x06rounds\x18\x03 \x03(\x0b\x32\x19.airgossip.v1.RoundReport\"\"\n\x0bReportReply\x12\x13\n\x0brounds_held\x18\x01 \x01(\x04\x32\xa8\x03\n\x0b\x43oordinator\x12\x46\n\x08Register\x12\x1d.airgossip.v1.RegisterRequest\x1a\x1b.airgossip.v1.RegisterReply\x12I\n\tHeartbeat\x12\x1e.airgossip.v1.HeartbeatRequest\x1a\x1c.airgossip.v1.HeartbeatReply\x12I\n\x0fWatchNeighbours\x12\x1a.airgossip.v1.WatchRequest\x1a\x18.airgossip.v1.Assignment0\x01\x12=\n\x05Leave\x12\x1a.airgossip.v1.LeaveRequest\x1a\x18.airgossip.v1.LeaveReply\x12:\n\x06GetRun\x12\x18.airgossip.v1.RunRequest\x1a\x16.airgossip.v1.RunReply\x12@\n\x06Report\x12\x1b.airgossip.v1.ReportRequest\x1a\x19.airgossip.v1.ReportReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/coordinator.proto\x12\x0c\x61irgossip.v1\"\x8b\x01\n\x0fRegisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12\x14\n\x0c\x66leet_digest\x18\x04 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x05 \x01(\t\x12\x17\n\x0f\x65stimate_length\x18\x06 \x01(\r\"r\n\rRegisterReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0f\x65xpected_agents\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"z\n\tLinkStats\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x12\n\nbytes_sent\x18\x02 \x01(\x04\x12\x15\n\rmessages_sent\x18\x03 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x04 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x05 \x01(\x04\"\xf5\x02\n\nAgentStats\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\nbytes_sent\x18\x04 \x01(\x04\x12\x15\n\rmessages_sent\x18\x05 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x06 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x07 \x01(\x04\x12\x19\n\x11messages_received\x18\x08 \x01(\x04\x12\x19\n\x11messages_rejected\x18\t \x01(\x04\x12\x1c\n\x0fpush_sum_weight\x18\n \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0c\x64isagreement\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12&\n\x05links\x18\x0c \x03(\x0b\x32\x17.airgossip.v1.LinkStatsB\x0b\n\t_accuracyB\x07\n\x05_lossB\x12\n\x10_push_sum_weightB\x0f\n\r_disagreement\"v\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.airgossip.v1.AgentStats\x12\x18\n\x10\x61ssignment_epoch\x18\x04 \x01(\x04\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"/\n\x0cWatchRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"#\n\x04Peer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"*\n\x07OutEdge\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"]\n\x05Phase\x12\x13\n\x0bself_weight\x18\x01 \x01(\x01\x12(\n\tout_edges\x18\x02 \x03(\x0b\x32\x15.airgossip.v1.OutEdge\x12\x15\n\rin_neighbours\x18\x03 \x03(\t\"\x85\x01\n\nAssignment\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05ready\x18\x02 \x01(\x08\x12!\n\x05peers\x18\x03 \x03(\x0b\x32\x12.airgossip.v1.Peer\x12%\n\x08schedule\x18\x04 \x03(\x0b\x32\x13.airgossip.v1.Phase\x12\x0f\n\x07lambda2\x18\x05 \x01(\x01\"?\n\x0cLeaveRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x0c\n\nLeaveReply\"D\n\nRunRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x15\n\rdeclared_json\x18\x03 \x01(\t\"\xcb\x01\n\x08RunReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x15\n\rscenario_json\x18\x02 \x01(\t\x12\x17\n\x0f\x65xpected_agents\x18\x03 \x01(\r\x12\x0e\n\x06rounds\x18\x04 \x01(\x04\x12\x14\n\x0cstarted_unix\x18\x05 \x01(\x01\x12\x19\n\x11registered_agents\x18\x06 \x01(\r\x12\x17\n\x0f\x66inished_agents\x18\x07 \x01(\r\x12\x10\n\x08\x63omplete\x18\x08 \x01(\x08\x12\x13\n\x0b\x66leet_round\x18\t \x01(\x04\"\xb3\x03\n\x0bRoundReport\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06wall_s\x18\x02 \x01(\x01\x12\x37\n\x07metrics\x18\x03 \x03(\x0b\x32&.airgossip.v1.RoundReport.MetricsEntry\x12\x37\n\x07scalars\x18\x04 \x03(\x0b\x32&.airgossip.v1.RoundReport.ScalarsEntry\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x15\n\rmessages_sent\x18\x06 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x07 \x01(\x04\x12\x17\n\x0fmessages_failed\x18\x08 \x01(\x04\x12\x19\n\x11messages_received\x18\t \x01(\x04\x12\x19\n\x11messages_rejected\x18\n \x01(\x04\x12\r\n\x05\x66inal\x18\x0b \x01(\x08\x12\x10\n\x08\x65stimate\x18\x0c \x01(\x0c\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\rReportRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12)\n\x06rounds\x18\x03 \x03(\x0b\x32\x19.airgossip.v1.RoundReport\"\"\n\x0bReportReply\x12\x13\n\x0brounds_held\x18\x01 \x01(\x04\x32\xa8\x03\n\x0b\x43oordinator\x12\x46\n\x08Register\x12\x1d.airgossip.v1.RegisterRequest\x1a\x1b.airgossip.v1.RegisterReply\x12I\n\tHeartbeat\x12\x1e.airgossip.v1.HeartbeatRequest\x1a\x1c.airgossip.v1.HeartbeatReply\x12I\n\x0fWatchNeighbours\x12\x1a.airgossip.v1.WatchRequest\x1a\x18.airgossip.v1.Assignment0\x01\x12=\n\x05Leave\x12\x1a.airgossip.v1.LeaveRequest\x1a\x18.airgossip.v1.LeaveReply\x12:\n\x06GetRun\x12\x18.airgossip.v1.RunRequest\x1a\x16.airgossip.v1.RunReply\x12@\n\x06Report\x12\x1b.airgossip.v1.ReportRequest\x1a\x19.airgossip.v1.ReportReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,46 +35,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUNDREPORT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_ROUNDREPORT_SCALARSENTRY']._loaded_options = None
   _globals['_ROUNDREPORT_SCALARSENTRY']._serialized_options = b'8\001'
-  _globals['_REGISTERREQUEST']._serialized_start=42
-  _globals['_REGISTERREQUEST']._serialized_end=156
-  _globals['_REGISTERREPLY']._serialized_start=158
-  _globals['_REGISTERREPLY']._serialized_end=272
-  _globals['_LINKSTATS']._serialized_start=274
-  _globals['_LINKSTATS']._serialized_end=396
-  _globals['_AGENTSTATS']._serialized_start=399
-  _globals['_AGENTSTATS']._serialized_end=772
-  _globals['_HEARTBEATREQUEST']._serialized_start=774
-  _globals['_HEARTBEATREQUEST']._serialized_end=892
-  _globals['_HEARTBEATREPLY']._serialized_start=894
-  _globals['_HEARTBEATREPLY']._serialized_end=925
-  _globals['_WATCHREQUEST']._serialized_start=927
-  _globals['_WATCHREQUEST']._serialized_end=974
-  _globals['_PEER']._serialized_start=976
-  _globals['_PEER']._serialized_end=1011
-  _globals['_OUTEDGE']._serialized_start=1013
-  _globals['_OUTEDGE']._serialized_end=1055
-  _globals['_PHASE']._serialized_start=1057
-  _globals['_PHASE']._serialized_end=1150
-  _globals['_ASSIGNMENT']._serialized_start=1153
-  _globals['_ASSIGNMENT']._serialized_end=1286
-  _globals['_LEAVEREQUEST']._serialized_start=1288
-  _globals['_LEAVEREQUEST']._serialized_end=1351
-  _globals['_LEAVEREPLY']._serialized_start=1353
-  _globals['_LEAVEREPLY']._serialized_end=1365
-  _globals['_RUNREQUEST']._serialized_start=1367
-  _globals['_RUNREQUEST']._serialized_end=1435
-  _globals['_RUNREPLY']._serialized_start=1438
-  _globals['_RUNREPLY']._serialized_end=1641
-  _globals['_ROUNDREPORT']._serialized_start=1644
-  _globals['_ROUNDREPORT']._serialized_end=2079
-  _globals['_ROUNDREPORT_METRICSENTRY']._serialized_start=1985
-  _globals['_ROUNDREPORT_METRICSENTRY']._serialized_end=2031
-  _globals['_ROUNDREPORT_SCALARSENTRY']._serialized_start=2033
-  _globals['_ROUNDREPORT_SCALARSENTRY']._serialized_end=2079
-  _globals['_REPORTREQUEST']._serialized_start=2081
-  _globals['_REPORTREQUEST']._serialized_end=2172
-  _globals['_REPORTREPLY']._serialized_start=2174
-  _globals['_REPORTREPLY']._serialized_end=2208
-  _globals['_COORDINATOR']._serialized_start=2211
-  _globals['_COORDINATOR']._serialized_end=2635
+  _globals['_REGISTERREQUEST']._serialized_start=43
+  _globals['_REGISTERREQUEST']._serialized_end=182
+  _globals['_REGISTERREPLY']._serialized_start=184
+  _globals['_REGISTERREPLY']._serialized_end=298
+  _globals['_LINKSTATS']._serialized_start=300
+  _globals['_LINKSTATS']._serialized_end=422
+  _globals['_AGENTSTATS']._serialized_start=425
+  _globals['_AGENTSTATS']._serialized_end=798
+  _globals['_HEARTBEATREQUEST']._serialized_start=800
+  _globals['_HEARTBEATREQUEST']._serialized_end=918
+  _globals['_HEARTBEATREPLY']._serialized_start=920
+  _globals['_HEARTBEATREPLY']._serialized_end=951
+  _globals['_WATCHREQUEST']._serialized_start=953
+  _globals['_WATCHREQUEST']._serialized_end=1000
+  _globals['_PEER']._serialized_start=1002
+  _globals['_PEER']._serialized_end=1037
+  _globals['_OUTEDGE']._serialized_start=1039
+  _globals['_OUTEDGE']._serialized_end=1081
+  _globals['_PHASE']._serialized_start=1083
+  _globals['_PHASE']._serialized_end=1176
+  _globals['_ASSIGNMENT']._serialized_start=1179
+  _globals['_ASSIGNMENT']._serialized_end=1312
+  _globals['_LEAVEREQUEST']._serialized_start=1314
+  _globals['_LEAVEREQUEST']._serialized_end=1377
+  _globals['_LEAVEREPLY']._serialized_start=1379
+  _globals['_LEAVEREPLY']._serialized_end=1391
+  _globals['_RUNREQUEST']._serialized_start=1393
+  _globals['_RUNREQUEST']._serialized_end=1461
+  _globals['_RUNREPLY']._serialized_start=1464
+  _globals['_RUNREPLY']._serialized_end=1667
+  _globals['_ROUNDREPORT']._serialized_start=1670
+  _globals['_ROUNDREPORT']._serialized_end=2105
+  _globals['_ROUNDREPORT_METRICSENTRY']._serialized_start=2011
+  _globals['_ROUNDREPORT_METRICSENTRY']._serialized_end=2057
+  _globals['_ROUNDREPORT_SCALARSENTRY']._serialized_start=2059
+  _globals['_ROUNDREPORT_SCALARSENTRY']._serialized_end=2105
+  _globals['_REPORTREQUEST']._serialized_start=2107
+  _globals['_REPORTREQUEST']._serialized_end=2198
+  _globals['_REPORTREPLY']._serialized_start=2200
+  _globals['_REPORTREPLY']._serialized_end=2234
+  _globals['_COORDINATOR']._serialized_start=2237
+  _globals['_COORDINATOR']._serialized_end=2661
 # @@protoc_insertion_point(module_scope)

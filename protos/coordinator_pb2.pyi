@@ -5,7 +5,8 @@ The optional control plane: agents register, report liveness and stats, and rece
 neighbours.
 
 Nothing here is in the data path: agents that lose the coordinator keep gossiping with the
-neighbours they already have.
+neighbours they already have. Each identity's calls are rate-limited per method (beyond
+the limit: RESOURCE_EXHAUSTED; an agent backs off and sends again).
 """
 
 from collections import abc as _abc
@@ -32,6 +33,7 @@ class RegisterRequest(_message.Message):
     TOKEN_FIELD_NUMBER: _builtins.int
     FLEET_DIGEST_FIELD_NUMBER: _builtins.int
     METRICS_ADDRESS_FIELD_NUMBER: _builtins.int
+    ESTIMATE_LENGTH_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     address: _builtins.str
     """host:port of the agent's Gossip service as its peers should dial it."""
@@ -43,6 +45,11 @@ class RegisterRequest(_message.Message):
     """host:port of the agent's Prometheus metrics endpoint (empty: none); listed in the
     coordinator's HTTP service discovery.
     """
+    estimate_length: _builtins.int
+    """Elements of the estimate each of the agent's round reports carries: its model's size, at
+    most 4,096 (a sketch of larger models); 0: its reports carry none. The first
+    registration fixes the run's; an agent that declares another is refused.
+    """
     def __init__(
         self,
         *,
@@ -51,10 +58,11 @@ class RegisterRequest(_message.Message):
         token: _builtins.str = ...,
         fleet_digest: _builtins.str = ...,
         metrics_address: _builtins.str = ...,
+        estimate_length: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "fleet_digest", b"fleet_digest", "metrics_address", b"metrics_address", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "estimate_length", b"estimate_length", "fleet_digest", b"fleet_digest", "metrics_address", b"metrics_address", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -107,7 +107,10 @@ class CoordinatorServicer:
 
     def Report(self, request, context):
         """The agent's round records for the run's results; the one marked final is its final
-        report (the agent is then finished, never declared dead for its silence).
+        report (the agent is then finished, never declared dead for its silence). Refused whole
+        when a round is past the run's last (OUT_OF_RANGE), an estimate is not the run's length
+        or a round goes back within one registration (FAILED_PRECONDITION), or the call is
+        malformed (INVALID_ARGUMENT).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -5,7 +5,8 @@ The optional control plane: agents register, report liveness and stats, and rece
 neighbours.
 
 Nothing here is in the data path: agents that lose the coordinator keep gossiping with the
-neighbours they already have.
+neighbours they already have. Each identity's calls are rate-limited per method (beyond
+the limit: RESOURCE_EXHAUSTED; an agent backs off and sends again).
 """
 
 from collections import abc as _abc
@@ -50,7 +51,10 @@ class CoordinatorStub:
     """
     Report: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportReply]
     """The agent's round records for the run's results; the one marked final is its final
-    report (the agent is then finished, never declared dead for its silence).
+    report (the agent is then finished, never declared dead for its silence). Refused whole
+    when a round is past the run's last (OUT_OF_RANGE), an estimate is not the run's length
+    or a round goes back within one registration (FAILED_PRECONDITION), or the call is
+    malformed (INVALID_ARGUMENT).
     """
 
 @_typing.type_check_only
@@ -70,7 +74,10 @@ class CoordinatorAsyncStub(CoordinatorStub):
     """
     Report: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportReply]  # type: ignore[assignment]
     """The agent's round records for the run's results; the one marked final is its final
-    report (the agent is then finished, never declared dead for its silence).
+    report (the agent is then finished, never declared dead for its silence). Refused whole
+    when a round is past the run's last (OUT_OF_RANGE), an estimate is not the run's length
+    or a round goes back within one registration (FAILED_PRECONDITION), or the call is
+    malformed (INVALID_ARGUMENT).
     """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
@@ -123,7 +130,10 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ReportReply, _abc.Awaitable[_coordinator_pb2.ReportReply]]:
         """The agent's round records for the run's results; the one marked final is its final
-        report (the agent is then finished, never declared dead for its silence).
+        report (the agent is then finished, never declared dead for its silence). Refused whole
+        when a round is past the run's last (OUT_OF_RANGE), an estimate is not the run's length
+        or a round goes back within one registration (FAILED_PRECONDITION), or the call is
+        malformed (INVALID_ARGUMENT).
         """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -10,6 +10,11 @@ from rich.markup import escape
 
 from airgossip.cli.certs import InsecureOption
 from airgossip.cli.display import fail
+from airgossip.cli.metrics_access import (
+    MetricsPasswordFileOption,
+    MetricsTlsOption,
+    MetricsUserOption,
+)
 
 
 def agent(
@@ -107,6 +112,9 @@ def agent(
     checkpoint_interval_s: Annotated[
         float, typer.Option(help="Seconds between two checkpoints.")
     ] = 5.0,
+    metrics_tls: MetricsTlsOption = False,
+    metrics_user: MetricsUserOption = None,
+    metrics_password_file: MetricsPasswordFileOption = None,
 ) -> None:
     """Run one edge agent over real gRPC (what runs on each device).
 
@@ -120,7 +128,8 @@ def agent(
     command = AgentCommand(
         config=config, agent_id=agent_id, index=index, listen=listen, advertise=advertise,
         coordinator=coordinator, peers=peers, token=token, metrics_listen=metrics_listen,
-        metrics_advertise=metrics_advertise, stats_dir=stats_dir, linger_s=linger_s,
+        metrics_advertise=metrics_advertise, metrics_tls=metrics_tls, metrics_user=metrics_user,
+        metrics_password_file=metrics_password_file, stats_dir=stats_dir, linger_s=linger_s,
         ready_timeout_s=ready_timeout_s, parent_pid=parent_pid, threads=threads,
         link_shaping=link_shaping, kernel_links=kernel_links, device=device, certs=certs,
         insecure=insecure, checkpoint_dir=checkpoint_dir,

@@ -15,6 +15,12 @@ from rich.markup import escape
 
 from airgossip.cli.certs import InsecureOption, require_transport_choice
 from airgossip.cli.display import console, fail, say, summary_table, write_summary
+from airgossip.cli.metrics_access import (
+    MetricsPasswordFileOption,
+    MetricsTlsOption,
+    MetricsUserOption,
+    metrics_security,
+)
 
 if TYPE_CHECKING:  # the CLI imports the coordinator and the runtime only when it runs
     from coordinator.membership import FleetView
@@ -84,20 +90,29 @@ def coordinator(
         ),
     ] = None,
     insecure: InsecureOption = False,
+    metrics_tls: MetricsTlsOption = False,
+    metrics_user: MetricsUserOption = None,
+    metrics_password_file: MetricsPasswordFileOption = None,
 ) -> None:
     """Run the coordinator of a run: agents started by hand register, get the scenario and
     their neighbours, report their rounds; results.json, the plot and the summary are written
     when every agent has finished (then the coordinator exits)."""
     stopped = threading.Event()  # SIGTERM from here on: stop as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    from coordinator.malloc import cap_arenas
+    from edge.security.tls import COORDINATOR_IDENTITY
     from emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
 
+    cap_arenas()  # a burst of large requests leaves no memory behind in many arenas
     require_transport_choice(certs, insecure)
+    guard = metrics_security(
+        certs, COORDINATOR_IDENTITY, metrics_tls, metrics_user, metrics_password_file
+    )
     settings = DeviceRunSettings(
         listen=listen, metrics_port=metrics_port, db=db, token=token, topology=topology,
         out_degree=out_degree, agents=agents, rounds=rounds, config=config, out=out,
         heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
-        certs=certs,
+        certs=certs, metrics_security=guard,
     )  # fmt: skip
     try:
         run = DeviceRun(settings)
@@ -109,8 +124,8 @@ def coordinator(
         fail(str(err))
     server, cfg, links = run.server, run.config, run.links
     assert server is not None
-    run_id = server.fleet.run.run_id
-    restored = "restored from " + str(db) if server.fleet.restored else "new fleet"
+    run_id = server.run_id
+    restored = "restored from " + str(db) if server.restored else "new fleet"
     say(
         f"coordinator on {address} ({restored}), {'mutual TLS' if certs else 'plaintext'}, "
         f"run {run_id}: {cfg.agents} agents · "
@@ -119,8 +134,8 @@ def coordinator(
         f"{run.liveness.heartbeat_timeout_s:g} s"
     )
     say(
-        f"metrics at http://{server.metrics_address}/metrics (service discovery /sd, "
-        f"fleet /fleet); results to {run.out_dir}"
+        f"metrics at {guard.scheme}://{server.metrics_address}/metrics (service discovery /sd, "
+        f"fleet /fleet{'; basic auth' if guard.basic_auth else ''}); results to {run.out_dir}"
     )
     say(
         f"agents need only: airgossip agent --coordinator {_dial(address)} --index N"

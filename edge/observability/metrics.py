@@ -1,8 +1,10 @@
-"""An agent's Prometheus metrics, and the small HTTP server that exposes them.
+"""An agent's Prometheus metrics (the HTTP server that exposes them is
+:mod:`edge.observability.http`).
 
 Every Prometheus object of an agent process is created in :class:`AgentMetrics`, fed by the
 plain records and events of :mod:`edge.observability.stats` and
-:mod:`edge.observability.telemetry`; nothing else in ``edge`` touches ``prometheus_client``.
+:mod:`edge.observability.telemetry`; nothing else in ``edge`` touches ``prometheus_client``
+(but the HTTP server, which serves a registry).
 To export more figures (per-link radio state from an emulator, say), declare the new gauges
 in ``AgentMetrics.__init__`` and add one method that takes a plain record of them.
 
@@ -14,18 +16,8 @@ the scraper adds one (the coordinator's service discovery labels every target wi
 
 from __future__ import annotations
 
-import errno
-import json
-import socket
-import socketserver
-import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder
 
 from edge.observability.stats import RoundRecord
 from edge.observability.telemetry import (
@@ -35,7 +27,7 @@ from edge.observability.telemetry import (
     SendEvent,
     StepEvent,
 )
-from edge.privacy.figures import EPSILON, EXHAUSTED
+from edge.privacy.figures import EPSILON, EXHAUSTED, STEPS
 from edge.transport.base import RejectCode
 
 # `*_created` series double every counter and histogram for a timestamp nobody queries.
@@ -213,8 +205,8 @@ class AgentMetrics:
             self.weight.set(record.scalars["weight"])
         if "disagreement" in record.scalars:
             self.disagreement.set(record.scalars["disagreement"])
-        if EPSILON in record.metrics:
-            self.privacy_epsilon.set(record.metrics[EPSILON])
+        if STEPS in record.metrics:  # a privacy mechanism's figures (no epsilon: unbounded)
+            self.privacy_epsilon.set(record.metrics.get(EPSILON, float("inf")))
             self.privacy_exhausted.set(record.metrics.get(EXHAUSTED, 0.0))
 
     def observe_links(self, links: list[LinkFigures]) -> None:
@@ -257,154 +249,3 @@ class AgentMetrics:
         else:
             code = event.code or "UNKNOWN"
             self.rejected.labels(code, event.reason or code.lower()).inc()
-
-
-#: A route answers with (status, content type, body); it gets the request's Accept header.
-Route = Callable[[str], tuple[int, str, bytes]]
-
-
-def exposition_route(registry: CollectorRegistry) -> Route:
-    """A route serving ``registry`` in the format the scraper asks for."""
-
-    def serve(accept: str) -> tuple[int, str, bytes]:
-        encoder, content_type = choose_encoder(accept)
-        return 200, content_type, encoder(registry)
-
-    return serve
-
-
-def json_route(produce: Callable[[], Any]) -> Route:
-    """A route serving whatever ``produce`` returns as JSON."""
-
-    def serve(accept: str) -> tuple[int, str, bytes]:
-        return 200, "application/json", json.dumps(produce()).encode()
-
-    return serve
-
-
-#: Most HTTP connections served at once; more are closed at once (scrapers need one or two).
-MAX_CONNECTIONS = 32
-#: Longest an HTTP connection may take to send a request, or sit idle: a client that
-#: trickles bytes (or none) never holds a thread for longer.
-REQUEST_TIMEOUT_S = 10.0
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # A restarted process must get its port back while old connections sit in TIME_WAIT.
-    allow_reuse_address = True
-    request_queue_size = MAX_CONNECTIONS
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # One thread per connection, but never more than MAX_CONNECTIONS of them.
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host's FQDN: a DNS lookup that can stall for
-        # seconds on a device without a resolver, for a name nobody reads.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-
-class MetricsServer:
-    """A small threaded HTTP server: ``/metrics`` plus any extra JSON routes.
-
-    Parameters
-    ----------
-    registry:
-        Served at ``/metrics``.
-    listen:
-        ``host:port``; port 0 picks a free port (see :attr:`address`).
-    routes:
-        More ``{path: route}`` (the coordinator adds service discovery).
-
-    Raises
-    ------
-    OSError
-        With a one-line reason when ``listen`` cannot be bound.
-    """
-
-    def __init__(
-        self,
-        registry: CollectorRegistry,
-        listen: str = "127.0.0.1:0",
-        *,
-        routes: dict[str, Route] | None = None,
-    ) -> None:
-        host, _, port_text = listen.rpartition(":")
-        host = host.strip("[]")
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise OSError(f"cannot serve metrics on {listen}: expected host:port") from None
-        if not 0 <= port <= 65535:
-            raise OSError(f"cannot serve metrics on {listen}: port must be within 0..65535")
-        self.routes: dict[str, Route] = {"/metrics": exposition_route(registry), **(routes or {})}
-        server_class = type(
-            "_MetricsServer",
-            (_Server,),
-            {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET},
-        )
-        try:
-            self._httpd = server_class((host or "0.0.0.0", port), self._handler_class())
-        except OSError as err:
-            reason = "the port is in use" if err.errno == errno.EADDRINUSE else err.strerror
-            raise OSError(f"cannot serve metrics on {listen}: {reason}") from None
-        bound = self._httpd.server_address[1]
-        shown = host if host and host not in ("0.0.0.0", "::") else "127.0.0.1"
-        self.address = f"[{shown}]:{bound}" if ":" in shown else f"{shown}:{bound}"
-        self.port = int(bound)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="metrics-http", daemon=True
-        )
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        routes = self.routes
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = REQUEST_TIMEOUT_S  # on the socket: reads and writes
-            protocol_version = "HTTP/1.0"  # one request per connection: nothing idles
-
-            def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
-                if route is None:
-                    status, content_type, body = 404, "text/plain", b"not found\n"
-                else:
-                    status, content_type, body = route(self.headers.get("Accept", ""))
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # a scrape every few seconds is not worth a log line
-
-        return Handler
-
-    def start(self) -> str:
-        """Serve in a background thread; return ``host:port`` as a scraper on this host sees it."""
-        self._thread.start()
-        return self.address
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-        self._httpd.server_close()

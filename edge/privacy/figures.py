@@ -3,6 +3,7 @@ results and the coordinator read them)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,19 +37,22 @@ class Spent:
     exhausted: bool = False
 
     def as_metrics(self) -> dict[str, float]:
-        """The numbers a round record carries."""
-        out = {EPSILON: self.epsilon, STEPS: float(self.steps), EXHAUSTED: float(self.exhausted)}
-        if self.epsilon_mean is not None:
+        """The numbers a round record carries. An unbounded epsilon (no noise) is left out:
+        round reports carry finite figures only (the coordinator refuses others)."""
+        out = {STEPS: float(self.steps), EXHAUSTED: float(self.exhausted)}
+        if math.isfinite(self.epsilon):
+            out[EPSILON] = self.epsilon
+        if self.epsilon_mean is not None and math.isfinite(self.epsilon_mean):
             out[EPSILON_MEAN] = self.epsilon_mean
         return out
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, float]) -> Spent | None:
         """The inverse of :meth:`as_metrics` (None for a record without privacy figures)."""
-        if EPSILON not in metrics:
+        if STEPS not in metrics:
             return None
         return cls(
-            epsilon=float(metrics[EPSILON]),
+            epsilon=float(metrics.get(EPSILON, math.inf)),
             steps=int(metrics.get(STEPS, 0)),
             epsilon_mean=metrics.get(EPSILON_MEAN),
             exhausted=bool(metrics.get(EXHAUSTED, 0.0)),

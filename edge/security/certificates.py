@@ -4,9 +4,10 @@
 issue ID`` a member's certificate (``ID.pem``) and key (``ID.key``); ``airgossip run`` makes a
 throwaway authority in its run folder. Keys are ECDSA P-256, written owner-readable only; a
 certificate names its holder as :mod:`edge.security.tls` reads it (the URI ``airgossip:<id>``
-and the DNS name ``<id>``) and is good for both ends of a TLS connection (every agent serves
-and dials). It also carries the member's X25519 key-agreement key
-(:mod:`edge.security.agreement`), which pairs of agents use for secrets of their own.
+and the DNS name ``<id>``, plus the fleet-wide name ``airgossip-metrics`` its metrics endpoint
+is scraped by) and is good for both ends of a TLS connection (every agent serves and dials).
+It also carries the member's X25519 key-agreement key (:mod:`edge.security.agreement`), which
+pairs of agents use for secrets of their own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge.security.agreement import agreement_extension
-from edge.security.tls import CA_CERT, CA_KEY, IDENTITY_URI_PREFIX, SecurityError, check_identity
+from edge.security.tls import (
+    CA_CERT,
+    CA_KEY,
+    IDENTITY_URI_PREFIX,
+    METRICS_NAME,
+    SecurityError,
+    check_identity,
+)
 
 #: Clocks of devices drift: certificates are valid from a little before they are issued.
 CLOCK_SKEW = datetime.timedelta(minutes=5)
@@ -111,6 +119,7 @@ def make_certificate(
                 [
                     x509.UniformResourceIdentifier(f"{IDENTITY_URI_PREFIX}{identity}"),
                     x509.DNSName(identity),
+                    x509.DNSName(METRICS_NAME),
                 ]
             ),
             critical=False,

@@ -38,6 +38,10 @@ from cryptography.hazmat.primitives import serialization
 IDENTITY_URI_PREFIX = "airgossip:"
 #: The coordinator's identity.
 COORDINATOR_IDENTITY = "coordinator"
+#: A DNS name every member's certificate carries besides its own id: the ``server_name`` a
+#: scraper verifies metrics endpoints against when it finds them by service discovery (one
+#: name for every target; it proves a member of the fleet, not which one).
+METRICS_NAME = "airgossip-metrics"
 #: Identities double as DNS names in certificates (see the module docstring): letters,
 #: digits, dots, underscores and hyphens, starting with a letter or digit, at most 63.
 IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")

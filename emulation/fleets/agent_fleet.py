@@ -70,7 +70,7 @@ class AgentProcessFleet(FleetBase):
     def registered(self) -> int:
         """The agents that joined so far (the coordinator's count, else those started)."""
         if self.coordinator is not None:
-            return self.coordinator.fleet.registered()
+            return self.coordinator.registered()
         return len(self.agents.agents)
 
     def start_coordinator(self, listen: str, *, metrics_note: str = "") -> str:

@@ -36,6 +36,9 @@ class AgentCommand:
     token: str = ""
     metrics_listen: str | None = None
     metrics_advertise: str | None = None
+    metrics_tls: bool = False
+    metrics_user: str | None = None
+    metrics_password_file: Path | None = None
     stats_dir: Path | None = None
     linger_s: float = 10.0
     ready_timeout_s: float = 120.0

@@ -25,6 +25,7 @@ from coordinator.service import CoordinatorServer
 from coordinator.store import FleetStore, StoreError
 from edge.algorithms import algorithm_class
 from edge.config.identity import agent_ids
+from edge.observability.http import HttpSecurity
 from edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
 from edge.topology import TopologyError
 from emulation.config import ConfigError, RunConfig, Settings, load_config
@@ -57,6 +58,8 @@ class DeviceRunSettings:
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
     certs: Path | None = None
+    #: TLS and basic auth in front of the metrics port (None: plain HTTP).
+    metrics_security: HttpSecurity | None = None
 
 
 def _with_stored_epoch(config: RunConfig, db: Path | None) -> RunConfig:
@@ -70,7 +73,7 @@ def _with_stored_epoch(config: RunConfig, db: Path | None) -> RunConfig:
         store.close()
     wireless = stored[1].get("wireless") if stored else None
     epoch = wireless.get("epoch_unix") if isinstance(wireless, dict) else None
-    if epoch is None:
+    if not isinstance(epoch, int | float):
         return config
     return config.model_copy(
         update={"wireless": config.wireless.model_copy(update={"epoch_unix": epoch})}
@@ -147,14 +150,14 @@ class DeviceRun:
             server = CoordinatorServer(
                 expected=self.config.agents, topology=self.spec, listen=s.listen,
                 token=s.token, security=security, db=s.db, liveness=self.liveness,
-                metrics_listen=f"{host}:{s.metrics_port}",
+                metrics_listen=f"{host}:{s.metrics_port}", metrics_security=s.metrics_security,
                 run=RunSpec(scenario=self.config.model_dump(mode="json"),
                             rounds=self.config.rounds),
                 switcher=self.runtime.switcher if self.runtime is not None else None,
             )  # fmt: skip
         except (OSError, StoreError, TopologyError, SecurityError) as err:
             raise DeviceRunError(str(err)) from None
-        self.out_dir = s.out or Path("runs") / server.fleet.run.run_id
+        self.out_dir = s.out or Path("runs") / server.run_id
         try:
             refuse_used_out_dir(self.out_dir)
         except ConfigError as err:
@@ -178,7 +181,7 @@ class DeviceRun:
         server = self._server()
         try:
             next_line = time.monotonic() + every_s
-            while not server.fleet.status().complete:
+            while not server.status().complete:
                 if stopped.wait(0.5):
                     return False
                 if time.monotonic() >= next_line:
@@ -198,7 +201,7 @@ class DeviceRun:
             server.stop()
 
     def _collect(self, server: CoordinatorServer, interrupted: bool) -> RunResults | None:
-        records = server.fleet.log.records()
+        records = server.round_records()
         if not records:
             return None
         view = server.view()
@@ -225,7 +228,7 @@ class DeviceRun:
         )  # fmt: skip
         last = [agent_records[-1].counters for agent_records in records.values() if agent_records]
         results.run = RunIdentity(
-            id=server.fleet.run.run_id,
+            id=server.run_id,
             started_unix=status.started_unix if status is not None else None,
             ended_unix=round(ended, 3),
             agents={m.agent_id: m.state for m in view.members},

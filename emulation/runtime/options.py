@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge.config.identity import agent_id as default_agent_id
+from edge.observability.http import HttpSecurity, http_security
 from emulation.config import ConfigError, RunConfig, Settings, load_config, read_scenario
 from emulation.runtime.command import AgentCommand
 
@@ -32,6 +33,8 @@ class AgentProcessOptions:
     metrics_listen: str | None = None
     #: host:port scrapers should use [default: the advertised host, the bound port].
     metrics_advertise: str | None = None
+    #: TLS and basic auth in front of the metrics port (None: plain HTTP).
+    metrics_security: HttpSecurity | None = None
     #: Shape the links in the agent (off where a kernel shapes them).
     shape_links: bool = True
     #: The settings the agent was started with, as written (its scenario file): a coordinator
@@ -117,13 +120,19 @@ def agent_options(command: AgentCommand) -> tuple[RunConfig | None, AgentProcess
     if advertise is not None and advertise.startswith(":"):
         advertise = f"{own_address()}{advertise}"
     metrics = command.metrics_listen or f"{command.listen.rpartition(':')[0]}:0"
+    agent_id = command.agent_id or default_agent_id(command.index)
+    guard = http_security(
+        command.certs, agent_id, tls=command.metrics_tls, user=command.metrics_user,
+        password_file=command.metrics_password_file,
+    )  # fmt: skip
     options = AgentProcessOptions(
-        agent_id=command.agent_id or default_agent_id(command.index), index=command.index,
+        agent_id=agent_id, index=command.index,
         listen=command.listen, advertise=advertise, coordinator=command.coordinator,
         peers=peers, token=command.token, stats_dir=command.stats_dir,
         linger_s=command.linger_s, ready_timeout_s=command.ready_timeout_s,
         metrics_listen=None if metrics == "off" else metrics,
-        metrics_advertise=command.metrics_advertise, shape_links=command.link_shaping,
+        metrics_advertise=command.metrics_advertise, metrics_security=guard,
+        shape_links=command.link_shaping,
         declared=declared, kernel_device=command.kernel_links, certs=command.certs,
         checkpoint_dir=command.checkpoint_dir,
         checkpoint_interval_s=command.checkpoint_interval_s,

@@ -31,7 +31,8 @@ from edge.agent.runner import WallClockRunner
 from edge.agent.waiting import WaitReporter
 from edge.config.identity import agent_ids, natural_order
 from edge.config.settings import AgentSettings
-from edge.observability.metrics import AgentMetrics, MetricsServer
+from edge.observability.http import MetricsServer
+from edge.observability.metrics import AgentMetrics
 from edge.observability.stats import FileStatsSink
 from edge.observability.telemetry import LatestStats, Telemetry
 from edge.security.tls import TlsCredentials, fleet_of
@@ -184,7 +185,9 @@ def _run_agent(
     # Local settings that cannot work fail before any waiting (a busy metrics port, say).
     metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
     if metrics is not None and options.metrics_listen is not None:
-        held.exporter = MetricsServer(metrics.registry, options.metrics_listen)
+        held.exporter = MetricsServer(
+            metrics.registry, options.metrics_listen, security=options.metrics_security
+        )
     run: RunInfo | None = None
     security = TlsCredentials.load(options.certs, options.agent_id) if options.certs else None
     if options.coordinator:
@@ -285,13 +288,15 @@ def _run_agent(
             else exporter.address.rpartition(":")[0]
         )
         metrics_address = options.metrics_advertise or f"{host}:{exporter.port}"
-        log.info("%s metrics on http://%s/metrics", options.agent_id, metrics_address)
+        scheme = exporter.security.scheme
+        log.info("%s metrics on %s://%s/metrics", options.agent_id, scheme, metrics_address)
     if client is not None:
         try:
             client.register(
                 advertise,
                 agent.digest,
                 metrics_address=metrics_address,
+                model_numel=agent.algorithm.estimate().numel(),
                 timeout_s=options.ready_timeout_s,
             )
         except CoordinatorError:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
 
-from coordinator.membership import DEAD, LEFT, Fleet, LivenessSettings, MemberView, Refusal
+from coordinator.membership import LivenessSettings, Membership, Refusal
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore, StoreError
+from coordinator.views import DEAD, LEFT, MemberView
 from edge.observability.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import is_strongly_connected
 from tests.support import FakeClock
@@ -19,19 +21,19 @@ LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
 
 def make_fleet(
     spec: TopologySpec, clock: FakeClock, db: Path | None = None, expected: int = 6
-) -> Fleet:
-    return Fleet(
+) -> Membership:
+    return Membership(
         expected=expected, spec=spec, policy=make_policy(spec), store=FleetStore(db),
         liveness=LIVENESS, clock=clock, wall=clock,
     )  # fmt: skip
 
 
-def register_all(fleet: Fleet, n: int) -> None:
+def register_all(fleet: Membership, n: int) -> None:
     for i in range(n):
         fleet.register(f"agent-{i}", f"10.0.0.{i}:7000", "digest", f"10.0.0.{i}:9100")
 
 
-def out_edges(fleet: Fleet) -> set[tuple[str, str]]:
+def out_edges(fleet: Membership) -> set[tuple[str, str]]:
     return {
         (agent_id, peer)
         for agent_id, assignment in fleet.assignments.items()
@@ -40,7 +42,7 @@ def out_edges(fleet: Fleet) -> set[tuple[str, str]]:
     }
 
 
-def assert_strongly_connected_over(fleet: Fleet, alive: set[str]) -> None:
+def assert_strongly_connected_over(fleet: Membership, alive: set[str]) -> None:
     import numpy as np
 
     ids = sorted(alive)
@@ -170,12 +172,37 @@ def test_restart_on_the_same_database_loses_nothing(topology: str, tmp_path: Pat
     assert restarted.assignments == twin.assignments
 
 
+def test_the_database_is_private_and_a_damaged_one_is_one_line(tmp_path: Path) -> None:
+    db = tmp_path / "state" / "fleet.db"
+    fleet = make_fleet(TopologySpec("ring"), FakeClock(), db)
+    register_all(fleet, 6)
+    fleet.store.close()
+    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700  # created by the coordinator
+    for path in db.parent.iterdir():  # the database, its WAL and shared memory
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    db.chmod(0o644)
+    FleetStore(db).close()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600  # taken back down
+    page = 4096
+    data = bytearray(db.read_bytes())
+    assert len(data) > 3 * page
+    data[2 * page : 3 * page] = bytes(range(256)) * (page // 256)  # one page overwritten
+    db.write_bytes(bytes(data))
+    for sidecar in db.parent.glob("fleet.db-*"):
+        sidecar.unlink()
+    with pytest.raises(StoreError, match=r"is damaged .*restore it from a backup.*another --db"):
+        FleetStore(db)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(StoreError, match=r"writable by every user .*0700"):
+        FleetStore(shared / "fleet.db")
+
+
 def test_store_errors_say_what_is_wrong(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match=r"cannot use database .*missing.*does not exist"):
-        FleetStore(tmp_path / "missing" / "fleet.db")
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match=r"junk\.db: file is not a database"):
+    with pytest.raises(StoreError, match=r"junk\.db is damaged \(file is not a database\)"):
         FleetStore(junk)
     db = tmp_path / "fleet.db"
     make_fleet(TopologySpec("ring"), FakeClock(), db).store.close()

@@ -11,13 +11,14 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
-from coordinator.membership import Fleet, LivenessSettings
+from coordinator.membership import LivenessSettings, Membership
 from coordinator.observability import metrics_server, service_discovery
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore
 from edge.agent import Agent, build_agent
 from edge.config.settings import AgentSettings, TaskSettings
-from edge.observability.metrics import AgentMetrics, MetricsServer
+from edge.observability.http import MetricsServer
+from edge.observability.metrics import AgentMetrics
 from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
 from edge.observability.telemetry import (
     AgentSnapshot,
@@ -133,10 +134,10 @@ def test_agents_report_their_events_where_they_happen() -> None:
         agent.close()
 
 
-def small_fleet() -> tuple[Fleet, FakeClock]:
+def small_fleet() -> tuple[Membership, FakeClock]:
     clock = FakeClock()
     spec = TopologySpec("directed-ring")
-    fleet = Fleet(
+    fleet = Membership(
         expected=3, spec=spec, policy=make_policy(spec), store=FleetStore(None),
         liveness=LivenessSettings(1.0, 3.0), clock=clock, wall=clock,
     )  # fmt: skip

@@ -7,16 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from coordinator.policy import (
-    POLICIES,
-    EdgeListPolicy,
-    FleetGraph,
-    KOutPolicy,
-    TopologySpec,
-    join_components,
-    make_policy,
-    splice_out,
-)
+from coordinator.graphs import FleetGraph, join_components, splice_out
+from coordinator.policy import POLICIES, EdgeListPolicy, KOutPolicy, TopologySpec, make_policy
 from edge.config.identity import natural_order
 from edge.topology import TopologyError, is_strongly_connected
 

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from coordinator.client import CoordinatorClient, CoordinatorError
-from coordinator.membership import DEAD, FINISHED, Fleet, LivenessSettings
+from coordinator.convert import record_to_proto
+from coordinator.membership import LivenessSettings, Membership
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.run import REPORT_ESTIMATE_LIMIT, RunSpec, disagreements
 from coordinator.service import CoordinatorServer
 from coordinator.store import FleetStore, StoreError
+from coordinator.views import DEAD, FINISHED
 from edge.observability.stats import Counters, RoundRecord
 from protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support import FakeClock
@@ -25,9 +27,9 @@ SCENARIO = {"agents": 3, "rounds": 4, "algorithm": "push-sum", "task": {"name": 
             "network": {"loss": 0.0}, "device": "auto"}  # fmt: skip
 
 
-def make_fleet(clock: FakeClock, db: Path | None = None) -> Fleet:
+def make_fleet(clock: FakeClock, db: Path | None = None) -> Membership:
     spec = TopologySpec("exponential")
-    return Fleet(
+    return Membership(
         expected=3, spec=spec, policy=make_policy(spec), store=FleetStore(db),
         liveness=LIVENESS, clock=clock, wall=clock, run=RunSpec("run-1", SCENARIO, 4),
     )  # fmt: skip
@@ -45,7 +47,7 @@ def test_a_finished_agent_is_never_declared_dead_and_ends_the_run(tmp_path: Path
     clock = FakeClock()
     fleet = make_fleet(clock, tmp_path / "fleet.db")
     for i in range(3):
-        fleet.register(f"agent-{i}", f"10.0.0.{i}:7000", "digest")
+        fleet.register(f"agent-{i}", f"10.0.0.{i}:7000", "digest", estimate_length=3)
     assert fleet.status().started_unix == pytest.approx(clock.now)
     for i in range(3):
         fleet.report(f"agent-{i}", [record(f"agent-{i}", r) for r in range(4)])
@@ -64,14 +66,14 @@ def test_a_finished_agent_is_never_declared_dead_and_ends_the_run(tmp_path: Path
     assert fleet.counters["failures"] == 1 and fleet.counters["finished"] == 2
     # A late heartbeat of a finished agent is no reason to register again.
     assert fleet.heartbeat("agent-0", None, epoch) == fleet.epoch
-    records = fleet.log.records()
+    records = fleet.run_records()
     assert [r.round for r in records["agent-0"]] == [0, 1, 2, 3, 4]
     assert records["agent-0"][-1].final
 
     fleet.store.close()  # a restarted coordinator keeps the run and what was reported
     again = make_fleet(clock, tmp_path / "fleet.db")
     assert again.run.run_id == "run-1" and again.status().complete
-    kept = again.log.records()
+    kept = again.run_records()
     assert [r.round for r in kept["agent-0"]] == [0, 1, 2, 3, 4]
     assert np.array_equal(kept["agent-0"][2].estimate, np.full(3, 2.0))
     assert kept["agent-1"][3].counters.messages_sent == 6
@@ -82,7 +84,7 @@ def test_a_database_of_another_scenario_is_refused(tmp_path: Path) -> None:
     make_fleet(FakeClock(), tmp_path / "fleet.db").store.close()
     spec = TopologySpec("exponential")
     with pytest.raises(StoreError, match="holds run run-1 of another scenario"):
-        Fleet(expected=3, spec=spec, policy=make_policy(spec), store=FleetStore(tmp_path /
+        Membership(expected=3, spec=spec, policy=make_policy(spec), store=FleetStore(tmp_path /
               "fleet.db"), run=RunSpec("run-2", {**SCENARIO, "rounds": 9}, 9))  # fmt: skip
 
 
@@ -125,29 +127,35 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
             client.fetch_run({"agents": 16, "rounds": 4})
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "agents = 16 here, 3 in the fleet" in info.value.reason
-        client.register("127.0.0.1:7001", "digest")
-        # A report the coordinator refuses as it is (too many figures) is dropped, with a
-        # warning, instead of blocking every later one; a figure that is no number is left out.
-        crowded = record("agent-0", 9)
+        client.register("127.0.0.1:7001", "digest", model_numel=3)
+        # A report the coordinator refuses as it is (too many figures, past the run's last
+        # round, an estimate of another length than the run's) is dropped, with a warning,
+        # instead of blocking every later one.
+        crowded = record("agent-0", 3)
         crowded.metrics = {f"m{i}": 1.0 for i in range(70)}
-        client.record(crowded)
-        client.send_reports()
-        assert client.pending_reports() == 0 and "agent-0" not in server.fleet.log.records()
-        # A large model travels as a sketch of at most REPORT_ESTIMATE_LIMIT values.
+        # A large model travels as a sketch of REPORT_ESTIMATE_LIMIT values: not this run's.
         big = record("agent-0", 1)
         big.estimate = np.arange(4 * REPORT_ESTIMATE_LIMIT, dtype=np.float64)
+        sketch = record_to_proto(big, estimate_limit=REPORT_ESTIMATE_LIMIT).estimate
+        assert len(sketch) == 8 * REPORT_ESTIMATE_LIMIT
+        for wrong in (crowded, record("agent-0", 5), big):
+            client.record(wrong)
+            client.send_reports()
+            assert client.pending_reports() == 0
+        assert server.round_records() == {}
+        # A figure that is no number is left out.
         odd = record("agent-0", 0)
         odd.metrics["note"] = "fine"  # type: ignore[assignment]
-        for r in (odd, big, record("agent-0", 2, final=True)):
+        for r in (odd, record("agent-0", 1), record("agent-0", 2, final=True)):
             client.record(r)
         client.send_reports()
         assert client.pending_reports() == 0
-        held = server.fleet.log.records()["agent-0"]
+        held = server.round_records()["agent-0"]
         assert [r.round for r in held] == [0, 1, 2]
-        assert held[1].estimate is not None and held[1].estimate.size == REPORT_ESTIMATE_LIMIT
+        assert held[1].estimate is not None and list(held[1].estimate) == [1.0] * 3
         assert held[2].metrics == {"accuracy": pytest.approx(0.7)}
         assert held[0].metrics == {"accuracy": pytest.approx(0.5)}
-        assert server.fleet.members["agent-0"].record.state == FINISHED
+        assert {m.agent_id: m.state for m in server.view().members} == {"agent-0": FINISHED}
     finally:
         client.close()
     with grpc.insecure_channel(server.address) as channel:
@@ -157,7 +165,7 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
             stub.Report(coordinator_pb2.ReportRequest(agent_id="agent-0", token="t",
                                                       rounds=[bad]), timeout=5)  # fmt: skip
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        nan = coordinator_pb2.RoundReport(round=1, estimate=np.array([np.nan]).tobytes())
+        nan = coordinator_pb2.RoundReport(round=1, estimate=np.array([np.nan, 0, 0]).tobytes())
         with pytest.raises(grpc.RpcError) as error:
             stub.Report(coordinator_pb2.ReportRequest(agent_id="agent-0", token="t",
                                                       rounds=[nan]), timeout=5)  # fmt: skip
@@ -165,4 +173,4 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
         with pytest.raises(grpc.RpcError) as error:
             stub.Report(coordinator_pb2.ReportRequest(agent_id="ghost", token="t"), timeout=5)
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
-    assert [r.round for r in server.fleet.log.records()["agent-0"]] == [0, 1, 2]
+    assert [r.round for r in server.round_records()["agent-0"]] == [0, 1, 2]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from coordinator.membership import Fleet, LivenessSettings
+from coordinator.membership import LivenessSettings, Membership
 from coordinator.policy import SwitchingPolicy, TopologySpec, make_policy
 from coordinator.store import FleetStore, StoreError
 from edge.observability.stats import RoundRecord
@@ -23,18 +23,20 @@ AGENTS = [f"agent-{i}" for i in range(6)]
 BY_ROUND = {"topologies": ["complete", "ring"], "at_rounds": [6]}
 
 
-def make_fleet(schedule: dict[str, Any] | None, clock: FakeClock, db: Path | None = None) -> Fleet:
+def make_fleet(
+    schedule: dict[str, Any] | None, clock: FakeClock, db: Path | None = None
+) -> Membership:
     spec = TopologySpec("complete")
     switcher = TopologySwitcher(parse_switching(schedule), 6) if schedule is not None else None
-    return Fleet(
+    return Membership(
         expected=6, spec=spec, policy=make_policy(spec, switcher), store=FleetStore(db),
         liveness=LIVENESS, clock=clock, wall=clock,
     )  # fmt: skip
 
 
-def register_all(fleet: Fleet) -> None:
+def register_all(fleet: Membership) -> None:
     for i, agent_id in enumerate(AGENTS):
-        fleet.register(agent_id, f"10.0.0.{i}:7000", "digest")
+        fleet.register(agent_id, f"10.0.0.{i}:7000", "digest", estimate_length=4)
 
 
 def record(agent_id: str, round_index: int, spread: float = 1.0) -> RoundRecord:
@@ -45,12 +47,19 @@ def record(agent_id: str, round_index: int, spread: float = 1.0) -> RoundRecord:
                        estimate=estimate)  # fmt: skip
 
 
-def report_round(fleet: Fleet, round_index: int, agents: list[str] = AGENTS, **kw: Any) -> None:
+def report_round(
+    fleet: Membership, round_index: int, agents: list[str] = AGENTS, **kw: Any
+) -> None:
     for agent_id in agents:
         fleet.report(agent_id, [record(agent_id, round_index, **kw)])
 
 
-def out_neighbours(fleet: Fleet, agent_id: str) -> set[str]:
+def graph_name(fleet: Membership) -> str:
+    graph = fleet.graphs.graph
+    return graph.graph.name if graph is not None else ""
+
+
+def out_neighbours(fleet: Membership, agent_id: str) -> set[str]:
     return {p for phase in fleet.assignments[agent_id].schedule for p in phase.out_weights}
 
 
@@ -66,7 +75,7 @@ def test_the_epoch_goes_up_once_every_agent_has_passed_the_round_and_old_peers_s
     for agent_id in AGENTS[:3]:
         fleet.report(agent_id, [record(agent_id, r) for r in range(5, 9)])
     report_round(fleet, 5, AGENTS[3:5])
-    assert fleet.epoch == 1 and fleet.next_observed == 5
+    assert fleet.epoch == 1 and fleet.graphs.next_observed == 5
     report_round(fleet, 5, ["agent-5"])
     assert fleet.epoch == 2
     switcher = fleet.policy.switcher
@@ -76,9 +85,9 @@ def test_the_epoch_goes_up_once_every_agent_has_passed_the_round_and_old_peers_s
     # graph's edges still owe must arrive).
     assert out_neighbours(fleet, "agent-0") == {"agent-1", "agent-5"}
     assert set(fleet.assignments["agent-0"].peers) == set(AGENTS[1:])
-    assert fleet.graph is not None and fleet.graph.graph.name == "ring"
-    for round_index in range(6, 12):
-        report_round(fleet, round_index)
+    assert graph_name(fleet) == "ring"
+    for round_index in range(6, 12):  # (the three ahead reported up to 8 already)
+        report_round(fleet, round_index, AGENTS[3:] if round_index <= 8 else AGENTS)
     assert fleet.epoch == 2  # the schedule is done: no more epochs
 
 
@@ -92,9 +101,9 @@ def test_a_dead_agent_does_not_hold_the_schedule_up() -> None:
     assert fleet.epoch == 1  # agent-5 is alive and has not reported
     clock.now += 1.5  # agent-5 silent past the timeout; the others just reported
     assert fleet.expire() == ["agent-5"]
-    assert fleet.epoch == 2 and fleet.graph is not None and fleet.graph.graph.name == "complete"
+    assert fleet.epoch == 2 and fleet.graphs.graph is not None and graph_name(fleet) == "complete"
     report_round(fleet, 6, AGENTS[:5])  # the next report moves the schedule on
-    assert fleet.epoch == 3 and fleet.graph.graph.name == "ring"
+    assert fleet.epoch == 3 and graph_name(fleet) == "ring"
     # The ring over six agents with agent-5 spliced out: agent-4 -> agent-0 closes it.
     assert out_neighbours(fleet, "agent-4") == {"agent-3", "agent-0"}
     assert "agent-5" not in fleet.assignments
@@ -119,7 +128,7 @@ def test_an_adaptive_trigger_reads_the_reported_estimates() -> None:
     report_round(fleet, 7, spread=spreads[7])
     switcher = fleet.policy.switcher
     assert switcher is not None and switcher.switched_at == [8]
-    assert fleet.epoch == 2 and fleet.graph is not None and fleet.graph.graph.name == "ring"
+    assert fleet.epoch == 2 and fleet.graphs.graph is not None and graph_name(fleet) == "ring"
     # The figure it read is the shared one (what a fleet in one process measures).
     figures = fleet_figures(5, [record(a, 5, spread=0.01) for a in AGENTS], 6)
     assert figures.consensus_distance is not None and figures.consensus_distance < 0.05
@@ -142,20 +151,20 @@ def test_a_restarted_coordinator_keeps_the_stage_and_the_adaptive_streak(tmp_pat
 
     restarted = make_fleet(schedule, clock, db)
     assert restarted.restored and restarted.epoch == 2
-    assert restarted.graph is not None and restarted.graph.graph.name == "ring"
+    assert graph_name(restarted) == "ring"
     switcher = restarted.policy.switcher
     assert switcher is not None and switcher.stage == 1 and switcher.switched_at == [4]
-    assert restarted.next_observed == 4  # rounds 4 and 5 are told again from the store
+    assert restarted.graphs.next_observed == 4  # rounds 4 and 5 are told again from the store
     report_round(restarted, 6, spread=0.01)
     assert switcher.switched_at == [4, 7] and restarted.epoch == 3
-    assert restarted.graph.graph.name == "exponential"
+    assert graph_name(restarted) == "exponential"
     # A repair after the restart stays on the schedule's graph.
     clock.now += 10.0
     for agent_id in AGENTS[:5]:
         restarted.heartbeat(agent_id, None, 3)
     clock.now += 0.1
     restarted.expire()
-    assert restarted.graph.graph.name == "exponential" and "agent-5" not in restarted.assignments
+    assert graph_name(restarted) == "exponential" and "agent-5" not in restarted.assignments
     restarted.store.close()
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.membership import Fleet as CoordinatorFleet
+from coordinator.membership import Membership
 from coordinator.policy import TopologySpec, make_policy
 from coordinator.store import FleetStore
 from edge.agent import Agent, build_agent
@@ -236,9 +236,7 @@ def test_metropolis_hastings_weights_reach_the_agents_and_results(tmp_path: Path
     assert results["config"]["lambda2"] == pytest.approx(1 / 3 + 2 / 3 * 0.5)  # MH ring, n=6
     assert results["final"]["relative_error"] < 1e-6
     spec = TopologySpec("complete", scheme="metropolis-hastings")
-    fleet = CoordinatorFleet(
-        expected=2, spec=spec, policy=make_policy(spec), store=FleetStore(None)
-    )
+    fleet = Membership(expected=2, spec=spec, policy=make_policy(spec), store=FleetStore(None))
     fleet.register("agent-0", "a:1", "d")
     fleet.register("agent-1", "b:1", "d")
     assert fleet.assignments["agent-0"].phase(0).out_weights == {"agent-1": 0.5}

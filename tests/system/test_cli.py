@@ -125,14 +125,28 @@ def test_coordinator_refuses_busy_ports_and_unusable_databases(tmp_path: Path) -
             "coordinator", "--insecure", "--listen", "127.0.0.1:0", "--metrics-port", str(port)
         )
         assert_one_line_error(busy_metrics, f"127.0.0.1:{port}", "in use")
-    missing = tmp_path / "no" / "such" / "fleet.db"
-    assert_one_line_error(cli(*base, "--db", str(missing)), str(missing), "does not exist")
-    junk = tmp_path / "junk.db"
-    junk.write_text("not a database " * 100)
-    assert_one_line_error(cli(*base, "--db", str(junk)), "junk.db", "not a database")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert_one_line_error(cli(*base, "--db", str(shared / "fleet.db")), "writable by every user")
+    # One page of a real database overwritten (a disk that went bad): one line, no traceback.
     from coordinator.policy import TopologySpec
     from coordinator.store import FleetStore
 
+    damaged = tmp_path / "state" / "damaged.db"
+    store = FleetStore(damaged)
+    store.claim(TopologySpec("ring").describe(), 8)
+    store.database.query("CREATE TABLE filler (x TEXT)")
+    for _ in range(20):
+        store.database.query("INSERT INTO filler VALUES (?)", ("x" * 2000,))
+    store.close()
+    data = bytearray(damaged.read_bytes())
+    data[4096:8192] = b"\x5a" * 4096
+    damaged.write_bytes(bytes(data))
+    assert_one_line_error(cli(*base, "--db", str(damaged)), "damaged.db is damaged", "backup")
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database " * 100)
+    assert_one_line_error(cli(*base, "--db", str(junk)), "junk.db", "not a database")
     store = FleetStore(tmp_path / "ring.db")
     store.claim(TopologySpec("ring").describe(), 8)
     store.close()

@@ -130,7 +130,7 @@ def test_an_agent_that_disagrees_with_the_fleet_is_refused_naming_the_setting(
             "--config", str(tmp_path / "mine.toml"), timeout=120, cwd=tmp_path,
         )  # fmt: skip
         assert_one_line_error(result, "FAILED_PRECONDITION", named)
-        assert server.fleet.members == {}  # refused before it registered
+        assert server.view().members == ()  # refused before it registered
     finally:
         server.stop(grace_s=0)
 

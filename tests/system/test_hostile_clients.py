@@ -26,7 +26,7 @@ from protos import gossip_pb2
 from tests.support import TlsFleet, credentials
 
 CALLS = 400
-COORDINATOR_METHODS = ("Register", "Heartbeat", "Leave")
+COORDINATOR_METHODS = ("Register", "Heartbeat", "Leave", "Report", "GetRun")
 
 
 def random_bytes(rng: random.Random, most: int = 300) -> bytes:

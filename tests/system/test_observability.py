@@ -1,14 +1,20 @@
-"""A real Prometheus discovers a running fleet through the coordinator's service discovery."""
+"""A real Prometheus discovers a running fleet through the coordinator's service discovery,
+plain and behind TLS and basic auth; metrics endpoints stay answered under idle connections."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, LocalFleet, free_port, promtool_check
+from tests.support import ROOT, LocalFleet, credentials_folder, free_port, promtool_check
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +45,7 @@ def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
 class Prometheus:
     """Debian's Prometheus with its own config and storage, on a loopback port."""
 
-    def __init__(self, tmp: Path, coordinator_metrics: str) -> None:
+    def __init__(self, tmp: Path, coordinator_metrics: str, scrape_configs: str = "") -> None:
         binary = shutil.which("prometheus")
         assert binary, "prometheus is missing: `./scripts/install --dev` installs Debian's package"
         self.port = free_port()
@@ -49,13 +55,16 @@ class Prometheus:
             "  scrape_interval: 1s\n"
             "  scrape_timeout: 1s\n"
             "scrape_configs:\n"
-            "  - job_name: airgossip-coordinator\n"
-            "    static_configs:\n"
-            f"      - targets: ['{coordinator_metrics}']\n"
-            "  - job_name: airgossip-agents\n"
-            "    http_sd_configs:\n"
-            f"      - url: http://{coordinator_metrics}/sd\n"
-            "        refresh_interval: 1s\n"
+            + (
+                scrape_configs
+                or "  - job_name: airgossip-coordinator\n"
+                "    static_configs:\n"
+                f"      - targets: ['{coordinator_metrics}']\n"
+                "  - job_name: airgossip-agents\n"
+                "    http_sd_configs:\n"
+                f"      - url: http://{coordinator_metrics}/sd\n"
+                "        refresh_interval: 1s\n"
+            )
         )
         self.log = tmp / "prometheus.log"
         with self.log.open("wb") as log:
@@ -198,3 +207,126 @@ def test_a_launched_fleet_exposes_service_discovery(tmp_path: Path) -> None:
             launcher.kill()
             launcher.wait()
     assert launcher.returncode == 130
+
+
+SCENARIO = """\
+agents = 2
+rounds = 1000000
+wait_timeout_s = 0.25
+[task]
+name = "consensus"
+"""
+IDLE = 200
+
+
+def guarded_scrape(address: str, path: str, ca: Path, server_name: str, auth: str | None) -> bytes:
+    """GET over TLS, the fleet's CA checking ``server_name``, with basic auth ``user:pass``."""
+    context = ssl.create_default_context(cafile=str(ca))
+    host, port = address.rsplit(":", 1)
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        token = base64.b64encode(auth.encode()).decode() if auth else ""
+        header = f"Authorization: Basic {token}\r\n" if auth else ""
+        tls.sendall(f"GET {path} HTTP/1.0\r\n{header}\r\n".encode())
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_prometheus_scrapes_a_fleet_behind_tls_and_basic_auth_while_idle_connections_pile_up(
+    tmp_path: Path,
+) -> None:
+    certs = credentials_folder()
+    password = tmp_path / "metrics-password"
+    password.write_text("correct horse battery staple\n")
+    guard = ["--certs", str(certs), "--metrics-tls", "--metrics-user", "prometheus",
+             "--metrics-password-file", str(password)]  # fmt: skip
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SCENARIO)
+    grpc_port, metrics_port = free_port(), free_port()
+    coordinator = f"127.0.0.1:{metrics_port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    spawned = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def spawn(name: str, *args: str) -> None:
+        with (logs / f"{name}.log").open("wb") as log:
+            spawned.append(subprocess.Popen(
+                [sys.executable, "-m", "airgossip", *args], cwd=ROOT, env=env,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            ))  # fmt: skip
+
+    spawn("coordinator", "coordinator", "--listen", f"127.0.0.1:{grpc_port}", "--metrics-port",
+          str(metrics_port), "--config", str(scenario), "--topology", "ring", *guard)  # fmt: skip
+    for i in range(2):
+        spawn(f"agent-{i}", "agent", "--coordinator", f"127.0.0.1:{grpc_port}", "--index",
+              str(i), "--threads", "1", "--parent-pid", str(os.getpid()), *guard)  # fmt: skip
+    ca = certs / "ca.pem"
+
+    def access(name: str, indent: str) -> str:
+        """tls_config (the fleet's CA, ``name`` checked) and basic_auth, as YAML."""
+        lines = ["tls_config:", f"  ca_file: {ca}", f"  server_name: {name}", "basic_auth:",
+                 "  username: prometheus", f"  password_file: {password}"]  # fmt: skip
+        return "".join(f"{indent}{line}\n" for line in lines)
+
+    prometheus = Prometheus(
+        tmp_path, coordinator,
+        "  - job_name: airgossip-coordinator\n    scheme: https\n"
+        + access("coordinator", "    ")
+        + f"    static_configs:\n      - targets: ['{coordinator}']\n"
+        "  - job_name: airgossip-agents\n    scheme: https\n"
+        + access("airgossip-metrics", "    ")
+        + f"    http_sd_configs:\n      - url: https://{coordinator}/sd\n"
+        "        refresh_interval: 1s\n" + access("coordinator", "        "),
+    )  # fmt: skip
+    idle: list[socket.socket] = []
+    try:
+
+        def healthy() -> list[dict[str, Any]]:
+            assert all(p.poll() is None for p in spawned), (logs / "coordinator.log").read_text()
+            active = prometheus.get("/api/v1/targets")["data"]["activeTargets"]
+            return [t for t in active if t["health"] == "up"]
+
+        deadline = time.monotonic() + 180
+        while not prometheus.ready():
+            assert time.monotonic() < deadline, prometheus.log.read_text()
+            time.sleep(0.2)
+        while len(up := healthy()) < 3:
+            assert time.monotonic() < deadline, prometheus.get("/api/v1/targets")
+            time.sleep(0.5)
+        assert sorted(t["labels"].get("agent", "-") for t in up) == ["-", "agent-0", "agent-1"]
+        assert all(t["scrapeUrl"].startswith("https://") for t in up)
+        agent = next(t["labels"]["instance"] for t in up if t["labels"].get("agent"))
+        rounds = prometheus.query("airgossip_agent_round")
+        assert sorted(r["metric"]["agent"] for r in rounds) == ["agent-0", "agent-1"]
+        # Without the password, or without TLS, nothing is served.
+        refused = guarded_scrape(coordinator, "/metrics", ca, "coordinator", None)
+        assert refused.startswith(b"HTTP/1.1 401")
+        with pytest.raises((OSError, urllib.error.URLError)):
+            scrape(f"http://{coordinator}/metrics")
+
+        # 200 connections that never send a byte, to the coordinator and to an agent.
+        for address in (coordinator, agent):
+            host, port = address.rsplit(":", 1)
+            idle += [socket.create_connection((host, int(port)), timeout=5) for _ in range(IDLE)]
+        for address, name in ((coordinator, "coordinator"), (agent, "airgossip-metrics")):
+            for _ in range(3):
+                started = time.monotonic()
+                answer = guarded_scrape(address, "/metrics", ca, name, "prometheus:"
+                                        "correct horse battery staple")  # fmt: skip
+                took = time.monotonic() - started
+                assert answer.startswith(b"HTTP/1.1 200") and b"airgossip_" in answer
+                assert took < 1.0, (address, took)
+        time.sleep(3)  # three scrape intervals with the idle connections held
+        assert len(healthy()) == 3
+    finally:
+        for sock in idle:
+            sock.close()
+        prometheus.close()
+        for process in spawned:
+            process.kill()
+            process.wait(timeout=30)

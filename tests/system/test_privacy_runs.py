@@ -108,6 +108,21 @@ def test_a_budget_stops_training_before_it_is_overspent_or_warns(
     assert len([r for r in caplog.records if "past the budget" in r.getMessage()]) == 4
 
 
+def test_an_unbounded_epsilon_is_left_out_of_round_reports() -> None:
+    from coordinator.convert import record_from_proto, record_to_proto
+
+    fleet = privacy_run(mechanism="dp-sgd", noise_multiplier=0.0)  # no noise: no guarantee
+    last = fleet.records()["agent-0"][-1]
+    assert EPSILON not in last.metrics and Spent.from_metrics(last.metrics) == Spent(math.inf, 3)
+    # The coordinator takes the report (it refuses figures that are not finite).
+    back = record_from_proto("agent-0", record_to_proto(last, estimate_limit=1 << 20))
+    assert Spent.from_metrics(back.metrics) == Spent(math.inf, 3)
+    assert summarise(fleet.records()).final.privacy_epsilon == math.inf
+    metrics = AgentMetrics("agent-0")
+    metrics.record(last)
+    assert metrics.registry.get_sample_value("airgossip_agent_privacy_epsilon") == math.inf
+
+
 def test_metrics_export_epsilon_and_infinity_without_a_mechanism() -> None:
     from prometheus_client import generate_latest
 

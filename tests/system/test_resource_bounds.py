@@ -145,9 +145,9 @@ def threads(pid: int) -> int:
     raise AssertionError(f"no thread count for {pid}")
 
 
-#: Rounds slowed by latency: the coordinator keeps every round report for the run's
-#: results (about 1 KB an agent and round here), so a fleet racing through rounds would grow
-#: its memory by itself, garbage or not.
+#: Rounds slowed by latency, so that what the test measures is the garbage, not a fleet
+#: racing through rounds (the coordinator keeps round reports in its database, whose page
+#: cache still fills up to its bound as the run grows).
 CONSENSUS = """\
 agents = 2
 rounds = 10000000
