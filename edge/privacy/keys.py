@@ -3,14 +3,14 @@ two agents of every pair, over the identities they already hold.
 
 **With TLS credentials** (every fleet of processes, devices, containers). An agent's
 X25519 key is derived from its certificate's private key (HKDF-SHA256; no new key file), and
-its public half is in its certificate, in an extension the fleet's authority signs with the
-rest (``edge.security.agreement``, added by ``airgossip certs`` and ``airgossip run``). An
+its public half is in its certificate, as a name the fleet's authority signs with the rest
+(``edge.security.agreement``, added by ``airgossip certs`` and ``airgossip run``). An
 agent reads a partner's certificate (public) beside its own (``<peer>.pem``), or in a run
 folder from the partner's folder next to its own (``certs/<peer>/<peer>.pem``), checks that
 the fleet's authority issued it to that identity and that it is valid now, and agrees a
 secret with the key in it. Nobody else can compute the secret; nothing of it is
-ever sent. Certificates issued before this extension existed are refused with a line that
-says to issue new ones.
+ever sent. Certificates issued before this name existed are refused with a line that says
+to issue new ones.
 
 **In-process fleets** (``inproc``, ``virtual``: one process, no TLS): every agent gets an
 X25519 key derived from the run's seed (:class:`RunKeyring`), so that a run is as

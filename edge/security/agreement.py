@@ -1,12 +1,19 @@
 """Key agreement keys of a fleet's members, bound to their certificates.
 
 A member's X25519 key is derived from its certificate's ECDSA key (HKDF-SHA256 of the
-scalar: no second key file to keep), and its public half rides in the certificate, in an
-extension the fleet's authority signs with the rest. A partner's certificate then
-authenticates the key it agrees a secret with (``edge.privacy.keys``).
+scalar: no second key file to keep), and its public half rides in the certificate as a
+second URI subject alternative name, ``airgossip-x25519:<key, base64url>``, which the fleet's
+authority signs with the rest. A partner's certificate then authenticates the key it
+agrees a secret with (``edge.privacy.keys``). A name rather than an extension of its own:
+every TLS stack parses names (Prometheus's Go one refuses an object identifier whose arcs
+do not fit 64 bits, as a UUID-based one does), and a name that is not ``airgossip:<id>``
+identifies nobody (:func:`edge.security.tls.certificate_identity`).
 """
 
 from __future__ import annotations
+
+import base64
+import binascii
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -14,9 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-#: The certificate extension that carries a member's X25519 public key (an OID under the
-#: UUID arc 2.25, which needs no registration; the value is a DER OCTET STRING of 32 bytes).
-AGREEMENT_OID = x509.ObjectIdentifier("2.25.247788561532925004963313451618305795613")
+#: How a certificate carries its member's X25519 public key: a URI subject alternative name.
+AGREEMENT_URI_PREFIX = "airgossip-x25519:"
 _DERIVE_INFO = b"airgossip x25519 key agreement v1"
 
 
@@ -27,23 +33,32 @@ def agreement_key(identity_key: ec.EllipticCurvePrivateKey) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(seed)
 
 
-def agreement_extension(identity_key: ec.EllipticCurvePrivateKey) -> x509.UnrecognizedExtension:
-    """The extension a certificate carries for key agreement (see the module docstring)."""
+def agreement_name(identity_key: ec.EllipticCurvePrivateKey) -> x509.UniformResourceIdentifier:
+    """The subject alternative name a certificate carries for key agreement."""
     public = (
         agreement_key(identity_key)
         .public_key()
         .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     )
-    return x509.UnrecognizedExtension(AGREEMENT_OID, b"\x04\x20" + public)
+    encoded = base64.urlsafe_b64encode(public).rstrip(b"=").decode()
+    return x509.UniformResourceIdentifier(f"{AGREEMENT_URI_PREFIX}{encoded}")
 
 
 def agreement_public_key(cert: x509.Certificate) -> X25519PublicKey | None:
-    """The X25519 public key a certificate carries, or None."""
+    """The X25519 public key a certificate carries (exactly one), or None."""
     try:
-        value = cert.extensions.get_extension_for_oid(AGREEMENT_OID).value
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return None
-    raw = getattr(value, "value", b"")
-    if len(raw) != 34 or raw[:2] != b"\x04\x20":
+    keys = [
+        u[len(AGREEMENT_URI_PREFIX) :]
+        for u in names.get_values_for_type(x509.UniformResourceIdentifier)
+        if u.startswith(AGREEMENT_URI_PREFIX)
+    ]
+    if len(keys) != 1:
         return None
-    return X25519PublicKey.from_public_bytes(raw[2:])
+    try:
+        raw = base64.urlsafe_b64decode(keys[0] + "=" * (-len(keys[0]) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    return X25519PublicKey.from_public_bytes(raw) if len(raw) == 32 else None

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edge.security.agreement import agreement_extension
+from edge.security.agreement import agreement_name
 from edge.security.tls import (
     CA_CERT,
     CA_KEY,
@@ -120,6 +120,8 @@ def make_certificate(
                     x509.UniformResourceIdentifier(f"{IDENTITY_URI_PREFIX}{identity}"),
                     x509.DNSName(identity),
                     x509.DNSName(METRICS_NAME),
+                    # The member's key-agreement key, for pairwise secrets.
+                    agreement_name(key),
                 ]
             ),
             critical=False,
@@ -135,8 +137,6 @@ def make_certificate(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(authority_key.public_key()),
             critical=False,
         )
-        # The member's key-agreement key, for pairwise secrets (edge.security.agreement).
-        .add_extension(agreement_extension(key), critical=False)
         .sign(authority_key, hashes.SHA256())
     )
     return _cert_pem(cert), _key_pem(key)

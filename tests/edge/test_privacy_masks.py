@@ -13,7 +13,7 @@ import torch
 from edge.privacy.keys import CertificateSecrets, RunKeyring
 from edge.privacy.masks import PairMasks, gaussian_stream
 from edge.privacy.plan import FleetGraph
-from edge.security.agreement import agreement_public_key
+from edge.security.agreement import AGREEMENT_URI_PREFIX, agreement_public_key
 from edge.security.certificates import make_authority, make_certificate, throwaway_fleet
 from edge.security.tls import SecurityError, TlsCredentials
 from edge.topology import build_graph
@@ -61,21 +61,20 @@ def test_certificates_from_before_key_agreement_are_refused_with_a_way_out(
     certs: Path, tmp_path: Path
 ) -> None:
     from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
 
     cert = x509.load_pem_x509_certificate((certs / "agent-0.pem").read_bytes())
     assert agreement_public_key(cert) is not None
-    # The same certificate without the extension (as issued before it existed).
+    # The same certificate without the key-agreement name (as issued before it existed).
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    kept = [n for n in names if not str(n.value).startswith(AGREEMENT_URI_PREFIX)]
+    assert len(kept) == len(list(names)) - 1
     authority, key = make_authority("old fleet")
     builder = x509.CertificateBuilder().subject_name(cert.subject).issuer_name(authority.subject)
     builder = builder.public_key(cert.public_key()).serial_number(cert.serial_number)
     builder = builder.not_valid_before(cert.not_valid_before_utc)
     builder = builder.not_valid_after(cert.not_valid_after_utc)
-    for extension in cert.extensions:
-        if extension.oid.dotted_string.startswith("2.25."):
-            continue
-        builder = builder.add_extension(extension.value, extension.critical)
-    from cryptography.hazmat.primitives import hashes, serialization
-
+    builder = builder.add_extension(x509.SubjectAlternativeName(kept), critical=False)
     old = builder.sign(key, hashes.SHA256())
     (tmp_path / "ca.pem").write_bytes(authority.public_bytes(serialization.Encoding.PEM))
     (tmp_path / "agent-0.pem").write_bytes(old.public_bytes(serialization.Encoding.PEM))
