@@ -191,7 +191,7 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
     notes: list[str] = []
     try:
         kill_at = int(scenario.rounds * 0.4)
-        early = max(1, kill_at - 600)  # the checkpoint kept is at least 500 rounds old
+        early = max(1, kill_at - 700)  # the checkpoint kept is some 500 rounds old or more
         if scenario.restart == "old":
             fleet.wait(lambda: fleet.round_of(scenario.victims[0]) >= early, 900)
             time.sleep(2.5)  # at least one checkpoint written at or after `early`

@@ -110,12 +110,21 @@ def send_event(peer: str, round_index: int, outcome: SendOutcome, seconds: float
 
 
 class Outbox:
-    """An agent's pushes in flight and the out-neighbours it cannot reach (under the
-    agent's lock)."""
+    """An agent's pushes in flight and the out-neighbours its pushes do not reach (under the
+    agent's lock).
+
+    An edge whose pushes fail would take a share of the agent's weight every round and
+    deliver none: within seconds, the whole fleet's weight would sit on it. A peer that
+    cannot be reached (``UNAVAILABLE``) keeps its share at home and is probed every
+    :data:`PROBE_ROUNDS` rounds; one that refuses (its slots are busy, it does not hear us
+    yet) keeps its share at home too, and gets what its edge owes every round until a push
+    lands.
+    """
 
     def __init__(self) -> None:
         self.inflight: set[str] = set()
         self.unreachable: set[str] = set()
+        self.refusing: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
 
     def plan(self, round_index: int, phase: Phase, peers: Collection[str], *, starved: bool
@@ -123,6 +132,8 @@ class Outbox:
         """This round's phase (shares of unreachable peers kept home, all of them when the
         agent is starved) and the peers a message may go to."""
         probe = round_index % PROBE_ROUNDS == 0
+        if self.refusing:
+            phase = hold_back(phase, self.refusing, probe=True)
         if self.unreachable:
             phase = hold_back(phase, self.unreachable, probe=probe)
         if starved:  # see STARVED_WEIGHT: flush what edges owe, give nothing new
@@ -135,6 +146,7 @@ class Outbox:
     def readdressed(self, peers: dict[str, str], old: dict[str, str]) -> None:
         """A new directory: a peer at a new address (it restarted) is worth a share again."""
         self.unreachable = {p for p in self.unreachable if peers.get(p) == old.get(p)}
+        self.refusing = {p for p in self.refusing if peers.get(p) == old.get(p)}
 
     def finished(self, peer: str, outcome: SendOutcome) -> str:
         """Book a finished push; return a warning worth logging (once per peer and code)."""
@@ -142,12 +154,15 @@ class Outbox:
         if outcome.delivered or outcome.dropped:
             if outcome.delivered:
                 self.unreachable.discard(peer)
+                self.refusing.discard(peer)
             return ""
         err = outcome.error
         if err is not None and err.code is RejectCode.UNAVAILABLE:
             self.unreachable.add(peer)
+            self.refusing.discard(peer)
         elif err is not None:
             self.unreachable.discard(peer)  # it answered, if only to refuse
+            self.refusing.add(peer)
         key = (peer, err.code.value if err else "?")
         if key in self._warned:
             return ""

@@ -103,13 +103,18 @@ def test_two_of_eight_agents_killed_then_restarted(
     view = fleet.fleet()
     everybody = {f"agent-{i}" for i in everyone}
     assert strongly_connected(view["edges"][0], everybody)
-    fleet.wait(lambda: all(fleet.round_of(i) >= 10 for i in victims), 180, "rejoined rounds")
+    # Without checkpoints they rejoin at the fleet's round, with a small weight: within a
+    # few rounds they hold what the fleet learned (docs/algorithms.md, "Restarts").
+    fleet.wait(lambda: all(len(fleet.records(i)) >= 10 for i in victims), 180, "rejoined rounds")
+    accuracy_fleet = fleet.accuracy(survivors)
     for i in victims:
         records = fleet.records(i)
         assert records[-1].counters.messages_received > 0
-        print(f"agent-{i} rejoined: accuracy {records[0].metrics['accuracy']:.3f} at round 0 "
-              f"-> {records[-1].metrics['accuracy']:.3f} at round {records[-1].round}")  # fmt: skip
-        assert records[-1].metrics["accuracy"] > records[0].metrics["accuracy"] + 0.3
+        print(f"agent-{i} rejoined at round {records[0].round}: accuracy "
+              f"{records[-1].metrics['accuracy']:.3f} at round {records[-1].round}, the "
+              f"survivors' {accuracy_fleet:.3f}")  # fmt: skip
+        assert records[0].round > 6  # not from round 0: the fleet was past round 6
+        assert records[-1].metrics["accuracy"] >= accuracy_fleet - 0.05
     assert fleet.fleet()["counters"]["failures"] == 2
 
 
