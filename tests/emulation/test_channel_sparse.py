@@ -107,7 +107,7 @@ def test_a_virtual_fleet_over_the_links_in_range(
          "wireless": {"record": True}},
         base=read_scenario(scenario_path("wifi-indoor")),
     )  # fmt: skip
-    results = run_fleet(config, tmp_path).to_json()
+    results: dict[str, Any] = run_fleet(config, tmp_path).to_json()
     final = results["final"]
     assert final["messages_sent"] > 12 * 100
     assert final["relative_error"] < 1e-6
