@@ -11,7 +11,7 @@ import torch
 
 from edge.tasks import TaskContext, TaskError, TrainConfig, load_task
 from edge.tasks.flower import FlowerAppError, load_flower_app
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 APPS = "tests.edge.flower_apps"
 EXAMPLE = str(ROOT / "examples" / "flower-digits")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, airgossip, assert_one_line_error, cli, processes_mentioning
+from tests.support.cli import ROOT, airgossip, assert_one_line_error, cli
+from tests.support.processes import processes_mentioning
 
 EXAMPLE = str(ROOT / "examples" / "flower-digits")
 #: What Flower and Ray start; none of it may outlive a run.
