@@ -19,7 +19,7 @@ import pytest
 from airgossip.cli.baseline import extra_requirements, following_total
 from airgossip.cli.display import ProgressDisplay
 from emulation.fleets import FleetProgress
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 EXAMPLE = str(ROOT / "examples" / "flower-digits")
 
