@@ -96,6 +96,13 @@ def run(
             "or module:attr of its ClientApp; its num-server-rounds sets --rounds."
         ),
     ] = None,
+    server_app: Annotated[
+        str | None,
+        typer.Option(
+            help="Flower app: module:attr of the ServerApp whose first message is the initial "
+            "model (default: the project's; a bare ClientApp is asked itself)."
+        ),
+    ] = None,
     run_config: Annotated[
         str | None,
         typer.Option(help="Flower app: run config overrides, as flwr run takes them ('k=v ...')."),
@@ -136,7 +143,9 @@ def run(
     from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
     from emulation.runtime.folder import refuse_used_out_dir
 
-    flower = flower_overrides(flower_app, run_config, accuracy_metric, loss_metric)
+    flower = flower_overrides(
+        flower_app, run_config, accuracy_metric, loss_metric, server_app=server_app
+    )
     if flower:  # no --task with them (refused above)
         overrides["task"] = flower
     try:
