@@ -96,6 +96,13 @@ def run(
             "or module:attr of its ClientApp; its num-server-rounds sets --rounds."
         ),
     ] = None,
+    server_app: Annotated[
+        str | None,
+        typer.Option(
+            help="Flower app: module:attr of the ServerApp whose first message is the initial "
+            "model (default: the project's; a bare ClientApp is asked itself)."
+        ),
+    ] = None,
     run_config: Annotated[
         str | None,
         typer.Option(help="Flower app: run config overrides, as flwr run takes them ('k=v ...')."),
@@ -132,7 +139,9 @@ def run(
         fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
     if flower_app is not None and task is not None:
         fail("give either --task or --flower-app, not both")
-    flower = flower_overrides(flower_app, run_config, accuracy_metric, loss_metric)
+    flower = flower_overrides(
+        flower_app, run_config, accuracy_metric, loss_metric, server_app=server_app
+    )
     if flower:  # no --task with them (refused above)
         overrides["task"] = flower
     try:
