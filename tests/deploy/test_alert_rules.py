@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS / "alerts.yml"

@@ -14,7 +14,7 @@ from edge.algorithms import DPSGD, PushSum
 from edge.algorithms.base import Payload
 from edge.observability.metrics import AgentMetrics
 from edge.observability.telemetry import ReceiveEvent
-from tests.support import promtool_check
+from tests.support.prometheus import promtool_check
 
 X0 = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=torch.float64)
 

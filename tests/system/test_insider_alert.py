@@ -35,7 +35,9 @@ from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage
 from edge.transport.base import SendCallback, SendOutcome, Transport
 from edge.transport.grpc_transport import GrpcTransport
-from tests.support import ROOT, credentials, free_port
+from tests.support.cli import ROOT
+from tests.support.processes import free_port
+from tests.support.tls import credentials
 from tests.system.test_observability import Prometheus
 
 pytestmark = pytest.mark.slow
