@@ -21,8 +21,8 @@ The certificates volume is mounted read-only into every agent: one trust domain 
 (an agent container could read another's key). A fleet of real devices gets a certificate
 per device instead (``docs/deployment.md``).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
-  coordinator's ``/sd``) and the alert rules beside it (``alerts.yml``); Grafana gets its datasource and dashboards from
-  ``deploy/grafana``.
+  coordinator's ``/sd``) and the alert rules beside it (``alerts.yml``); Grafana gets its
+  datasource and dashboards from ``deploy/grafana``.
 
 Files are written in plain YAML by :func:`compose_yaml` (double-quoted strings, which any
 YAML parser reads), so writing one needs nothing beyond the standard library.
