@@ -21,9 +21,10 @@ The certificates volume is mounted read-only into every agent: one trust domain 
 (an agent container could read another's key). A fleet of real devices gets a certificate
 per device instead (``docs/deployment.md``).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
-  coordinator's ``/sd``); its image is ``deploy/docker/build``'s (Debian's binary) where no
-  registry can be reached. Grafana, whose image only a registry has, starts with
-  ``--profile grafana`` and gets its datasource and dashboards from ``deploy/grafana``.
+  coordinator's ``/sd``) and the alert rules beside it (``alerts.yml``); its image is
+  ``deploy/docker/build``'s (Debian's binary) where no registry can be reached. Grafana,
+  whose image only a registry has, starts with ``--profile grafana`` and gets its
+  datasource and dashboards from ``deploy/grafana``.
 
 Files are written in plain YAML by :func:`compose_yaml` (double-quoted strings, which any
 YAML parser reads), so writing one needs nothing beyond the standard library.
@@ -190,6 +191,7 @@ def compose_document(
         ],
         "volumes": [
             f"{repo}/deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+            f"{repo}/deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro",
             "prometheus-data:/prometheus",
         ],
         "ports": ["127.0.0.1:${AIRGOSSIP_PROMETHEUS_PORT:-9090}:9090"],
