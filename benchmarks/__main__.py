@@ -35,6 +35,7 @@ ENTRIES = {
     "rejoin": "benchmarks.rejoin",
     "peers": "benchmarks.comparison",
     "privacy": "benchmarks.privacy",
+    "attacks": "benchmarks.attacks",
 }
 
 

@@ -5,16 +5,19 @@ of the sender's running sum. An insider can make that increment anything finite.
 increments of a round are held per sender until the mix, and there each is cut down
 before it joins the state:
 
-1. **Weight.** At most ``weight_cap`` times the agent's own weight ``y`` is absorbed from one
-   sender in one round (the whole increment scaled down, so its estimate ``dx / dy`` is
-   kept); the rest waits in that sender's *backlog*.
+1. **Weight.** At most ``weight_cap`` times the round's typical sender weight (the lower
+   median of the senders' weights, and at most the agent's own weight ``y``) is absorbed
+   from one sender in one round (the whole increment scaled down, so its estimate
+   ``dx / dy`` is kept); the rest waits in that sender's *backlog*.
 2. **Direction.** What is absorbed, ``(ax, ay)``, is split into the part that agrees with
    the agent's own estimate, ``ay * z``, and the deviation ``ax - ay * z``; the deviation is
    clipped to norm ``tau * ay`` and the cut-off part also waits in the backlog.
 3. The backlog is offered again, with the sender's next increment, every round.
 
 So one in-neighbour moves the agent's estimate ``z = x / y`` by at most
-``tau * ay / (y + ay) <= tau * weight_cap / (1 + weight_cap)`` per round, whatever it sends.
+``tau * ay / (y + ay) <= tau * weight_cap / (1 + weight_cap)`` per round, whatever it sends,
+and far less while the honest senders are the majority of those heard (its weight is then
+held to ``weight_cap`` times theirs).
 
 Nothing is thrown away while the backlog's deviation is within ``backlog_limit`` radii (a
 running mean of the radii) per unit of the agent's weight: honest mass is only delayed, and
@@ -110,7 +113,12 @@ class RobustPushSum(PushSum):
     def mix(self) -> None:
         own_y = self._y
         z = self._x / own_y
-        cap = self._opts.weight_cap * own_y
+        # The cap follows the senders' typical weight (the lower median: one insider cannot
+        # raise it) and never the agent's own weight, which an insider could inflate round
+        # after round.
+        weights = sorted(held_y for _, held_y in self._held.values() if held_y > 0)
+        typical = weights[(len(weights) - 1) // 2] if weights else own_y
+        cap = self._opts.weight_cap * min(own_y, typical)
         offers: dict[str, tuple[torch.Tensor, float]] = {}
         for sender, (held_x, held_y) in self._held.items():
             share = 1.0 if held_y <= cap else cap / held_y
@@ -121,7 +129,8 @@ class RobustPushSum(PushSum):
             s: (norms[s] / ay if ay > 0 else (0.0 if norms[s] == 0 else math.inf))
             for s, (_, ay) in offers.items()
         }
-        tau = self._radius([distances[s] for s in offers])
+        # Only offers that carry weight speak for a sender (a backlog of rounding residue does not).
+        tau = self._radius([distances[s] for s, (_, ay) in offers.items() if ay > 0])
         self.last_radius = tau
         if math.isfinite(tau) and tau > 0:
             self._radius_scale = 0.9 * self._radius_scale + 0.1 * tau
