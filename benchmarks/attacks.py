@@ -74,7 +74,8 @@ def run_cell(
     config = load_config(None, {
         "agents": AGENTS, "rounds": ROUNDS, "seed": SEED, "mode": "inproc",
         "task": {"name": "digits"}, "algorithm": algorithm, "algorithm_options": options,
-        "topology": "edges", "edges": [list(e) for e in edges], "network": {"loss": 0.1}, "eval_every": ROUNDS,
+        "topology": "edges", "edges": [list(e) for e in edges], "network": {"loss": 0.1},
+        "eval_every": ROUNDS,
     })  # fmt: skip
     preflight(config)
     network = network_for(config)
