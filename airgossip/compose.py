@@ -21,7 +21,7 @@ The certificates volume is mounted read-only into every agent: one trust domain 
 (an agent container could read another's key). A fleet of real devices gets a certificate
 per device instead (``docs/deployment.md``).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
-  coordinator's ``/sd``); Grafana gets its datasource and dashboards from
+  coordinator's ``/sd``) and the alert rules beside it (``alerts.yml``); Grafana gets its datasource and dashboards from
   ``deploy/grafana``.
 
 Files are written in plain YAML by :func:`compose_yaml` (double-quoted strings, which any
@@ -178,6 +178,7 @@ def compose_document(
         ],
         "volumes": [
             f"{repo}/deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+            f"{repo}/deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro",
             "prometheus-data:/prometheus",
         ],
         "ports": ["127.0.0.1:${AIRGOSSIP_PROMETHEUS_PORT:-9090}:9090"],

@@ -78,8 +78,8 @@ def agent(
     link_shaping: Annotated[
         bool,
         typer.Option(
-            help="Emulate the network's links in the agent (--no-link-shaping where a kernel "
-            "already shapes them)."
+            help="Emulate the network's links in the agent; --no-link-shaping where a kernel "
+            "already shapes them."
         ),
     ] = True,
     kernel_links: Annotated[
@@ -122,8 +122,8 @@ def agent(
     size and scenario come from the coordinator. Links are real: nothing is emulated unless
     the scenario's network table asks.
     """
-    from emulation.runtime.command import AgentCommand
-    from emulation.runtime.process import AgentProcessError, run_agent_command
+    from emulation.errors import ConfigError
+    from emulation.runtime.command import AgentCommand, check_command
 
     command = AgentCommand(
         config=config, agent_id=agent_id, index=index, listen=listen, advertise=advertise,
@@ -135,6 +135,16 @@ def agent(
         insecure=insecure, checkpoint_dir=checkpoint_dir,
         checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
+    try:  # what the flags alone say is wrong, before torch and gRPC are imported
+        check_command(command)
+    except ConfigError as err:
+        fail(str(err))
+    if device is not None:
+        from airgossip.cli.early import check_flags
+
+        check_flags({"device": device})
+    from emulation.runtime.process import AgentProcessError, run_agent_command
+
     try:
         code = run_agent_command(command)
     except AgentProcessError as err:

@@ -16,6 +16,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
+from emulation.errors import ConfigError
+
 #: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
 AGENT_MODULE = "emulation.runtime.agent"
 #: Flags whose name is not the field's.
@@ -65,6 +67,31 @@ class AgentCommand:
             else:
                 out += [flag, str(value)]
         return out
+
+
+def check_command(command: AgentCommand) -> None:
+    """:class:`ConfigError` for flags that cannot go together or are out of range, before
+    anything is read or imported (this module stays light: ``airgossip agent`` answers a bad
+    flag at once)."""
+    if (command.coordinator is None) == (command.peers is None):
+        raise ConfigError("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    if (command.certs is None) == (not command.insecure):
+        raise ConfigError(
+            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
+            "(plaintext)"
+        )
+    if not command.checkpoint_interval_s > 0:
+        raise ConfigError(
+            f"--checkpoint-interval-s must be positive, got {command.checkpoint_interval_s:g}"
+        )
+    if command.peers is not None and command.config is None:
+        raise ConfigError("--peers needs --config (the scenario every agent of the list runs)")
+    if command.threads is not None and command.threads < 1:
+        raise ConfigError(f"--threads must be 1 or more, got {command.threads}")
+    if command.index < 0:
+        raise ConfigError(f"--index must be 0 or more, got {command.index}")
+    if command.kernel_links is not None and not command.link_shaping:
+        raise ConfigError("--kernel-links shapes the links: it cannot go with --no-link-shaping")
 
 
 def flag_name(field: str) -> str:

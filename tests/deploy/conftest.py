@@ -26,7 +26,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 IMAGE = "airgossip:latest"
 PROMETHEUS_IMAGE = "airgossip-test-prometheus:local"

@@ -23,7 +23,7 @@ import yaml
 from airgossip.compose import top_level_compose
 from emulation.config import load_config, read_scenario, scenario_toml
 from emulation.scenario import scenario_path
-from tests.support import ROOT, assert_one_line_error, cli
+from tests.support.cli import ROOT, assert_one_line_error, cli
 
 SCHEMA = json.loads((Path(__file__).parent / "schemas" / "compose-spec.json").read_text())
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")

@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.deploy.conftest import PROJECT_PREFIX, Engine, load_script
-from tests.support import ROOT, free_port
+from tests.support.cli import ROOT
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

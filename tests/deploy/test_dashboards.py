@@ -18,7 +18,7 @@ import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from tests.deploy.conftest import load_script
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 GRAFANA = ROOT / "deploy" / "grafana"
 FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
