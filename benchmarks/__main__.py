@@ -33,8 +33,11 @@ ENTRIES = {
     "overlap": "benchmarks.overlap",
     "regressions": "benchmarks.regressions",
     "rejoin": "benchmarks.rejoin",
+    "detection": "benchmarks.detection",
     "peers": "benchmarks.comparison",
     "privacy": "benchmarks.privacy",
+    "attacks": "benchmarks.attacks",
+    "host-threads": "benchmarks.host_threads",
 }
 
 

@@ -74,7 +74,21 @@ def agent(
         typer.Option(help="Longest wait for the coordinator, the fleet to fill or the peers."),
     ] = 120.0,
     parent_pid: Annotated[int | None, typer.Option(help="Exit when this process dies.")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="torch CPU threads (default: 1 for a model of up to a million parameters, "
+            "else this host's cores shared among --host-agents)."
+        ),
+    ] = None,
+    host_agents: Annotated[
+        int | None,
+        typer.Option(
+            help="Agents that run on this host, this one included: they share its cores "
+            "(default: 1).",
+            envvar="AIRGOSSIP_HOST_AGENTS",
+        ),
+    ] = None,
     link_shaping: Annotated[
         bool,
         typer.Option(
@@ -131,6 +145,7 @@ def agent(
         metrics_advertise=metrics_advertise, metrics_tls=metrics_tls, metrics_user=metrics_user,
         metrics_password_file=metrics_password_file, stats_dir=stats_dir, linger_s=linger_s,
         ready_timeout_s=ready_timeout_s, parent_pid=parent_pid, threads=threads,
+        host_agents=host_agents,
         link_shaping=link_shaping, kernel_links=kernel_links, device=device, certs=certs,
         insecure=insecure, checkpoint_dir=checkpoint_dir,
         checkpoint_interval_s=checkpoint_interval_s,

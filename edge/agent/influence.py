@@ -73,9 +73,10 @@ def _weighted(algorithm: PushSumCore, before: Held, payload: Payload) -> float:
         dx = algorithm._pending_x - pending_x  # the one temporary
     if dy <= 0.0:
         return _ratio(float(torch.linalg.vector_norm(dx)), x)
-    # || dx / dy - x / y || / || x / y ||, computed in place on the temporary.
-    dx.div_(dy).sub_(x, alpha=1.0 / y)
-    return float(torch.linalg.vector_norm(dx)) * y / max(float(torch.linalg.vector_norm(x)), TINY)
+    # || dx / dy - x / y || / || x / y || = || dx - (dy / y) x || y / (dy || x ||), computed
+    # in place on the temporary.
+    distance = float(torch.linalg.vector_norm(dx.sub_(x, alpha=dy / y)))
+    return distance * y / (dy * max(float(torch.linalg.vector_norm(x)), TINY))
 
 
 def _ratio(distance: float, own: torch.Tensor) -> float:

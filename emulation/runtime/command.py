@@ -46,6 +46,7 @@ class AgentCommand:
     ready_timeout_s: float = 120.0
     parent_pid: int | None = None
     threads: int | None = None
+    host_agents: int | None = None
     link_shaping: bool = True
     kernel_links: str | None = None
     device: str | None = None
@@ -88,6 +89,8 @@ def check_command(command: AgentCommand) -> None:
         raise ConfigError("--peers needs --config (the scenario every agent of the list runs)")
     if command.threads is not None and command.threads < 1:
         raise ConfigError(f"--threads must be 1 or more, got {command.threads}")
+    if command.host_agents is not None and command.host_agents < 1:
+        raise ConfigError(f"--host-agents must be 1 or more, got {command.host_agents}")
     if command.index < 0:
         raise ConfigError(f"--index must be 0 or more, got {command.index}")
     if command.kernel_links is not None and not command.link_shaping:

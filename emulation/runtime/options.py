@@ -51,6 +51,11 @@ class AgentProcessOptions:
     #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
     checkpoint_dir: Path | None = None
     checkpoint_interval_s: float = 5.0
+    #: torch CPU threads (None: from the model's size and ``host_agents``, see
+    #: :mod:`emulation.runtime.threads`).
+    threads: int | None = None
+    #: Agents that run on this host, this one included (None: unknown).
+    host_agents: int | None = None
 
 
 def own_address() -> str:
@@ -115,5 +120,6 @@ def agent_options(command: AgentCommand) -> tuple[RunConfig | None, AgentProcess
         declared=declared, kernel_device=command.kernel_links, certs=command.certs,
         checkpoint_dir=command.checkpoint_dir,
         checkpoint_interval_s=command.checkpoint_interval_s,
+        threads=command.threads, host_agents=command.host_agents,
     )  # fmt: skip
     return config, options

@@ -16,6 +16,7 @@ gets back); the other fleet stays honest. Rounds run in lock step, one every
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 import time
@@ -186,6 +187,27 @@ def firing(prometheus: Prometheus) -> list[dict[str, str]]:
     return [a["labels"] for a in alerts if a["state"] == "firing"]
 
 
+def insider_panels() -> list[tuple[str, str]]:
+    """``(title, query)`` of the agent dashboard's insider panels, variables substituted."""
+    data = json.loads((ROOT / "deploy/grafana/dashboards/airgossip-agent.json").read_text())
+    titles = {
+        "Relative increment per in-neighbour",
+        "Refusals and clips per in-neighbour",
+        "Insider alerts firing",
+    }
+    panels = [p for p in data["panels"] if p["title"] in titles]
+    assert {p["title"] for p in panels} == titles
+    variables = {"$__rate_interval": "20s", "$agent": ".*", "$peer": ".*"}
+    found = []
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name, value in variables.items():
+                expr = expr.replace(name, value)
+            found.append((panel["title"], expr))
+    return found
+
+
 def run_round(fleets: tuple[WatchedFleet, ...], round_index: int) -> None:
     """One lock-step round of every fleet, paced to :data:`ROUND_S`."""
     began = time.monotonic()
@@ -246,5 +268,11 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
         assert all(INSIDER in pair for pair in outliers), named
         assert len({agent for agent, peer in outliers if peer == INSIDER}) >= 2, named
         assert clean.spread() < 10
+        # The agent dashboard's insider panels draw from this Prometheus.
+        for title, expr in insider_panels():
+            result = prometheus.query(expr)
+            assert result, (title, expr)
+            if title == "Insider alerts firing":
+                assert INSIDER in {r["metric"].get("peer") for r in result}, result
     finally:
         prometheus.close()
