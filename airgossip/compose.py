@@ -21,8 +21,10 @@ The certificates volume is mounted read-only into every agent: one trust domain 
 (an agent container could read another's key). A fleet of real devices gets a certificate
 per device instead (``docs/deployment.md``).
 * Prometheus reads ``deploy/prometheus/prometheus.yml`` (agents found through the
-  coordinator's ``/sd``); Grafana gets its datasource and dashboards from
-  ``deploy/grafana``.
+  coordinator's ``/sd``) and the alert rules beside it (``alerts.yml``); its image is
+  ``deploy/docker/build``'s (Debian's binary) where no registry can be reached. Grafana,
+  whose image only a registry has, starts with ``--profile grafana`` and gets its
+  datasource and dashboards from ``deploy/grafana``.
 
 Files are written in plain YAML by :func:`compose_yaml` (double-quoted strings, which any
 YAML parser reads), so writing one needs nothing beyond the standard library.
@@ -39,8 +41,14 @@ from emulation.config import RunConfig
 
 #: Images of the stack's services (variables let a site pick its own).
 IMAGE = "${AIRGOSSIP_IMAGE:-airgossip:latest}"
-PROMETHEUS_IMAGE = "${PROMETHEUS_IMAGE:-prom/prometheus:v2.53.0}"
+#: Prometheus's image: ``deploy/docker/build`` makes it from Debian's Prometheus binary where
+#: no registry can be reached; elsewhere compose builds it from Prometheus's own image.
+PROMETHEUS_IMAGE = "${PROMETHEUS_IMAGE:-airgossip-prometheus:latest}"
+PROMETHEUS_UPSTREAM = "${PROMETHEUS_UPSTREAM:-prom/prometheus:v2.53.0}"
 GRAFANA_IMAGE = "${GRAFANA_IMAGE:-grafana/grafana:11.6.0}"
+#: Grafana starts only with ``--profile grafana``: its image comes from a registry, and a
+#: stack without one must come up without it.
+GRAFANA_PROFILE = "grafana"
 #: Where containers see the scenario file, the agents' claimed indices, the fleet's
 #: certificates and the agents' checkpoints.
 SCENARIO_IN_CONTAINER = "/etc/airgossip/scenario.toml"
@@ -171,6 +179,11 @@ def compose_document(
     }
     prometheus: dict[str, JsonValue] = {
         "image": PROMETHEUS_IMAGE,
+        # Built only where the image is missing (deploy/docker/build makes it offline).
+        "build": {
+            "context": f"{repo}/deploy/docker/prometheus",
+            "args": {"PROMETHEUS_UPSTREAM": PROMETHEUS_UPSTREAM},
+        },
         "command": [
             "--config.file=/etc/prometheus/prometheus.yml",
             "--storage.tsdb.path=/prometheus",
@@ -178,6 +191,7 @@ def compose_document(
         ],
         "volumes": [
             f"{repo}/deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+            f"{repo}/deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro",
             "prometheus-data:/prometheus",
         ],
         "ports": ["127.0.0.1:${AIRGOSSIP_PROMETHEUS_PORT:-9090}:9090"],
@@ -186,6 +200,7 @@ def compose_document(
     }
     grafana: dict[str, JsonValue] = {
         "image": GRAFANA_IMAGE,
+        "profiles": [GRAFANA_PROFILE],
         "environment": {
             "GF_AUTH_ANONYMOUS_ENABLED": "true",
             "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
@@ -255,16 +270,22 @@ def _yaml_block(value: dict[str, JsonValue], indent: int, lines: list[str]) -> N
 TOP_LEVEL_HEADER = """\
 airgossip: a coordinator, agents, Prometheus and Grafana on one Docker host.
 
-  docker-compose up -d          # 4 agents (AIRGOSSIP_AGENTS=8 for 8); Grafana on
-                                # http://127.0.0.1:3000, Prometheus on :9090
+  deploy/docker/build           # the airgossip and Prometheus images, with no registry
+  docker-compose up -d || docker-compose down -v
+                                # 4 agents (AIRGOSSIP_AGENTS=8 for 8), Prometheus on :9090;
+                                # a failed `up` removes what it made
+  docker-compose --profile grafana up -d
+                                # and Grafana on http://127.0.0.1:3000 (its image comes
+                                # from a registry)
   docker-compose down -v        # stop and remove everything, data included
 
 Everything speaks mutual TLS with certificates the one-shot `certs` service issues into a
 volume (one trust domain on this host: see docs/deployment.md). Each agent shapes its own
 links in the kernel inside its container (root, NET_ADMIN) and keeps checkpoints. The
 scenario is deploy/compose/scenario.toml (AIRGOSSIP_SCENARIO=FILE for another); other
-variables: AIRGOSSIP_IMAGE, BASE_IMAGE, AIRGOSSIP_TOKEN, PROMETHEUS_IMAGE, GRAFANA_IMAGE,
-AIRGOSSIP_{COORDINATOR,PROMETHEUS,GRAFANA}_PORT. docs/deployment.md has the details.
+variables: AIRGOSSIP_IMAGE, BASE_IMAGE, AIRGOSSIP_TOKEN, PROMETHEUS_IMAGE,
+PROMETHEUS_UPSTREAM, GRAFANA_IMAGE, AIRGOSSIP_{COORDINATOR,PROMETHEUS,GRAFANA}_PORT.
+docs/deployment.md has the details.
 Written by `python -m airgossip.compose` (airgossip/compose.py): edit that, not this file.
 """
 

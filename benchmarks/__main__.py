@@ -33,8 +33,10 @@ ENTRIES = {
     "overlap": "benchmarks.overlap",
     "regressions": "benchmarks.regressions",
     "rejoin": "benchmarks.rejoin",
+    "detection": "benchmarks.detection",
     "peers": "benchmarks.comparison",
     "privacy": "benchmarks.privacy",
+    "host-threads": "benchmarks.host_threads",
 }
 
 

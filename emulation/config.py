@@ -45,6 +45,8 @@ from pydantic import (
 
 from edge.config.settings import AgentSettings
 from edge.topology import TOPOLOGIES, SwitchingSettings
+from emulation.errors import ConfigError as ConfigError
+from emulation.errors import format_validation_error
 from emulation.scenario import WirelessSettings
 
 if sys.version_info >= (3, 11):
@@ -64,10 +66,6 @@ EMULATED_LOSS = 0.1
 #: ``airgossip coordinator``): nothing emulated; a scenario's ``[network]`` table still asks
 #: for loss, latency or a rate limit on top of the real links.
 REAL_LINKS: Settings = {"network": {"loss": 0.0}}
-
-
-class ConfigError(ValueError):
-    """A scenario or flag value that is not valid; the message says what and what is allowed."""
 
 
 class NetworkSettings(BaseModel):
@@ -209,20 +207,6 @@ class RunConfig(AgentSettings):
         )
 
 
-def _format(err: ValidationError) -> str:
-    problems = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "config"
-        message = str(e["msg"]).removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            problems.append(f"unknown setting '{where}'")
-        elif e["type"] in ("literal_error",):
-            problems.append(f"{where}: {message}, got {e.get('input')!r}")
-        else:
-            problems.append(f"{where}: {message}")
-    return "; ".join(problems)
-
-
 def read_scenario(path: Path) -> Settings:
     """Parse a scenario TOML file into its settings; :class:`ConfigError` if unreadable."""
     try:
@@ -267,7 +251,7 @@ def load_config(
         return RunConfig.model_validate(data)
     except ValidationError as err:
         source = f"scenario {path}" if path is not None else "settings"
-        raise ConfigError(f"bad {source}: {_format(err)}") from None
+        raise ConfigError(f"bad {source}: {format_validation_error(err)}") from None
 
 
 def scenario_toml(config: RunConfig) -> str:

@@ -11,13 +11,15 @@ Flower) only when they run, so ``--help`` stays fast.
 from __future__ import annotations
 
 import os
+from importlib import metadata
+from typing import Annotated
 
 import typer
 
 from airgossip.cli.agent import agent
 from airgossip.cli.baseline import baseline_app
 from airgossip.cli.certs import certs_app
-from airgossip.cli.choices import RegistryHelpCommand
+from airgossip.cli.choices import HelpCommand, RegistryHelpCommand
 from airgossip.cli.compare import compare
 from airgossip.cli.compose import compose
 from airgossip.cli.coordinator import coordinator
@@ -36,14 +38,44 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    try:
+        return metadata.version("airgossip")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        from airgossip import __version__
+
+        return __version__
+
+
+def _show_version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"airgossip {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Decentralized learning over directed, lossy links: gossip agents that need no server."""
+
+
 # Help that names what a command accepts reads it from the registries when shown.
 app.command("run", cls=RegistryHelpCommand)(run)
-app.command("agent")(agent)
+app.command("agent", cls=HelpCommand)(agent)
 app.command("coordinator", cls=RegistryHelpCommand)(coordinator)
 app.command("topology", cls=RegistryHelpCommand)(topology_info)
 app.command("links", cls=RegistryHelpCommand)(links_command)
 app.add_typer(baseline_app, name="baseline")
-app.command("compare")(compare)
+app.command("compare", cls=HelpCommand)(compare)
 app.add_typer(certs_app)
 app.command("compose", cls=RegistryHelpCommand)(compose)
 
@@ -52,4 +84,4 @@ def main() -> None:
     app()
 
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "version"]

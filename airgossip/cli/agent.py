@@ -74,12 +74,26 @@ def agent(
         typer.Option(help="Longest wait for the coordinator, the fleet to fill or the peers."),
     ] = 120.0,
     parent_pid: Annotated[int | None, typer.Option(help="Exit when this process dies.")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="torch CPU threads (default: 1 for a model of up to a million parameters, "
+            "else this host's cores shared among --host-agents)."
+        ),
+    ] = None,
+    host_agents: Annotated[
+        int | None,
+        typer.Option(
+            help="Agents that run on this host, this one included: they share its cores "
+            "(default: 1).",
+            envvar="AIRGOSSIP_HOST_AGENTS",
+        ),
+    ] = None,
     link_shaping: Annotated[
         bool,
         typer.Option(
-            help="Emulate the network's links in the agent (--no-link-shaping where a kernel "
-            "already shapes them)."
+            help="Emulate the network's links in the agent; --no-link-shaping where a kernel "
+            "already shapes them."
         ),
     ] = True,
     kernel_links: Annotated[
@@ -122,8 +136,8 @@ def agent(
     size and scenario come from the coordinator. Links are real: nothing is emulated unless
     the scenario's network table asks.
     """
-    from emulation.runtime.command import AgentCommand
-    from emulation.runtime.process import AgentProcessError, run_agent_command
+    from emulation.errors import ConfigError
+    from emulation.runtime.command import AgentCommand, check_command
 
     command = AgentCommand(
         config=config, agent_id=agent_id, index=index, listen=listen, advertise=advertise,
@@ -131,10 +145,21 @@ def agent(
         metrics_advertise=metrics_advertise, metrics_tls=metrics_tls, metrics_user=metrics_user,
         metrics_password_file=metrics_password_file, stats_dir=stats_dir, linger_s=linger_s,
         ready_timeout_s=ready_timeout_s, parent_pid=parent_pid, threads=threads,
+        host_agents=host_agents,
         link_shaping=link_shaping, kernel_links=kernel_links, device=device, certs=certs,
         insecure=insecure, checkpoint_dir=checkpoint_dir,
         checkpoint_interval_s=checkpoint_interval_s,
     )  # fmt: skip
+    try:  # what the flags alone say is wrong, before torch and gRPC are imported
+        check_command(command)
+    except ConfigError as err:
+        fail(str(err))
+    if device is not None:
+        from airgossip.cli.early import check_flags
+
+        check_flags({"device": device})
+    from emulation.runtime.process import AgentProcessError, run_agent_command
+
     try:
         code = run_agent_command(command)
     except AgentProcessError as err:

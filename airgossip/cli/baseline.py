@@ -7,9 +7,15 @@ and the app's own ServerApp, and writes results.json in our schema
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import importlib.util
 import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -18,6 +24,12 @@ from airgossip.cli.display import ProgressDisplay, console, errors, fail, fmt
 from airgossip.cli.flower import app_spec, parse_run_config_flag
 from airgossip.cli.run import _raise_keyboard_interrupt
 from airgossip.cli.scenario import default_out
+
+if TYPE_CHECKING:
+    from emulation.fleets import FleetProgress
+
+#: The extra that holds Flower's simulation engine, and the module that says it is there.
+EXTRA, ENGINE_MODULE = "baseline", "ray"
 
 baseline_app = typer.Typer(
     help="Run an app with another system's own runtime, written as our results.",
@@ -57,6 +69,7 @@ def flower(
 ) -> None:
     """Run a Flower app on Flower's simulation engine with its own ServerApp (FedAvg for a
     quickstart app): the centralized baseline of a serverless run."""
+    ensure_simulation_engine()
     from emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
     from emulation.config import ConfigError
 
@@ -73,7 +86,7 @@ def flower(
     )
     try:
         with ProgressDisplay(rounds or 0, gossip_only=False) as display:
-            results = run_flower_baseline(spec, out_dir, on_progress=display.update)
+            results = run_flower_baseline(spec, out_dir, on_progress=following_total(display))
     except ConfigError as err:
         fail(str(err))
     except BaselineError as err:
@@ -98,3 +111,51 @@ def flower(
     ):  # fmt: skip
         table.add_row(key, value)
     console.print(table)
+
+
+def following_total(display: ProgressDisplay) -> Callable[[FleetProgress], None]:
+    """``display.update`` that first sets the bar's total to the run's rounds (the app's
+    ``num-server-rounds`` is known only once the baseline has loaded the app)."""
+
+    def update(progress: FleetProgress) -> None:
+        if progress.rounds_total > 0:
+            display.progress.update(display.bar, total=progress.rounds_total)
+        display.update(progress)
+
+    return update
+
+
+def extra_requirements(extra: str = EXTRA) -> list[str]:
+    """The requirements of one of airgossip's extras, as its installed metadata lists them."""
+    marker = f'extra == "{extra}"'
+    return [
+        req.split(";")[0].strip()
+        for req in importlib.metadata.requires("airgossip") or []
+        if req.partition(";")[2].strip() == marker
+    ]
+
+
+def ensure_simulation_engine() -> None:
+    """Install the ``[baseline]`` extra (Flower's simulation engine, Ray: about 220 MB
+    installed) on first use, after saying so in one line; a failed install is one line."""
+    if importlib.util.find_spec(ENGINE_MODULE) is not None:
+        return
+    requirements = extra_requirements()
+    if not requirements:
+        fail(f"the Flower baseline needs Flower's simulation engine (airgossip[{EXTRA}])")
+    errors.print(
+        f"baseline: installing Flower's simulation engine first (airgossip[{EXTRA}]: "
+        f"{' '.join(requirements)}, Ray, about 220 MB)",
+        highlight=False, markup=False, soft_wrap=True,
+    )  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", *requirements],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    importlib.invalidate_caches()
+    if result.returncode != 0 or importlib.util.find_spec(ENGINE_MODULE) is None:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        fail(
+            f"could not install airgossip[{EXTRA}] ({last}): pip install 'airgossip[{EXTRA}]'",
+            code=1,
+        )

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import click
 import typer.core
+import typer.rich_utils
+from rich.table import Table
 
 #: What the registries held when last generated (see the module docstring).
 REGISTRY_NAMES = Path(__file__).with_name("registry_names.json")
@@ -68,6 +72,12 @@ def _modes() -> str:
     return modes_help()
 
 
+def _mode_names() -> str:
+    from emulation.fleets import FLEETS
+
+    return ", ".join(FLEETS)
+
+
 def _presets() -> str:
     from emulation.scenario import preset_names
 
@@ -83,6 +93,7 @@ CHOICES: dict[str, Callable[[], str]] = {
     "app_free_tasks": _app_free_tasks,
     "codecs": _codecs,
     "modes": _modes,
+    "mode_names": _mode_names,
     "presets": _presets,
 }
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(CHOICES) + r")\}")
@@ -110,7 +121,40 @@ def write_registry_names() -> None:
     REGISTRY_NAMES.write_text(json.dumps(read_registries(), indent=2) + "\n")
 
 
-class RegistryHelpCommand(typer.core.TyperCommand):
+class _OptionsTable(Table):
+    """Typer's table of a command's options, whose option names are never cut.
+
+    Rich shrinks the widest columns of a table together when it is too wide, names and help
+    alike: at 80 columns ``--checkpoint-interval-s`` read ``--checkpoint-interva…``. Here
+    every column but the last two (the metavar, which folds, and the help, which wraps)
+    keeps its width, and the help wraps into what is left."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*renderables, **kwargs)
+        for column in self.columns[:-2]:
+            column.no_wrap = True
+
+
+@contextmanager
+def _option_names_kept() -> Iterator[None]:
+    """Typer's help rendered with :class:`_OptionsTable` (it builds its tables by name)."""
+    table = typer.rich_utils.Table  # type: ignore[attr-defined]
+    typer.rich_utils.Table = _OptionsTable  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        typer.rich_utils.Table = table  # type: ignore[attr-defined]
+
+
+class HelpCommand(typer.core.TyperCommand):
+    """A command whose help keeps every option name whole at any width (80 columns)."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with _option_names_kept():
+            super().format_help(ctx, formatter)
+
+
+class RegistryHelpCommand(HelpCommand):
     """A command whose options' help names what the registries hold, read when shown."""
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

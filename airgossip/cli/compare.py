@@ -21,13 +21,18 @@ def compare(
     ] = 0.9,
 ) -> None:
     """Compare runs: accuracy against round, bytes moved and wall time."""
-    from emulation.compare import comparison_rows, load_runs, plot_comparison
-    from emulation.config import ConfigError
-
     if not 0 < target <= 1:
         fail(f"--target must be within (0, 1], got {target}")
     if out.suffix.lower() != ".png":
         fail(f"--out must name a .png file, got {out}")
+    for run in runs:  # before the plotting and results code is imported
+        file = run / "results.json" if run.is_dir() or not run.suffix else run
+        if not file.exists():
+            fail(f"{file} does not exist")
+
+    from emulation.compare import comparison_rows, load_runs, plot_comparison
+    from emulation.config import ConfigError
+
     try:
         loaded = load_runs(runs)
     except ConfigError as err:
@@ -56,4 +61,4 @@ def compare(
         plot_comparison(out, loaded, target)
     except OSError as err:
         fail(f"cannot write {out}: {err.strerror}", code=1)
-    console.print(f"plot: {out}", highlight=False)
+    console.print(f"plot: {out.resolve()}", highlight=False, soft_wrap=True)

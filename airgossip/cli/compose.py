@@ -52,12 +52,21 @@ def compose(
 ) -> None:
     """Write a compose file (coordinator, agents, Prometheus, Grafana) and its scenario for a
     fleet of any size: `docker-compose -f OUT/docker-compose.yml up -d` runs it."""
+    from airgossip.cli.early import check_flags, check_scenario
+
+    if not 1 <= agents <= 250:
+        fail(f"--agents must be within 1..250 (one container each), got {agents}")
+    overrides = flag_overrides(
+        agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
+        loss=loss, seed=seed,
+    )  # fmt: skip
+    check_flags(overrides, config)  # what the flags alone say is wrong, before torch
+    check_scenario(scenario)
+
     from airgossip.compose import compose_document, compose_yaml, repository_root, trace_files
     from emulation.config import ConfigError, load_config, scenario_toml
     from emulation.fleets import preflight
 
-    if not 1 <= agents <= 250:
-        fail(f"--agents must be within 1..250 (one container each), got {agents}")
     repository = repository_root()
     if repository is None:
         fail(
@@ -65,10 +74,6 @@ def compose(
             "with the Prometheus and Grafana files): run it from an install made with "
             "`pip install -e .` there"
         )
-    overrides = flag_overrides(
-        agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
-        loss=loss, seed=seed,
-    )  # fmt: skip
     try:
         base = scenario_base(scenario) if scenario is not None else None
         cfg = load_config(config, overrides, base=base)

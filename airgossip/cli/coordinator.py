@@ -99,12 +99,21 @@ def coordinator(
     when every agent has finished (then the coordinator exits)."""
     stopped = threading.Event()  # SIGTERM from here on: stop as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    # What the flags alone say is wrong, before torch and gRPC are imported.
+    from airgossip.cli.early import check_flags, check_policy, check_port
+
+    require_transport_choice(certs, insecure)
+    check_policy(topology)
+    check_port("--metrics-port", metrics_port)
+    check_flags(
+        {k: v for k, v in (("agents", agents), ("rounds", rounds)) if v is not None}, config
+    )
+
     from coordinator.malloc import cap_arenas
     from edge.security.tls import COORDINATOR_IDENTITY
     from emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
 
     cap_arenas()  # a burst of large requests leaves no memory behind in many arenas
-    require_transport_choice(certs, insecure)
     guard = metrics_security(
         certs, COORDINATOR_IDENTITY, metrics_tls, metrics_user, metrics_password_file
     )

@@ -41,11 +41,17 @@ def flower_overrides(
     run_config: str | None,
     accuracy_metric: str | None,
     loss_metric: str | None,
+    *,
+    server_app: str | None = None,
 ) -> Settings:
     """The ``[task]`` settings the Flower flags of ``airgossip run`` give."""
     out: Settings = {}
     if app is not None:
         out.update(name="flower", app=app_spec(app))
+    if server_app is not None:
+        if ":" not in server_app or server_app.startswith(":") or server_app.endswith(":"):
+            fail(f"--server-app must be module:attr of a ServerApp, got '{server_app}'")
+        out["server_app"] = server_app
     if run_config is not None:
         values: dict[str, JsonValue] = dict(parse_run_config_flag(run_config))
         out["run_config"] = values

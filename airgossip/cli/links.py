@@ -31,12 +31,17 @@ def links_command(
     limit: Annotated[int, typer.Option(help="Rows of the table to print (0: all).")] = 40,
 ) -> None:
     """Print a wireless scenario's link table at one moment and draw its topology."""
+    from airgossip.cli.early import check_flags, check_scenario
+
+    if at < 0:
+        fail(f"--at must be >= 0 seconds, got {at:g}")
+    check_scenario(scenario)
+    check_flags(flag_overrides(agents=agents, seed=seed))
+
     from emulation.config import ConfigError, load_config
     from emulation.networks.link_report import link_report, plot_links
     from emulation.networks.wireless import WirelessNetwork
 
-    if at < 0:
-        fail(f"--at must be >= 0 seconds, got {at:g}")
     base = scenario_base(scenario)
     try:
         cfg = load_config(None, flag_overrides(agents=agents, seed=seed), base=base)

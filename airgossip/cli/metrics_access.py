@@ -19,15 +19,16 @@ MetricsTlsOption = Annotated[
     typer.Option(
         "--metrics-tls",
         help="Serve the metrics port over TLS with this process's certificate from --certs "
-        "(Prometheus: tls_config with the fleet's ca.pem, server_name airgossip-metrics).",
+        "(Prometheus: tls_config with the fleet's ca.pem and the server name "
+        "airgossip-metrics).",
     ),
 ]
 MetricsUserOption = Annotated[
     str | None,
     typer.Option(
         "--metrics-user",
-        help="HTTP basic auth user every request to the metrics port must give "
-        "(with --metrics-password-file).",
+        help="HTTP basic auth user every request to the metrics port must give (its "
+        "password: the password file below).",
     ),
 ]
 MetricsPasswordFileOption = Annotated[
@@ -35,7 +36,7 @@ MetricsPasswordFileOption = Annotated[
     typer.Option(
         "--metrics-password-file",
         help="File whose first line is the basic auth password (Prometheus reads the same "
-        "file with basic_auth.password_file).",
+        "file: password_file of its basic_auth).",
     ),
 ]
 

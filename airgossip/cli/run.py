@@ -96,6 +96,13 @@ def run(
             "or module:attr of its ClientApp; its num-server-rounds sets --rounds."
         ),
     ] = None,
+    server_app: Annotated[
+        str | None,
+        typer.Option(
+            help="Flower app: module:attr of the ServerApp whose first message is the initial "
+            "model (default: the project's; a bare ClientApp is asked itself)."
+        ),
+    ] = None,
     run_config: Annotated[
         str | None,
         typer.Option(help="Flower app: run config overrides, as flwr run takes them ('k=v ...')."),
@@ -118,21 +125,27 @@ def run(
     ] = False,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
-    from emulation.config import ConfigError, load_config
-    from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
-    from emulation.runtime.folder import refuse_used_out_dir
-
     overrides = flag_overrides(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
         loss=loss, seed=seed, mode=mode, device=device, compression=compression,
     )  # fmt: skip
-    if not 0 <= coordinator_port <= 65535:
-        fail(f"--coordinator-port must be within 0..65535, got {coordinator_port}")
-    if metrics_port is not None and not 0 < metrics_port <= 65535:
-        fail(f"--metrics-port must be within 1..65535, got {metrics_port}")
+    # Everything the flags alone can say is wrong is said before torch is imported.
+    from airgossip.cli.early import check_flags, check_port, check_scenario
+
+    check_port("--coordinator-port", coordinator_port)
+    check_port("--metrics-port", metrics_port, lowest=1)
     if flower_app is not None and task is not None:
         fail("give either --task or --flower-app, not both")
-    flower = flower_overrides(flower_app, run_config, accuracy_metric, loss_metric)
+    check_flags(overrides, config)
+    check_scenario(scenario)
+
+    from emulation.config import ConfigError, load_config
+    from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
+    from emulation.runtime.folder import refuse_used_out_dir
+
+    flower = flower_overrides(
+        flower_app, run_config, accuracy_metric, loss_metric, server_app=server_app
+    )
     if flower:  # no --task with them (refused above)
         overrides["task"] = flower
     try:

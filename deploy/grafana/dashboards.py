@@ -11,7 +11,8 @@ end of a directed link):
 * network: bytes/s and drop rate per directed link (messages dropped by an in-agent shaper,
   packets dropped by the kernel), SINR and rate per link, links in range;
 * agent detail: push latency (quantiles and histogram), refused messages by reason, local
-  step time.
+  step time, and what each in-neighbour does to the agent (relative increment, refusals and
+  clips) beside the insider alerts firing.
 
 The metric names are those of ``edge/observability/metrics.py`` (agents) and
 ``coordinator/observability.py`` (the coordinator). ``tests/deploy/test_dashboards.py``
@@ -364,8 +365,62 @@ def agent_detail() -> db.Dashboard:
                     ),
                 ).min(0),
             ],
+            insider_row(),
         ],
     )
+
+
+def insider_row() -> list[Panel]:
+    """What each in-neighbour's messages do to the agent, and the insider alerts firing
+    (deploy/prometheus/alerts.yml; docs/security.md, "Detecting an insider")."""
+    ratio = "airgossip_agent_in_neighbour_increment_ratio"
+    absorbed = f"rate(airgossip_agent_in_neighbour_absorbed_total{{{LINK}}}[{RATE}])"
+
+    def per_edge(counter: str) -> str:  # 0 for an in-neighbour with none
+        return (
+            f"sum by (agent, peer) (rate({counter}{{{LINK}}}[{RATE}])) "
+            f"or sum by (agent, peer) (0 * {absorbed})"
+        )
+
+    return [
+        series(
+            "Relative increment per in-neighbour",
+            "How far each in-neighbour's absorbed messages move the agent: distance of the value "
+            "a message proposes from the agent's estimate, over the estimate's norm (mean). An "
+            "insider forging pushes stands far above the agent's other in-neighbours.",
+            "short",
+            query(
+                f"sum by (agent, peer) (rate({ratio}_sum{{{LINK}}}[{RATE}])) / "
+                f"sum by (agent, peer) (rate({ratio}_count{{{LINK}}}[{RATE}]))",
+                "{{agent}} ← {{peer}}",
+            ),
+        ).min(0),
+        series(
+            "Refusals and clips per in-neighbour",
+            "Messages of each in-neighbour the agent refused, and those its robust algorithm "
+            "clipped, per second.",
+            "short",
+            query(
+                per_edge("airgossip_agent_in_neighbour_refused_total"),
+                "{{agent}} ← {{peer}} refused",
+            ),
+            query(
+                per_edge("airgossip_agent_in_neighbour_clipped_total"),
+                "{{agent}} ← {{peer}} clipped",
+                "B",
+            ),
+        ).min(0),
+        series(
+            "Insider alerts firing",
+            "Alerts of deploy/prometheus/alerts.yml firing, by the peer they name (0: none).",
+            "short",
+            query(
+                'sum by (alertname, agent, peer) (ALERTS{alertstate="firing", '
+                'alertname=~"Airgossip.*"}) or on () vector(0)',
+                "{{alertname}} {{peer}}",
+            ),
+        ).min(0),
+    ]
 
 
 #: Every dashboard, by the file it is written to.

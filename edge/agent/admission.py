@@ -83,9 +83,12 @@ class Admission:
             dtype=algorithm.dtype, refuse=refuse,
         )  # fmt: skip
 
-    def reject(self, code: RejectCode, reason: str, kind: str = "") -> Rejected:
-        """A refusal, already handed to the agent's callback: raise it."""
-        error = Rejected(code, reason, kind=kind)
+    def reject(self, code: RejectCode, reason: str, kind: str = "", sender: str = "") -> Rejected:
+        """A refusal, already handed to the agent's callback: raise it. It is charged to
+        ``sender`` only when that is a current in-neighbour (so that no message can create
+        per-peer series at will)."""
+        charged = sender if sender in self.in_neighbours else ""
+        error = Rejected(code, reason, kind=kind, sender=charged)
         self._refuse(error)
         return error
 
@@ -111,13 +114,17 @@ class Admission:
         yet (``assigned`` False), or ``sender`` is not one it hears."""
         if not assigned:
             raise self.reject(
-                RejectCode.UNAVAILABLE, f"{self.agent_id} has no neighbours yet", "no_neighbours"
+                RejectCode.UNAVAILABLE,
+                f"{self.agent_id} has no neighbours yet",
+                "no_neighbours",
+                sender=sender,
             )
         if not self.hears(sender, round_index):
             raise self.reject(
                 RejectCode.PERMISSION_DENIED,
                 f"sender {sender[:64]!r} is not an in-neighbour of {self.agent_id}",
                 "not_in_neighbour",
+                sender=sender,
             )
 
     # -- what it may say ---------------------------------------------------------------------
@@ -129,12 +136,14 @@ class Admission:
                 RejectCode.PERMISSION_DENIED,
                 f"message for {header.receiver[:64]!r} sent to {self.agent_id}",
                 "wrong_receiver",
+                sender=header.sender,
             )
         if header.fleet != self.fleet:
             raise self.reject(
                 RejectCode.PERMISSION_DENIED,
                 f"message of fleet {header.fleet[:64]!r}; this agent is in fleet {self.fleet!r}",
                 "wrong_fleet",
+                sender=header.sender,
             )
         if epoch is not None and not self.hears(header.sender, round_index):
             raise self.reject(
@@ -142,6 +151,7 @@ class Admission:
                 f"sender {header.sender[:64]!r} is not an in-neighbour of {self.agent_id} "
                 f"(its assignment epoch {header.epoch}, ours {epoch})",
                 "not_in_neighbour",
+                sender=header.sender,
             )
         self.check_sender(header.sender, round_index, assigned=epoch is not None)
         if header.algorithm != self.algorithm:
@@ -150,6 +160,7 @@ class Admission:
                 f"algorithm '{header.algorithm[:64]}' does not match this agent's "
                 f"'{self.algorithm}'",
                 "wrong_algorithm",
+                sender=header.sender,
             )
         if self.digest and header.fleet_digest != self.digest:
             raise self.reject(
@@ -157,6 +168,7 @@ class Admission:
                 f"sender's task or initial parameters differ (digest "
                 f"{header.fleet_digest[:64]!r}, expected {self.digest!r})",
                 "wrong_task",
+                sender=header.sender,
             )
         self._check_size(header)
         if header.base_seq > header.seq or header.round > MAX_ROUND:
@@ -166,6 +178,7 @@ class Admission:
                 if header.base_seq > header.seq
                 else f"round {header.round} is beyond {MAX_ROUND}",
                 "sequence",
+                sender=header.sender,
             )
 
     def _check_size(self, header: MessageHeader) -> None:
@@ -181,11 +194,14 @@ class Admission:
                 RejectCode.INVALID_ARGUMENT,
                 f"wrong shape: {header.numel} elements, {expected}",
                 "wrong_shape",
+                sender=header.sender,
             )
         try:
             codec = get_codec(header.codec)
         except ValueError as err:
-            raise self.reject(RejectCode.INVALID_ARGUMENT, str(err)[:300], "codec") from None
+            raise self.reject(
+                RejectCode.INVALID_ARGUMENT, str(err)[:300], "codec", sender=header.sender
+            ) from None
         bound = blocks * codec.max_bytes(block)
         if header.payload_bytes > bound:
             raise self.reject(
@@ -193,9 +209,15 @@ class Admission:
                 f"payload of {header.payload_bytes} bytes exceeds the {codec.spec} size for "
                 f"{header.numel} elements ({bound})",
                 "too_large",
+                sender=header.sender,
             )
         if len(header.codec_meta) > MAX_HEADER_BYTES:
-            raise self.reject(RejectCode.INVALID_ARGUMENT, "codec metadata too large", "codec")
+            raise self.reject(
+                RejectCode.INVALID_ARGUMENT,
+                "codec metadata too large",
+                "codec",
+                sender=header.sender,
+            )
 
     def decode(self, message: GossipMessage) -> Payload:
         """The payload of an admitted message (:meth:`check_header` passed), decoded; refused
@@ -210,15 +232,23 @@ class Admission:
                 self.dtype,
             )
         except DecodeError as err:
-            raise self.reject(RejectCode.INVALID_ARGUMENT, str(err), "undecodable") from None
+            raise self.reject(
+                RejectCode.INVALID_ARGUMENT, str(err), "undecodable", sender=header.sender
+            ) from None
         if not all_finite(vector):
             raise self.reject(
-                RejectCode.INVALID_ARGUMENT, "payload holds NaN or infinite values", "non_finite"
+                RejectCode.INVALID_ARGUMENT,
+                "payload holds NaN or infinite values",
+                "non_finite",
+                sender=header.sender,
             )
         bad = [k[:32] for k, v in header.scalars.items() if not math.isfinite(v)]
         if bad:
             raise self.reject(
-                RejectCode.INVALID_ARGUMENT, f"scalar(s) {', '.join(bad)} not finite", "non_finite"
+                RejectCode.INVALID_ARGUMENT,
+                f"scalar(s) {', '.join(bad)} not finite",
+                "non_finite",
+                sender=header.sender,
             )
         return Payload(vector, dict(header.scalars), header.seq, header.base_seq)
 

@@ -32,6 +32,7 @@ import torch
 from edge.agent.admission import Admission
 from edge.agent.checkpointing import AgentState, Checkpointer
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
+from edge.agent.influence import InNeighbourWatch
 from edge.agent.lineage import EdgeLineages, new_incarnation
 from edge.agent.rejoin import LATE_WEIGHT
 from edge.agent.sending import Outbox, Sender, gossip_message, send_event
@@ -147,6 +148,7 @@ class Agent:
         self.admission = Admission.of(
             agent_id, algorithm, fleet=fleet, digest=digest, refuse=self.refused
         )
+        self.watch = InNeighbourWatch(algorithm, observer)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -161,6 +163,7 @@ class Agent:
             old = self._assignment.peers if self._assignment is not None else {}
             self.outbox.readdressed(assignment.peers, old)
             self.admission.set_in_neighbours(incoming, self.round)
+            self.watch.set_in_neighbours(incoming)
             self._assignment = assignment
             self._progress.notify_all()
 
@@ -408,7 +411,8 @@ class Agent:
             self._counters.messages_rejected += 1
         self._refusals.note(error.kind, f"{self.agent_id}: {error.code.value}: {error.reason}")
         if self.observer is not None:
-            self.observer.on_receive(ReceiveEvent(False, code=error.code.value, reason=error.kind))
+            event = ReceiveEvent(False, error.sender, code=error.code.value, reason=error.kind)
+            self.observer.on_receive(event)
 
     def accepts(self, sender: str) -> None:
         self.admission.check_sender(sender, self.round, assigned=self._assignment is not None)
@@ -423,6 +427,7 @@ class Agent:
         payload = self.admission.decode(message)
         sender = header.sender
         with self._progress:
+            before = self.watch.before(sender)
             try:
                 ack, why = self.lineages.receive(self.algorithm, sender, header.lineage, payload)
             except InvalidPayload as err:
@@ -434,9 +439,9 @@ class Agent:
                 return Ack(0, 0, False, self.round, self.lineages.incoming(sender), start_over=True)
             self._counters.messages_received += 1
             if self.observer is not None:
-                self.observer.on_receive(
-                    ReceiveEvent(True, header.sender, payload_bytes=header.payload_bytes)
-                )
+                size = header.payload_bytes
+                event = self.watch.received(sender, payload, size, ack.absorbed, before)
+                self.observer.on_receive(event)
             self._peer_rounds[sender] = header.round
             if header.round > self._heard.get(sender, 0):
                 self._heard[sender] = header.round

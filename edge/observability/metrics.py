@@ -16,8 +16,11 @@ the scraper adds one (the coordinator's service discovery labels every target wi
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from edge.observability.stats import RoundRecord
 from edge.observability.telemetry import (
@@ -120,6 +123,32 @@ class AgentMetrics:
         )
         for code in RejectCode:  # every code exported from the start, at 0 (its default reason)
             self.rejected.labels(code.value, code.value.lower())
+        # What each current in-neighbour's messages do to this agent (edge.agent.influence):
+        # series of a peer that stops being an in-neighbour are removed.
+        self.in_absorbed = Counter(
+            "airgossip_agent_in_neighbour_absorbed",
+            "Messages of each in-neighbour that moved this agent's state.",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self.in_increment = Summary(
+            "airgossip_agent_in_neighbour_increment_ratio",
+            "Relative increment of each absorbed message of an in-neighbour: distance of the "
+            "value it proposes from the agent's estimate, over the estimate's norm "
+            "(rate of _sum over rate of _count: the mean).",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self.in_refused = Counter(
+            "airgossip_agent_in_neighbour_refused",
+            "Messages of each in-neighbour refused, by reason.",
+            ["peer", "reason"], registry=r,
+        )  # fmt: skip
+        self.in_clipped = Counter(
+            "airgossip_agent_in_neighbour_clipped",
+            "Messages of each in-neighbour the robust algorithm clipped.",
+            ["peer"], registry=r,
+        )  # fmt: skip
+        self._in_series: dict[str, set[tuple[str, ...]]] = {}  # peer -> its refusal labels
+        self._in_lock = threading.Lock()  # events come from the transport's threads
         self.push_latency = Histogram(
             "airgossip_agent_push_latency_seconds",
             "Time from handing a message to the transport to the peer's acknowledgement.",
@@ -243,9 +272,38 @@ class AgentMetrics:
         self.local_step.observe(event.seconds)
 
     def on_receive(self, event: ReceiveEvent) -> None:
+        peer = event.sender
+        with self._in_lock:
+            self._count_receive(event, peer)
+
+    def _count_receive(self, event: ReceiveEvent, peer: str) -> None:
         if event.accepted:
-            self.received.labels(event.sender).inc()
-            self.received_bytes.labels(event.sender).inc(event.payload_bytes)
+            self.received.labels(peer).inc()
+            self.received_bytes.labels(peer).inc(event.payload_bytes)
+            if event.increment is not None:
+                self._in_series.setdefault(peer, set())
+                self.in_absorbed.labels(peer).inc()
+                self.in_increment.labels(peer).observe(event.increment)
+            if event.clipped:
+                self._in_series.setdefault(peer, set())
+                self.in_clipped.labels(peer).inc(event.clipped)
         else:
             code = event.code or "UNKNOWN"
-            self.rejected.labels(code, event.reason or code.lower()).inc()
+            reason = event.reason or code.lower()
+            self.rejected.labels(code, reason).inc()
+            if peer:  # charged to a current in-neighbour
+                self._in_series.setdefault(peer, set()).add((peer, reason))
+                self.in_refused.labels(peer, reason).inc()
+
+    def on_in_neighbours(self, peers: frozenset[str]) -> None:
+        """Forget the per-in-neighbour series of peers that are no longer in-neighbours."""
+        with self._in_lock:
+            self._forget(peers)
+
+    def _forget(self, peers: frozenset[str]) -> None:
+        for peer in [p for p in self._in_series if p not in peers]:
+            for labels in self._in_series.pop(peer):
+                self.in_refused.remove(*labels)
+            for metric in (self.in_absorbed, self.in_increment, self.in_clipped):
+                with contextlib.suppress(KeyError):
+                    metric.remove(peer)

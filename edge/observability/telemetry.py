@@ -113,8 +113,8 @@ class StepEvent:
 class ReceiveEvent:
     """One incoming message, accepted or refused.
 
-    ``sender`` is empty for refusals: the sender of a refused message is whatever the message
-    claims, and labelling metrics with it would let anyone create series at will.
+    ``sender`` of a refusal is empty unless it is a current in-neighbour (whose identity the
+    transport checked): what a refused message claims must not create series at will.
     """
 
     accepted: bool
@@ -123,6 +123,11 @@ class ReceiveEvent:
     payload_bytes: int = 0
     #: For refusals: a short fixed label of why (``wrong_receiver``, ``weight``...).
     reason: str = ""
+    #: For an absorbed message of a current in-neighbour: how far it moved the receiver
+    #: (:mod:`edge.agent.influence`); None otherwise.
+    increment: float | None = None
+    #: Clip events of the sender's messages since its last event (algorithms that clip).
+    clipped: int = 0
 
 
 @runtime_checkable
@@ -165,6 +170,11 @@ class Telemetry:
         for consumer in self.consumers:
             if hasattr(consumer, "on_receive"):
                 consumer.on_receive(event)
+
+    def on_in_neighbours(self, peers: frozenset[str]) -> None:
+        for consumer in self.consumers:
+            if hasattr(consumer, "on_in_neighbours"):
+                consumer.on_in_neighbours(peers)
 
 
 @dataclass

@@ -36,14 +36,17 @@ class Rejected(Exception):
     """A refused message, with a code and a reason meant for the sender's operator.
 
     ``kind`` is a short fixed label of why (``wrong_receiver``, ``sequence_ahead``...) for
-    metrics and rate-limited logs; it never holds text from the message itself.
+    metrics and rate-limited logs; it never holds text from the message itself. ``sender`` is
+    the peer the refusal is charged to when the receiver knows it (an in-neighbour whose
+    identity the transport checked), empty otherwise.
     """
 
-    def __init__(self, code: RejectCode, reason: str, *, kind: str = "") -> None:
+    def __init__(self, code: RejectCode, reason: str, *, kind: str = "", sender: str = "") -> None:
         super().__init__(f"{code.value}: {reason}")
         self.code = code
         self.reason = reason
         self.kind = kind or code.value.lower()
+        self.sender = sender
 
 
 @dataclass(frozen=True)

@@ -260,6 +260,8 @@ def run_flower_baseline(
             cwd=out_dir,  # files a ServerApp writes (a saved model, say) stay in the run
             start_new_session=True,
         )
+    if on_progress is not None:  # the rounds to come, before the first one ends
+        on_progress(_progress(baseline.agents, rounds_total, rows))
     try:
         while process.poll() is None:
             if time.monotonic() - started > baseline.timeout_s:

@@ -228,13 +228,15 @@ class AgentProcesses:
     def command(self, index: int, agent_id: str, own: AgentCommand) -> AgentCommand:
         """Agent ``index``'s command: ``own`` (how it finds its peers, what else it needs of
         its own) with what every agent of the group gets (the run's config, records,
-        credentials, checkpoints, one torch thread, serving its neighbours until stopped)."""
+        credentials, checkpoints, the fleet's size as the agents on the host, which sets
+        their torch threads, serving its neighbours until stopped)."""
         certs = None
         if self.secure:
             certs = self.host.certs_dir or self.seen(self.folder.credentials(agent_id))
         return replace(
             own, config=self.seen(self.folder.config_path), agent_id=agent_id, index=index,
-            stats_dir=self.seen(self.stats_dir), linger_s=3600.0, threads=1, certs=certs,
+            stats_dir=self.seen(self.stats_dir), linger_s=3600.0, certs=certs,
+            host_agents=self.config.agents,
             insecure=not self.secure,
             checkpoint_dir=self.seen(self.folder.checkpoint_dir(agent_id)),
         )  # fmt: skip

@@ -16,6 +16,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
+from emulation.errors import ConfigError
+
 #: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
 AGENT_MODULE = "emulation.runtime.agent"
 #: Flags whose name is not the field's.
@@ -44,6 +46,7 @@ class AgentCommand:
     ready_timeout_s: float = 120.0
     parent_pid: int | None = None
     threads: int | None = None
+    host_agents: int | None = None
     link_shaping: bool = True
     kernel_links: str | None = None
     device: str | None = None
@@ -65,6 +68,33 @@ class AgentCommand:
             else:
                 out += [flag, str(value)]
         return out
+
+
+def check_command(command: AgentCommand) -> None:
+    """:class:`ConfigError` for flags that cannot go together or are out of range, before
+    anything is read or imported (this module stays light: ``airgossip agent`` answers a bad
+    flag at once)."""
+    if (command.coordinator is None) == (command.peers is None):
+        raise ConfigError("give exactly one of --coordinator HOST:PORT or --peers FILE")
+    if (command.certs is None) == (not command.insecure):
+        raise ConfigError(
+            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
+            "(plaintext)"
+        )
+    if not command.checkpoint_interval_s > 0:
+        raise ConfigError(
+            f"--checkpoint-interval-s must be positive, got {command.checkpoint_interval_s:g}"
+        )
+    if command.peers is not None and command.config is None:
+        raise ConfigError("--peers needs --config (the scenario every agent of the list runs)")
+    if command.threads is not None and command.threads < 1:
+        raise ConfigError(f"--threads must be 1 or more, got {command.threads}")
+    if command.host_agents is not None and command.host_agents < 1:
+        raise ConfigError(f"--host-agents must be 1 or more, got {command.host_agents}")
+    if command.index < 0:
+        raise ConfigError(f"--index must be 0 or more, got {command.index}")
+    if command.kernel_links is not None and not command.link_shaping:
+        raise ConfigError("--kernel-links shapes the links: it cannot go with --no-link-shaping")
 
 
 def flag_name(field: str) -> str:

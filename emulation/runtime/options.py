@@ -12,7 +12,7 @@ from pathlib import Path
 from edge.config.identity import agent_id as default_agent_id
 from edge.observability.http import HttpSecurity, http_security
 from emulation.config import ConfigError, RunConfig, Settings, load_config, read_scenario
-from emulation.runtime.command import AgentCommand
+from emulation.runtime.command import AgentCommand, check_command
 
 
 @dataclass(frozen=True)
@@ -51,25 +51,11 @@ class AgentProcessOptions:
     #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
     checkpoint_dir: Path | None = None
     checkpoint_interval_s: float = 5.0
-
-
-def check_command(command: AgentCommand) -> None:
-    """:class:`ConfigError` for flags that cannot go together (before anything is read)."""
-    if (command.coordinator is None) == (command.peers is None):
-        raise ConfigError("give exactly one of --coordinator HOST:PORT or --peers FILE")
-    if (command.certs is None) == (not command.insecure):
-        raise ConfigError(
-            "give exactly one of --certs DIR (mutual TLS; see `airgossip certs`) or --insecure "
-            "(plaintext)"
-        )
-    if not command.checkpoint_interval_s > 0:
-        raise ConfigError(
-            f"--checkpoint-interval-s must be positive, got {command.checkpoint_interval_s:g}"
-        )
-    if command.peers is not None and command.config is None:
-        raise ConfigError("--peers needs --config (the scenario every agent of the list runs)")
-    if command.kernel_links is not None and not command.link_shaping:
-        raise ConfigError("--kernel-links shapes the links: it cannot go with --no-link-shaping")
+    #: torch CPU threads (None: from the model's size and ``host_agents``, see
+    #: :mod:`emulation.runtime.threads`).
+    threads: int | None = None
+    #: Agents that run on this host, this one included (None: unknown).
+    host_agents: int | None = None
 
 
 def own_address() -> str:
@@ -114,8 +100,6 @@ def agent_options(command: AgentCommand) -> tuple[RunConfig | None, AgentProcess
         declared = {**(declared or {}), "device": command.device}
         if config is not None:
             config = config.model_copy(update={"device": command.device})
-    if command.index < 0:
-        raise ConfigError(f"--index must be 0 or more, got {command.index}")
     advertise = command.advertise
     if advertise is not None and advertise.startswith(":"):
         advertise = f"{own_address()}{advertise}"
@@ -136,5 +120,6 @@ def agent_options(command: AgentCommand) -> tuple[RunConfig | None, AgentProcess
         declared=declared, kernel_device=command.kernel_links, certs=command.certs,
         checkpoint_dir=command.checkpoint_dir,
         checkpoint_interval_s=command.checkpoint_interval_s,
+        threads=command.threads, host_agents=command.host_agents,
     )  # fmt: skip
     return config, options

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 import grpc
+import torch
 
 from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
 from edge.agent import Agent, build_agent
@@ -56,6 +57,7 @@ from emulation.runtime.peers import (
     static_fleet_config,
     wait_for_peers,
 )
+from emulation.runtime.threads import agent_threads, host_cores
 
 log = logging.getLogger("airgossip.agent")
 
@@ -263,6 +265,16 @@ def _run_agent(
             config, network, ids, certificate_secrets(config, security, options.certs)
         ),
     )
+    if options.threads is None:  # not told: what the model's size and the host allow
+        parameters = agent.algorithm.estimate().numel()
+        threads = agent_threads(parameters, options.host_agents, host_cores())
+        torch.set_num_threads(threads)
+        host = f"{options.host_agents} agents" if options.host_agents else "agents unknown"
+        log.info(
+            "%s computes on %d torch thread(s): %d parameters, %d cores, %s on this host "
+            "(--threads, --host-agents say otherwise)",
+            options.agent_id, threads, parameters, host_cores(), host,
+        )  # fmt: skip
     agent.resume()  # from the newest intact checkpoint, if it keeps any
     if stop.is_set():
         return 0

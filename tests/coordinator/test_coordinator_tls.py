@@ -19,7 +19,7 @@ from coordinator.service import CoordinatorServer, TopologySpec
 from edge.security.certificates import load_authority, make_certificate
 from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from protos import coordinator_pb2, coordinator_pb2_grpc
-from tests.support import credentials, credentials_folder
+from tests.support.tls import credentials, credentials_folder
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from coordinator.service import CoordinatorServer, TopologySpec
 from edge.security.tls import COORDINATOR_IDENTITY, dial
 from emulation.results import summarise
 from protos import coordinator_pb2, coordinator_pb2_grpc
-from tests.support import credentials
+from tests.support.tls import credentials
 
 ROUNDS = 50
 NUMEL = 100

@@ -14,7 +14,7 @@ from coordinator.store import FleetStore, StoreError
 from coordinator.views import DEAD, LEFT, MemberView
 from edge.observability.telemetry import AgentSnapshot, LinkTotals
 from edge.topology import is_strongly_connected
-from tests.support import FakeClock
+from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
 

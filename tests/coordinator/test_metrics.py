@@ -32,7 +32,8 @@ from edge.observability.telemetry import (
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport import InMemoryNetwork, InMemoryTransport, Rejected
 from edge.transport.base import MessageHeader
-from tests.support import FakeClock, Recorder, promtool_check
+from tests.support.agents import FakeClock, Recorder
+from tests.support.prometheus import promtool_check
 
 
 def test_agent_metrics_follow_prometheus_conventions() -> None:

@@ -20,7 +20,7 @@ from coordinator.store import FleetStore, StoreError
 from coordinator.views import DEAD, FINISHED
 from edge.observability.stats import Counters, RoundRecord
 from protos import coordinator_pb2, coordinator_pb2_grpc
-from tests.support import FakeClock
+from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
 SCENARIO = {"agents": 3, "rounds": 4, "algorithm": "push-sum", "task": {"name": "digits"},

@@ -16,7 +16,7 @@ from coordinator.policy import SwitchingPolicy, TopologySpec, make_policy
 from coordinator.store import FleetStore, StoreError
 from edge.observability.stats import RoundRecord
 from edge.topology import TopologyError, TopologySwitcher, fleet_figures, parse_switching
-from tests.support import FakeClock
+from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
 AGENTS = [f"agent-{i}" for i in range(6)]

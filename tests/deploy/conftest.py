@@ -17,19 +17,18 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 IMAGE = "airgossip:latest"
-PROMETHEUS_IMAGE = "airgossip-test-prometheus:local"
+#: What deploy/docker/build makes beside the airgossip image (the compose file's default).
+PROMETHEUS_IMAGE = "airgossip-prometheus:latest"
 BASE_IMAGE = "airgossip-base:bookworm"
 #: Compose projects of the tests are named with this prefix (and a random part).
 PROJECT_PREFIX = "agtest"
@@ -146,7 +145,8 @@ def image(engine: Engine) -> str:
     result = subprocess.run(
         [str(ROOT / "deploy" / "docker" / "build"), IMAGE],
         capture_output=True, text=True, timeout=1500,
-        env={**os.environ, "DOCKER": engine.docker},
+        env={**{k: v for k, v in os.environ.items() if k != "PROMETHEUS_IMAGE"},
+         "DOCKER": engine.docker},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     print(f"\n{result.stdout.strip()} (fixture: {time.monotonic() - started:.0f} s)")
@@ -155,17 +155,10 @@ def image(engine: Engine) -> str:
 
 @pytest.fixture(scope="session")
 def prometheus_image(engine: Engine, image: str) -> str:
-    """Prometheus in an image: this machine's binary on the airgossip base image."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is missing: `./scripts/install --dev` installs Debian's package"
-    with tempfile.TemporaryDirectory() as context:
-        shutil.copy(binary, Path(context) / "prometheus")
-        (Path(context) / "Dockerfile").write_text(
-            f"FROM {BASE_IMAGE}\n"
-            "COPY prometheus /bin/prometheus\n"
-            "RUN mkdir -p /prometheus /etc/prometheus && chown 65534:65534 /prometheus\n"
-            "USER 65534\n"
-            'ENTRYPOINT ["/bin/prometheus"]\n'
-        )
-        engine.run("build", "-q", "-t", PROMETHEUS_IMAGE, context, timeout=600)
+    """The compose stack's Prometheus image, made by ``deploy/docker/build`` with the
+    airgossip image: this machine's binary (Debian's package) on the base image."""
+    assert shutil.which("prometheus"), (
+        "prometheus is missing: `./scripts/install --dev` installs Debian's package"
+    )
+    engine.run("image", "inspect", PROMETHEUS_IMAGE)
     return PROMETHEUS_IMAGE

@@ -23,7 +23,7 @@ import yaml
 from airgossip.compose import top_level_compose
 from emulation.config import load_config, read_scenario, scenario_toml
 from emulation.scenario import scenario_path
-from tests.support import ROOT, assert_one_line_error, cli
+from tests.support.cli import ROOT, assert_one_line_error, cli
 
 SCHEMA = json.loads((Path(__file__).parent / "schemas" / "compose-spec.json").read_text())
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -81,8 +81,14 @@ def test_the_top_level_file_passes_the_compose_schema() -> None:
     assert coordinator["command"][-2:] == ["--certs", "/var/lib/airgossip/certs"]
     assert agent["environment"]["AIRGOSSIP_CERTS"] == "/var/lib/airgossip/certs"
     assert "--insecure" not in coordinator["command"] + agent["command"]
-    # One build of the image for the stack: the first service's.
-    assert [name for name, s in services.items() if "build" in s] == ["certs"]
+    # One build of the image for the stack: the first service's; Prometheus's image is built
+    # from Prometheus's own only where deploy/docker/build has not made it.
+    assert [name for name, s in services.items() if "build" in s] == ["certs", "prometheus"]
+    assert services["prometheus"]["image"] == "airgossip-prometheus:latest"
+    assert (ROOT / services["prometheus"]["build"]["context"] / "Dockerfile").is_file()
+    # Grafana, whose image only a registry has, starts only when asked for.
+    assert services["grafana"]["profiles"] == ["grafana"]
+    assert all("profiles" not in s for name, s in services.items() if name != "grafana")
     # One variable sets the fleet size: the coordinator waits for as many as run.
     eight = validate(text, {"AIRGOSSIP_AGENTS": "8"})["services"]
     assert eight["agent"]["deploy"]["replicas"] == "8"

@@ -1,6 +1,10 @@
-"""The repository's docker-compose.yml, brought up for real: a coordinator, 4 agents and
-Prometheus on a Docker engine (Grafana's image cannot be pulled here; its dashboards are
-checked by running every panel's queries against this Prometheus instead).
+"""The repository's docker-compose.yml, brought up for real with the README's commands on
+an engine with no image registry: ``deploy/docker/build`` (the fixtures' image, which makes
+Prometheus's image too), then ``docker-compose up -d || docker-compose down -v``: a
+coordinator, 4 agents and Prometheus. Grafana, whose image only a registry has, is behind
+the ``grafana`` profile and does not start; its dashboards are checked by running every
+panel's queries against this Prometheus instead. A failed ``up`` (Grafana asked for where
+its image cannot be pulled) leaves nothing behind.
 
 The agents learn digits over links each shapes inside its own container (5% of packets
 dropped by the kernel, measured by the agents' counters), Prometheus finds every agent
@@ -25,8 +29,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.deploy.conftest import PROJECT_PREFIX, Engine, load_script
-from tests.support import ROOT, free_port
+from tests.deploy.conftest import PROJECT_PREFIX, PROMETHEUS_IMAGE, Engine, load_script
+from tests.support.cli import ROOT
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +79,14 @@ class Stack:
         self.env = env
         self.prometheus = f"http://127.0.0.1:{env['AIRGOSSIP_PROMETHEUS_PORT']}"
         self.coordinator = f"http://127.0.0.1:{env['AIRGOSSIP_COORDINATOR_PORT']}"
+
+    def readme_up(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The README's ``docker-compose [ARGS] up -d || docker-compose down -v``."""
+        compose = f"{self.engine.compose} -f {ROOT / 'docker-compose.yml'} -p {self.project}"
+        return subprocess.run(
+            ["bash", "-c", f"{compose} {' '.join(args)} up -d || {{ {compose} down -v; exit 1; }}"],
+            capture_output=True, text=True, timeout=600, env=self.env, cwd=ROOT,
+        )  # fmt: skip
 
     def compose(self, *args: str, timeout: float = 300) -> str:
         result = subprocess.run(
@@ -129,27 +142,48 @@ class Stack:
         ]
 
 
-@pytest.fixture
-def stack(engine: Engine, image: str, prometheus_image: str, tmp_path: Path) -> Iterator[Stack]:
+def new_stack(engine: Engine, image: str, tmp_path: Path, **env: str) -> Stack:
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO)
     project = f"{PROJECT_PREFIX}{uuid.uuid4().hex[:10]}"
-    env = {
-        **os.environ,
+    variables = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PROMETHEUS_", "GRAFANA_"))},
         "AIRGOSSIP_AGENTS": str(AGENTS),
         "AIRGOSSIP_IMAGE": image,
-        "PROMETHEUS_IMAGE": prometheus_image,
         "AIRGOSSIP_SCENARIO": str(scenario),
         "AIRGOSSIP_PROMETHEUS_PORT": str(free_port()),
         "AIRGOSSIP_COORDINATOR_PORT": str(free_port()),
+        "AIRGOSSIP_GRAFANA_PORT": str(free_port()),
+        **env,
     }
-    stack = Stack(engine, project, env)
+    return Stack(engine, project, variables)
+
+
+@pytest.fixture
+def stack(engine: Engine, image: str, prometheus_image: str, tmp_path: Path) -> Iterator[Stack]:
+    stack = new_stack(engine, image, tmp_path)
     try:
-        stack.compose("up", "-d", "coordinator", "agent", "prometheus")
+        up = stack.readme_up()
+        assert up.returncode == 0, up.stdout + up.stderr
         yield stack
     finally:
         stack.compose("down", "-v", "--remove-orphans", "--timeout", "10")
-        assert not stack.left(), f"left behind by {project}: {stack.left()}"
+        assert not stack.left(), f"left behind by {stack.project}: {stack.left()}"
+
+
+def test_a_failed_up_leaves_nothing_behind(
+    engine: Engine, image: str, prometheus_image: str, tmp_path: Path
+) -> None:
+    # Grafana asked for, its image nowhere to be had (no registry here; no such image on one).
+    stack = new_stack(engine, image, tmp_path, AIRGOSSIP_AGENTS="1",
+                      GRAFANA_IMAGE="airgossip-test-no-such-grafana:0")  # fmt: skip
+    try:
+        up = stack.readme_up("--profile", "grafana")
+        assert up.returncode != 0, up.stdout + up.stderr
+        assert "airgossip-test-no-such-grafana" in up.stderr
+        assert not stack.left(), f"left behind by a failed up: {stack.left()}"
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", "--timeout", "10")
 
 
 @pytest.mark.timeout(900)
@@ -165,6 +199,12 @@ def test_compose_stack_learns_over_kernel_shaped_links_and_survives_a_killed_age
         return sorted(up) == ids and all(v == 1 for v in up.values())
 
     stack.wait("Prometheus to scrape every agent found through /sd", discovered, 300)
+    # The README's `up`: Prometheus from deploy/docker/build's image, no Grafana.
+    services = stack.compose("ps", "--services", "--filter", "status=running").split()
+    assert sorted(services) == ["agent", "coordinator", "prometheus"], services
+    prometheus = stack.compose("ps", "-q", "prometheus").strip()
+    assert stack.engine.run("inspect", "--format", "{{.Config.Image}}", prometheus) \
+        == PROMETHEUS_IMAGE  # fmt: skip
     targets = stack.get(f"{stack.prometheus}/api/v1/targets")["data"]["activeTargets"]
     assert {t["labels"]["agent"] for t in targets if t["labels"]["job"] == "airgossip-agents"} \
         == set(ids)  # fmt: skip

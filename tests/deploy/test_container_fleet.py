@@ -18,7 +18,7 @@ import pytest
 
 from emulation.fleets.containers import DockerEngine
 from tests.deploy.conftest import Engine
-from tests.support import ROOT, airgossip
+from tests.support.cli import ROOT, airgossip
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from tests.deploy.conftest import load_script
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 GRAFANA = ROOT / "deploy" / "grafana"
 FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
@@ -94,7 +94,8 @@ def test_the_panels_and_variables_operators_need() -> None:
     }  # fmt: skip
     assert titles["airgossip-agent.json"] >= {
         "Push latency", "Push latency histogram", "Refused messages by reason",
-        "Local step time",
+        "Local step time", "Relative increment per in-neighbour",
+        "Refusals and clips per in-neighbour", "Insider alerts firing",
     }  # fmt: skip
     for name, data in dashboards().items():
         variables = {v["name"]: v for v in data["templating"]["list"]}

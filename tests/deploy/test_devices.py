@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from emulation.networks.kernel import NamespaceNetwork, kernel_support
-from tests.support import ROOT, cli, wait_until_gone
+from tests.support.cli import ROOT, cli
+from tests.support.processes import wait_until_gone
 
 UNIT = ROOT / "deploy" / "systemd" / "airgossip-agent.service"
 ENV = ROOT / "deploy" / "systemd" / "agent.env.example"

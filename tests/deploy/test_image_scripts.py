@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from edge.security.certificates import throwaway_fleet
 from edge.security.tls import TlsCredentials, add_port
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 SCRIPTS = ROOT / "deploy" / "docker"
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from emulation.config import load_config
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 #: The oldest version whose API has everything the manifests use (gRPC probes: 1.27).

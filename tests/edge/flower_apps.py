@@ -4,11 +4,13 @@ that fail in each way an app can (module:attr targets of ``--flower-app``)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from sklearn.datasets import load_digits
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 
@@ -131,3 +133,63 @@ needs_five = ServerApp()
 @needs_five.main()
 def main_five(grid: Grid, context: Context) -> None:
     FedAvg(min_available_nodes=5).start(grid=grid, initial_arrays=initial_arrays(), num_rounds=1)
+
+
+# A bare Message API ClientApp, as a user writes one by hand: no ServerApp, no project
+# folder; its query handler gives the initial model (an MLP on scikit-learn's digits).
+bare_digits = ClientApp()
+
+
+def _digits_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def _digits_partition(context: Context) -> tuple[torch.Tensor, ...]:
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(3).permutation(len(y))
+    part = np.array_split(order, int(context.node_config["num-partitions"]))[
+        int(context.node_config["partition-id"])
+    ]
+    cut = int(0.8 * len(part))
+    xs, ys = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+    return xs[part[:cut]], ys[part[:cut]], xs[part[cut:]], ys[part[cut:]]
+
+
+def _digits_model(msg: Message) -> torch.nn.Module:
+    net = _digits_net()
+    net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    return net
+
+
+@bare_digits.query()
+def bare_initial_model(msg: Message, context: Context) -> Message:
+    content = RecordDict({"arrays": ArrayRecord(_digits_net().state_dict()),
+                          "config": ConfigRecord({"lr": 0.1})})  # fmt: skip
+    return Message(content, reply_to=msg)
+
+
+@bare_digits.train()
+def bare_train(msg: Message, context: Context) -> Message:
+    net = _digits_model(msg)
+    x, y, _, _ = _digits_partition(context)
+    optimizer = torch.optim.SGD(net.parameters(), lr=float(str(msg.content.config_records["config"]["lr"])),
+                                momentum=0.9)  # fmt: skip
+    for batch in torch.randperm(len(y)).split(32):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x[batch]), y[batch])
+        loss.backward()
+        optimizer.step()
+    metrics = MetricRecord({"train_loss": loss.item(), "num-examples": len(y)})
+    content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics})
+    return Message(content, reply_to=msg)
+
+
+@bare_digits.evaluate()
+def bare_evaluate(msg: Message, context: Context) -> Message:
+    net = _digits_model(msg)
+    _, _, x, y = _digits_partition(context)
+    with torch.no_grad():
+        logits = net(x)
+    accuracy = float((logits.argmax(1) == y).float().mean())
+    metrics = MetricRecord({"accuracy": accuracy, "num-examples": len(y)})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -11,7 +11,7 @@ import torch
 from edge.algorithms import AdaptiveConsensusDPSGD, GossipAlgorithm, Payload, create_algorithm
 from edge.algorithms.adaptive_consensus import AdaptiveConsensusOptions, consensus_step
 from edge.topology import Phase
-from tests.support import AlgorithmFleet
+from tests.support.lossy import AlgorithmFleet
 
 
 def options(**values: Any) -> AdaptiveConsensusOptions:

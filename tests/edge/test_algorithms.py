@@ -25,7 +25,7 @@ from edge.algorithms import (
 from edge.algorithms.shared_copy import MAX_BLOCKS, SharedCopyGossip, default_gamma
 from edge.compression import get_codec
 from edge.topology import Phase, metropolis_hastings
-from tests.support import AlgorithmFleet, PushSumFleet, run_push_sum
+from tests.support.lossy import AlgorithmFleet
 
 HOSTILE = {"loss": 0.2, "duplicate": 0.2, "max_delay": 3, "ack_loss": 0.3}
 
@@ -74,11 +74,10 @@ def test_push_sum_with_a_lossy_codec_conserves_the_total_but_keeps_noise() -> No
     codec = get_codec("qsgd:4")
     algos = [PushSum(s, codec=codec, seed=i) for i, s in enumerate(starts)]
     graph = build_graph("exponential", 12)
-    fleet = PushSumFleet(algos, [node_phases(graph, ids, i) for i in range(12)], ids)
+    fleet = AlgorithmFleet(list(algos), [node_phases(graph, ids, i) for i in range(12)], ids)
     total = sum(starts)
-    # run_push_sum() asserts after every round that agents plus edges hold exactly the initial
-    # total
-    run_push_sum(fleet, 150, loss=0.3, duplicate=0.2, max_delay=2, ack_loss=0.2, check_mass=total)
+    # check_mass: after every round agents plus edges hold exactly the initial total
+    fleet.run(150, loss=0.3, duplicate=0.2, max_delay=2, ack_loss=0.2, check_mass=total)
     assert fleet.error(total / 12) > 1e-2  # the codec's error on a round's mass stays
 
 

@@ -23,7 +23,8 @@ from edge.transport import GossipMessage, MessageHeader
 from edge.transport.base import SendCallback, Transport
 from edge.transport.wire import to_chunks
 from protos import gossip_pb2_grpc
-from tests.support import TlsFleet, credentials, credentials_folder, push, refused
+from tests.support.agents import TlsFleet, push, refused
+from tests.support.tls import credentials, credentials_folder
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from edge.compression import get_codec, join_blocks
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.transport import GossipMessage, MessageHeader
 from protos import gossip_pb2
-from tests.support import assert_pair_reaches_average, grpc_pair, push, refused
+from tests.support.agents import assert_pair_reaches_average, grpc_pair, push, refused
 
 SETTINGS = AgentSettings(
     task=TaskSettings(name="consensus", dim=8), rounds=40, wait_timeout_s=0.5, seed=5,

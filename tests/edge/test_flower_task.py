@@ -11,7 +11,7 @@ import torch
 
 from edge.tasks import TaskContext, TaskError, TrainConfig, load_task
 from edge.tasks.flower import FlowerAppError, load_flower_app
-from tests.support import ROOT
+from tests.support.cli import ROOT
 
 APPS = "tests.edge.flower_apps"
 EXAMPLE = str(ROOT / "examples" / "flower-digits")
@@ -80,6 +80,22 @@ def test_a_legacy_numpy_client_starts_from_its_own_get_parameters() -> None:
     assert set(metrics) == {"accuracy", "loss"} and 0 <= metrics["accuracy"] <= 1
 
 
+def test_a_bare_client_app_starts_from_its_own_query_reply() -> None:
+    tasks = [load_task("flower", TaskContext(i, 4, 0, options={
+        "app": f"{APPS}:bare_digits"})) for i in range(2)]  # fmt: skip
+    start = tasks[0].initial_parameters()
+    # The app draws its model from torch's global RNG: seeded by the fleet seed.
+    assert torch.equal(start, tasks[1].initial_parameters())
+    assert "the ClientApp's own query reply (no ServerApp)" in tasks[0].source
+    assert tasks[0].layout.names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    other = load_task("flower", TaskContext(0, 4, 1, options={"app": f"{APPS}:bare_digits"}))
+    assert not torch.equal(start, other.initial_parameters())
+    # The reply's ConfigRecord (lr) is the config of every round's train message.
+    result = tasks[0].train(start, TrainConfig(1, 5))
+    assert result.num_examples > 0 and not torch.equal(result.parameters, start)
+    assert 0 <= tasks[0].evaluate(result.parameters).metrics["accuracy"] <= 1
+
+
 @pytest.mark.parametrize(
     ("app", "what"),
     [
@@ -105,7 +121,8 @@ def test_a_failing_app_gets_one_error_naming_app_agent_and_what(app: str, what: 
         ({"app": f"{APPS}:nothing"}, ["Unable to load attribute nothing"]),
         ({"app": f"{APPS}:server"}, ["is a ServerApp, not a ClientApp"]),
         ({"app": f"{APPS}:recording", "server_app": None},
-         ["Message API ClientApp and no ServerApp", "server_app"]),
+         ["Message API ClientApp with no ServerApp and no query handler", "--server-app",
+          "@app.query()"]),
         ({"app": EXAMPLE, "run_config": {"epochs": 3}},
          ["run config has no key 'epochs'", "local-epochs"]),
         ({"app": f"{APPS}:recording", "colour": "red"}, ["unknown option 'colour'"]),

@@ -15,7 +15,7 @@ from edge.transport import GossipMessage, MessageHeader
 from edge.transport.grpc_transport import GrpcTransport, PortInUseError
 from edge.transport.wire import header_to_proto
 from protos import gossip_pb2, gossip_pb2_grpc
-from tests.support import (
+from tests.support.agents import (
     agent_channel,
     assert_pair_reaches_average,
     grpc_pair,

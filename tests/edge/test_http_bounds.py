@@ -28,7 +28,7 @@ from edge.observability.http import (
     http_security,
 )
 from edge.security.tls import METRICS_NAME, SecurityError
-from tests.support import credentials, credentials_folder
+from tests.support.tls import credentials, credentials_folder
 
 IDLE = 200
 

@@ -11,7 +11,7 @@ import torch
 from edge.algorithms import GossipAlgorithm, LocalSGD, create_algorithm
 from edge.algorithms.local_sgd import LocalSGDOptions
 from edge.topology import Phase
-from tests.support import AlgorithmFleet
+from tests.support.lossy import AlgorithmFleet
 
 
 def test_the_outer_step_is_nesterov_on_the_pseudo_gradient() -> None:

@@ -8,7 +8,7 @@ import torch
 from edge.algorithms import InvalidPayload, PlainPushSum, ProtocolError, PushSum
 from edge.algorithms.base import Ack, Payload
 from edge.topology import Phase
-from tests.support import PushSumFleet, run_push_sum
+from tests.support.lossy import AlgorithmFleet
 
 
 @pytest.mark.parametrize(
@@ -18,32 +18,33 @@ from tests.support import PushSumFleet, run_push_sum
 def test_mass_is_conserved_and_average_exact(
     loss: float, duplicate: float, max_delay: int, ack_loss: float
 ) -> None:
-    fleet = PushSumFleet.build(12)
+    fleet = AlgorithmFleet.build("push-sum", 12)
     target = fleet.average()
-    initial = sum(a.x.clone() for a in fleet.algos)
-    run_push_sum(fleet, 150, loss=loss, duplicate=duplicate, max_delay=max_delay, ack_loss=ack_loss,
+    initial = fleet.total_x()
+    fleet.run(150, loss=loss, duplicate=duplicate, max_delay=max_delay, ack_loss=ack_loss,
         check_mass=initial)  # fmt: skip
-    run_push_sum(fleet, 60, max_delay=0)  # a quiet network delivers whatever is still on the edges
+    fleet.run(60, max_delay=0)  # a quiet network delivers whatever is still on the edges
     assert fleet.error(target) < 1e-10
 
 
 @pytest.mark.parametrize("loss", [0.1, 0.3])
 def test_push_sum_c3_exact_where_plain_is_not(loss: float) -> None:
-    exact = PushSumFleet.build(16, dim=100, seed=1)
-    plain = PushSumFleet.build(16, dim=100, seed=1, algorithm=PlainPushSum)  # type: ignore[arg-type]
+    exact = AlgorithmFleet.build("push-sum", 16, dim=100, seed=1)
+    plain = AlgorithmFleet.build(PlainPushSum.name, 16, dim=100, seed=1)
     target = exact.average()
-    run_push_sum(exact, 300, loss=loss, seed=2)
-    run_push_sum(plain, 300, loss=loss, seed=2)
+    exact.run(300, loss=loss, seed=2)
+    plain.run(300, loss=loss, seed=2)
     assert exact.error(target) < 1e-10
     assert plain.error(target) > 1e-2
 
 
 def test_running_sums_stay_small_over_long_runs() -> None:
     """Acknowledged rebasing keeps the numbers on the wire at a few rounds' worth of mass."""
-    fleet = PushSumFleet.build(6, topology="directed-ring", dim=4, seed=3)
+    fleet = AlgorithmFleet.build("push-sum", 6, topology="directed-ring", dim=4, seed=3)
     target = fleet.average()
-    run_push_sum(fleet, 3000, loss=0.3, ack_loss=0.2, seed=4)
-    largest = max(float(a.out_edge_sum(p)[0].abs().max()) for a in fleet.algos for p in fleet.ids)
+    fleet.run(3000, loss=0.3, ack_loss=0.2, seed=4)
+    sums = [a.out_edge_sum(p)[0] for a in fleet.algos if isinstance(a, PushSum) for p in fleet.ids]
+    largest = max(float(s.abs().max()) for s in sums)
     assert largest < 20 * float(target.abs().max())
     assert fleet.error(target) < 1e-12
 

@@ -12,7 +12,7 @@ import torch
 from edge.algorithms import create_algorithm
 from edge.algorithms.shared_copy import default_gamma
 from edge.compression import DecodeError, Encoded, SlimCodec, get_codec
-from tests.support import AlgorithmFleet
+from tests.support.lossy import AlgorithmFleet
 
 SIZES = [1, 2, 7, 100, 513, 2410]
 

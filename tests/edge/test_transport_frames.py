@@ -29,7 +29,7 @@ from edge.transport.base import RejectCode, SendOutcome
 from edge.transport.grpc_transport import SERVICE_NAME, GrpcTransport
 from edge.transport.wire import CHUNK_BYTES, MAX_HEADER_BYTES, PayloadBuffers, frames
 from protos import gossip_pb2
-from tests.support import credentials
+from tests.support.tls import credentials
 
 #: The most a test receiver takes (its ``admit`` refuses larger announcements).
 LIMIT = 8 << 20

@@ -11,7 +11,7 @@ from edge.config.settings import AgentSettings, TaskSettings
 from edge.tasks.consensus import ConsensusOptions, true_average
 from edge.topology import Phase, assignments_for_graph, build_graph
 from edge.transport import InMemoryNetwork, InMemoryTransport
-from tests.support import Recorder
+from tests.support.agents import Recorder
 
 
 def test_hold_back_keeps_the_share_home_and_probes_with_zero_weight() -> None:

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from edge.agent.waiting import WaitReporter
-from tests.support import FakeClock
+from tests.support.agents import FakeClock
 
 
 def test_a_line_every_few_seconds_with_since_when(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,7 +21,7 @@ from emulation.fleets.namespaces import write_peers
 from emulation.networks import LinkRuntime, Network
 from emulation.runtime.command import AgentCommand
 from emulation.scenario import scenario_path
-from tests.support import free_port
+from tests.support.processes import free_port
 
 
 class ReversedLockStep(FleetBase):

@@ -15,7 +15,7 @@ from edge.tasks.digits import DigitsTask
 from edge.tasks.separable import SeparableOptions, centralized_reference
 from emulation.fleets.inproc import InProcessFleet
 from emulation.results import FinalFigures, summarise
-from tests.support import inproc_fleet
+from tests.support.inproc import inproc_fleet
 
 SKEWED: dict[str, Any] = {"name": "digits", "partition": "dirichlet", "alpha": 0.1}
 

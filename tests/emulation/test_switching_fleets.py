@@ -22,7 +22,7 @@ from emulation.fleets.virtual import VirtualFleet
 from emulation.networks import network_for
 from emulation.results import summarise
 from emulation.scenario import scenario_path
-from tests.support import inproc_fleet
+from tests.support.inproc import inproc_fleet
 
 SCHEDULE = {"topologies": ["complete", "ring", "one-peer-exponential", "exponential"],
             "at_rounds": [4, 8, 12]}  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from tests.support import LocalFleet
+from tests.support.local_fleet import LocalFleet
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import airgossip, assert_one_line_error, cli
+from tests.support.cli import airgossip, assert_one_line_error, cli
 
 
 @pytest.mark.parametrize(

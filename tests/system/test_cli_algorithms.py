@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import assert_one_line_error, cli
+from tests.support.cli import assert_one_line_error, cli
 
 
 @pytest.mark.parametrize(

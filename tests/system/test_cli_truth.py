@@ -28,7 +28,8 @@ from edge.topology import TOPOLOGIES
 from emulation.fleets import FLEETS
 from emulation.results import FinalFigures, RoundFigures, RunIdentity, RunResults
 from emulation.scenario import preset_names
-from tests.support import ROOT, airgossip, assert_one_line_error, cli, free_port
+from tests.support.cli import ROOT, airgossip, assert_one_line_error, cli
+from tests.support.processes import free_port
 
 COMMAND = typer.main.get_command(app)
 assert isinstance(COMMAND, click.Group)

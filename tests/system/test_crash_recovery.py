@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from edge.tasks.consensus import ConsensusOptions, true_average
-from tests.support import LocalFleet
+from tests.support.local_fleet import LocalFleet
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,8 @@ from edge.topology import Assignment, Phase
 from emulation.config import load_config
 from emulation.results import RunResults
 from emulation.runtime.peers import wait_for_peers
-from tests.support import ROOT, airgossip, assert_one_line_error, free_port
+from tests.support.cli import ROOT, airgossip, assert_one_line_error
+from tests.support.processes import free_port
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 

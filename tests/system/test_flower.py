@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, airgossip, assert_one_line_error, cli, processes_mentioning
+from tests.support.cli import ROOT, airgossip, assert_one_line_error, cli
+from tests.support.processes import processes_mentioning
 
 EXAMPLE = str(ROOT / "examples" / "flower-digits")
 #: What Flower and Ray start; none of it may outlive a run.
@@ -57,6 +58,33 @@ def test_a_legacy_numpy_client_app_learns_too(tmp_path: Path) -> None:
     log = (out / "logs" / "agent-0.log").read_text()
     assert log.count("NumPyClient") <= 1  # Flower's per-call deprecation warning, once
     assert not leftovers(out)
+
+
+@pytest.mark.slow
+def test_a_bare_message_api_client_app_by_module_attr_learns(tmp_path: Path) -> None:
+    # Hand-written: a ClientApp object in a module, no project folder, no ServerApp; its
+    # own query reply is the initial model.
+    out = tmp_path / "bare"
+    result = airgossip("run", "--flower-app", "tests.edge.flower_apps:bare_digits",
+                       "--agents", "4", "--loss", "0.1", "--rounds", "20",
+                       "--out", str(out), timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    final = json.loads((out / "results.json").read_text())["final"]
+    assert final["complete"] and final["mean_accuracy"] >= 0.9, final
+    print(f"\nbare ClientApp: mean accuracy {final['mean_accuracy']:.3f}")
+    assert not leftovers(out)
+
+
+def test_server_app_flag_names_the_serverapp_of_a_bare_client_app(tmp_path: Path) -> None:
+    out = tmp_path / "named"
+    result = airgossip("run", "--flower-app", "tests.edge.flower_apps:recording",
+                       "--server-app", "tests.edge.flower_apps:server", "--mode", "inproc",
+                       "--agents", "2", "--rounds", "2", "--run-config", "scale=2",
+                       "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["task"]["server_app"] == "tests.edge.flower_apps:server"
+    assert config["rounds"] == 2
 
 
 @pytest.mark.slow
@@ -135,6 +163,11 @@ def test_a_failing_app_in_process_gets_the_same_line(tmp_path: Path) -> None:
         (["--flower-app", EXAMPLE, "--run-config", "lr=="],
          ["--run-config", "invalid format", "key1=123"]),
         (["--accuracy-metric", "acc"], ["--accuracy-metric apply to a Flower app"]),
+        (["--server-app", "tests.edge.flower_apps:server"], ["--server-app apply to a Flower app"]),
+        (["--flower-app", "tests.edge.flower_apps:recording", "--server-app", "server"],
+         ["--server-app must be module:attr of a ServerApp"]),
+        (["--flower-app", "tests.edge.flower_apps:recording"],
+         ["no ServerApp and no query handler", "--server-app"]),
         (["--flower-app", "examples.flower_legacy_client:app", "--run-config", "lr=oops"],
          ["--run-config"]),
     ],

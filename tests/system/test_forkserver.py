@@ -24,7 +24,8 @@ from emulation.fleets.forkserver import ForkServer
 from emulation.fleets.processes import AgentProcesses, agent_environment
 from emulation.runtime.command import AgentCommand
 from emulation.runtime.folder import RunFolder
-from tests.support import ROOT, kill_all, processes_mentioning, wait_until_gone
+from tests.support.cli import ROOT
+from tests.support.processes import kill_all, processes_mentioning, wait_until_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -23,7 +23,8 @@ from edge.security.tls import COORDINATOR_IDENTITY, dial
 from edge.transport import MessageHeader
 from edge.transport.wire import header_to_proto
 from protos import gossip_pb2
-from tests.support import TlsFleet, credentials
+from tests.support.agents import TlsFleet
+from tests.support.tls import credentials
 
 CALLS = 400
 COORDINATOR_METHODS = ("Register", "Heartbeat", "Leave", "Report", "GetRun")

@@ -23,7 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, LocalFleet, credentials_folder, free_port, promtool_check
+from tests.support.cli import ROOT
+from tests.support.local_fleet import LocalFleet
+from tests.support.processes import free_port
+from tests.support.prometheus import promtool_check
+from tests.support.tls import credentials_folder
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ from edge.agent import fleet_digest
 from edge.privacy.keys import CertificateSecrets, mask_key
 from edge.security.tls import TlsCredentials
 from edge.tasks import TaskContext, load_task
-from tests.support import airgossip, assert_one_line_error, kill_all, wait_until_gone
+from tests.support.cli import airgossip, assert_one_line_error
+from tests.support.processes import kill_all, wait_until_gone
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("opacus")

@@ -16,7 +16,8 @@ import torch
 from edge.observability.metrics import AgentMetrics
 from edge.privacy.figures import EPSILON, EXHAUSTED, Spent
 from emulation.results import summarise
-from tests.support import assert_one_line_error, cli, inproc_fleet
+from tests.support.cli import assert_one_line_error, cli
+from tests.support.inproc import inproc_fleet
 
 pytest.importorskip("opacus")
 

@@ -15,14 +15,9 @@ import pytest
 
 from edge.observability.stats import read_records
 from edge.tasks.consensus import ConsensusOptions, true_average
-from tests.support import (
-    ROOT,
-    airgossip,
-    credentials_folder,
-    free_port,
-    kill_all,
-    wait_until_gone,
-)
+from tests.support.cli import ROOT, airgossip
+from tests.support.processes import free_port, kill_all, wait_until_gone
+from tests.support.tls import credentials_folder
 
 pytestmark = pytest.mark.slow
 

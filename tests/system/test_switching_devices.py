@@ -11,7 +11,8 @@ import pytest
 from edge.config.identity import agent_ids
 from edge.security.certificates import throwaway_fleet
 from emulation.results import RunResults
-from tests.support import airgossip, assert_one_line_error, free_port
+from tests.support.cli import airgossip, assert_one_line_error
+from tests.support.processes import free_port
 from tests.system.test_device_fleet import spawn
 
 SCENARIO = """agents = 4

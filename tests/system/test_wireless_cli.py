@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import airgossip, assert_one_line_error, cli
+from tests.support.cli import airgossip, assert_one_line_error, cli
 
 
 def test_run_a_preset_on_the_virtual_clock(tmp_path: Path) -> None:

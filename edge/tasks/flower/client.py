@@ -55,6 +55,9 @@ from edge.tasks.flower.records import ModelLayout, record_arrays
 SERVER_ROUND = "server-round"
 #: The key under which Flower apps report how many examples a reply stands for.
 NUM_EXAMPLES = "num-examples"
+#: The query a bare Message API ClientApp (no ServerApp) is asked for its initial model:
+#: ``@app.query("initial_model")`` if it has one, else its default ``@app.query()``.
+INITIAL_MODEL_QUERIES = ("query.initial_model", "query")
 
 
 class RepeatOnce(logging.Filter):
@@ -296,3 +299,34 @@ class ClientRunner:
             return parameters_to_ndarrays(res.parameters)
         except Exception as err:
             raise self.fail(f"its get_parameters reply cannot be read: {err}") from None
+
+    def query_initial_model(self) -> tuple[str, list[str], list[np.ndarray], dict[str, Any]]:
+        """A bare Message API app's own initial model, asked with a query message (see
+        :data:`INITIAL_MODEL_QUERIES`): the one ArrayRecord of its reply (key, names,
+        arrays), and the reply's ConfigRecord (the config of every round; empty if none).
+        """
+        registered = getattr(self.app, "_registered_funcs", {})
+        message_type = next(
+            (t for t in INITIAL_MODEL_QUERIES if (t if "." in t else f"{t}.default") in registered),
+            None,
+        )
+        if message_type is None:
+            raise FlowerAppError(
+                f"flower app '{self.spec}' is a Message API ClientApp with no ServerApp and no "
+                "query handler to take the initial model from: give --server-app module:attr "
+                "(or the app's project folder), or register @app.query() replying with the "
+                "model's ArrayRecord"
+            )
+        content = self.call(message_type, RecordDict({"config": ConfigRecord({})}), 0)
+        records = content.array_records
+        if len(records) != 1:
+            raise self.fail(
+                f"its {message_type} reply holds {len(records)} ArrayRecords; the initial "
+                "model is one"
+            )
+        key, record = next(iter(records.items()))
+        names, arrays = record_arrays(record)
+        config: dict[str, Any] = {}
+        for values in content.config_records.values():
+            config.update(values)
+        return key, names, arrays, config

@@ -8,7 +8,9 @@ stops it at the first message it sends, whose arrays and config are what the str
 have broadcast. A legacy ServerApp (``server_fn`` with a legacy strategy) is asked as
 Flower's legacy server asks it: ``strategy.initialize_parameters``, and, when that gives
 nothing, the client's own ``get_parameters``. A ``module:attr`` ClientApp with no ServerApp
-can only be a legacy one (it has ``get_parameters``).
+is asked itself: a legacy one for its ``get_parameters``, a Message API one with a query
+message (its ``@app.query("initial_model")`` or ``@app.query()`` handler replies with the
+model's ArrayRecord, and optionally a ConfigRecord: the config of every round).
 """
 
 from __future__ import annotations
@@ -243,6 +245,16 @@ def _legacy_strategy(
                         train_config=fit_config, evaluate_config=evaluate_config)  # fmt: skip
 
 
+def _query_client(app: FlowerApp, client: ClientRunner) -> InitialModel:
+    key, names, arrays, config = client.query_initial_model()
+    config.pop(SERVER_ROUND, None)
+    source = f"flower app '{app.spec}': the ClientApp's own query reply (no ServerApp)"
+    return InitialModel(
+        names, arrays, source, keys=(key, "config"),
+        train_config=lambda r: dict(config), evaluate_config=lambda r: dict(config),
+    )  # fmt: skip
+
+
 def initial_model(
     app: FlowerApp, client: ClientRunner, *, num_nodes: int, seed: int
 ) -> InitialModel:
@@ -251,8 +263,8 @@ def initial_model(
     Raises
     ------
     FlowerAppError
-        The app has no way to give one (a Message API ClientApp without a ServerApp), or
-        its ServerApp fails before its first round.
+        The app has no way to give one (a Message API ClientApp without a ServerApp or a
+        query handler), or its ServerApp fails before its first round.
     """
     server = app.server_app()
     context = Context(
@@ -277,11 +289,7 @@ def initial_model(
             source = f"flower app '{app.spec}': the client's get_parameters (no ServerApp)"
             model = InitialModel([str(i) for i in range(len(arrays))], arrays, source)
         else:
-            raise FlowerAppError(
-                f"flower app '{app.spec}' has a Message API ClientApp and no ServerApp to take "
-                "the initial model from: give the app's project folder, or its ServerApp "
-                "as server_app = 'module:attr' in [task]"
-            )
+            model = _query_client(app, client)
     if not model.arrays:
         raise FlowerAppError(f"{model.source} gave a model without arrays")
     if client.legacy and model.keys != ("arrays", "config"):

@@ -1,0 +1,115 @@
+"""Per-in-neighbour statistics: the relative increment of absorbed messages, refusals charged
+to current in-neighbours only, clip events, and series forgotten when a peer departs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from prometheus_client import generate_latest
+
+from edge.agent.influence import InNeighbourWatch, held, relative_increment
+from edge.algorithms import DPSGD, PushSum
+from edge.algorithms.base import Payload
+from edge.observability.metrics import AgentMetrics
+from edge.observability.telemetry import ReceiveEvent
+from tests.support.prometheus import promtool_check
+
+X0 = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=torch.float64)
+
+
+def absorbed(algorithm: PushSum, sender: str, payload: Payload) -> float:
+    before = held(algorithm)
+    ack = algorithm.receive(sender, payload)
+    assert ack.absorbed
+    return relative_increment(algorithm, before, payload)
+
+
+def test_an_honest_share_moves_little_a_forged_push_a_thousandfold() -> None:
+    algorithm = PushSum(X0.clone())
+    # An in-neighbour holding nearly the same value sends half its mass.
+    honest = Payload((X0 * 1.01) * 0.5, {"y": 0.5}, seq=1, base_seq=0)
+    assert absorbed(algorithm, "agent-3", honest) == pytest.approx(0.01, rel=1e-9)
+    # Its next message is a running sum: only the increment counts (another half share).
+    again = Payload((X0 * 1.01) * 1.0, {"y": 1.0}, seq=2, base_seq=0)
+    assert absorbed(algorithm, "agent-3", again) == pytest.approx(0.01, rel=1e-9)
+    # The insider of issue 17: y = 1000, x = 1000 * y on every element.
+    forged = Payload(torch.full((4,), 1000.0 * 1000.0, dtype=torch.float64), {"y": 1000.0}, 1)
+    expected = float((torch.full((4,), 1000.0) - X0).norm() / X0.norm())
+    assert absorbed(algorithm, "agent-0", forged) == pytest.approx(expected, rel=1e-9)
+    assert expected > 300
+
+
+def test_a_message_that_adds_no_weight_is_measured_by_the_mass_it_moves() -> None:
+    algorithm = PushSum(X0.clone())
+    assert absorbed(algorithm, "a", Payload(X0 * 0.5, {"y": 0.5}, seq=1)) == pytest.approx(0.0)
+    same_weight = Payload(X0 * 0.5 + X0, {"y": 0.5}, seq=2)  # x grows by X0, y by nothing
+    assert absorbed(algorithm, "a", same_weight) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_model_exchanging_algorithms_compare_the_model_carried() -> None:
+    algorithm = DPSGD(X0.clone(), dtype=torch.float64)
+    model = Payload(X0 * 3, {}, seq=1)
+    assert algorithm.receive("b", model).absorbed
+    assert relative_increment(algorithm, held(algorithm), model) == pytest.approx(2.0, rel=1e-9)
+
+
+class Clipping(PushSum):
+    """A push-sum that reports clip events the way robust algorithms do."""
+
+    def __init__(self, initial: torch.Tensor) -> None:
+        super().__init__(initial)
+        self.clipped_by_sender: Counter[str] = Counter()
+
+
+def test_the_watch_reports_current_in_neighbours_only_with_new_clip_events() -> None:
+    algorithm = Clipping(X0.clone())
+    events: list[frozenset[str]] = []
+
+    class Observer:
+        def on_in_neighbours(self, peers: frozenset[str]) -> None:
+            events.append(peers)
+
+    watch = InNeighbourWatch(algorithm, Observer())
+    watch.set_in_neighbours(frozenset({"a"}))
+    assert events == [frozenset({"a"})]
+    payload = Payload(X0 * 0.5, {"y": 0.5}, seq=1)
+    before = watch.before("a")
+    algorithm.receive("a", payload)
+    algorithm.clipped_by_sender["a"] += 2
+    event = watch.received("a", payload, 32, True, before)
+    assert event.increment == pytest.approx(0.0, abs=1e-12) and event.clipped == 2
+    algorithm.clipped_by_sender["a"] += 1
+    assert watch.received("a", payload, 32, False, watch.before("a")).clipped == 1
+    # Not an in-neighbour (a former one delivering what its edge owes): nothing per peer.
+    outsider = watch.received("z", payload, 32, True, watch.before("z"))
+    assert outsider.increment is None and outsider.clipped == 0
+
+
+def sample(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_metrics_keep_series_of_current_in_neighbours_only() -> None:
+    metrics = AgentMetrics("agent-1")
+    metrics.on_receive(ReceiveEvent(True, "agent-0", payload_bytes=8, increment=900.0))
+    metrics.on_receive(ReceiveEvent(True, "agent-0", payload_bytes=8, increment=100.0))
+    metrics.on_receive(ReceiveEvent(True, "agent-3", payload_bytes=8, increment=0.5, clipped=3))
+    metrics.on_receive(ReceiveEvent(False, "agent-0", code="INVALID_ARGUMENT", reason="sequence"))
+    metrics.on_receive(ReceiveEvent(False, "", code="PERMISSION_DENIED", reason="wrong_fleet"))
+    ratio = "airgossip_agent_in_neighbour_increment_ratio"
+    assert sample(metrics, f"{ratio}_sum", peer="agent-0") == 1000.0
+    assert sample(metrics, f"{ratio}_count", peer="agent-0") == 2
+    assert sample(metrics, "airgossip_agent_in_neighbour_absorbed_total", peer="agent-3") == 1
+    assert sample(metrics, "airgossip_agent_in_neighbour_clipped_total", peer="agent-3") == 3
+    refused = "airgossip_agent_in_neighbour_refused_total"
+    assert sample(metrics, refused, peer="agent-0", reason="sequence") == 1
+    assert sample(metrics, refused, peer="", reason="wrong_fleet") is None
+    promtool_check(generate_latest(metrics.registry).decode())
+    metrics.on_in_neighbours(frozenset({"agent-3"}))  # agent-0 departed
+    assert sample(metrics, f"{ratio}_count", peer="agent-0") is None
+    assert sample(metrics, refused, peer="agent-0", reason="sequence") is None
+    assert sample(metrics, f"{ratio}_count", peer="agent-3") == 1
+    metrics.on_in_neighbours(frozenset())
+    assert sample(metrics, "airgossip_agent_in_neighbour_clipped_total", peer="agent-3") is None

@@ -1,0 +1,24 @@
+"""A scenario's settings run by the project's own lock-step fleet (``inproc``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from emulation.config import load_config
+from emulation.fleets import preflight
+from emulation.fleets.inproc import InProcessFleet
+
+
+def inproc_fleet(**settings: Any) -> InProcessFleet:
+    """Run ``settings`` (a scenario's keys: agents, topology, task, network, switching...) in
+    ``inproc`` mode, the lock-step fleet every in-process run uses, and return it finished:
+    its records (``fleet.records()``, for :func:`emulation.results.summarise`) and its agents
+    (algorithms, tasks, assignments) for checks that need more than the records.
+
+    ``[network]`` defaults as in a scenario (10% loss): give ``network={"loss": 0.0}`` for
+    lossless links.
+    """
+    config = load_config(None, {"mode": "inproc", **settings})
+    fleet = InProcessFleet(config, preflight(config).network)
+    fleet.run()
+    return fleet

@@ -1,0 +1,208 @@
+"""The command line answers at once: a bad flag is refused before torch, gRPC or Flower is
+imported, in the same words the full validation uses; ``--version``; every help fits 80
+columns with no option name cut."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import click
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from airgossip.cli import app
+from airgossip.cli.choices import registry_names
+from airgossip.cli.early import check_flags
+from coordinator.policy import POLICIES
+from edge.tasks import TaskError, resolve_task_factory
+from emulation.config import ConfigError, Settings, load_config
+from emulation.fleets import fleet_class
+from emulation.results import FinalFigures, RoundFigures, RunResults
+from emulation.scenario import ScenarioNotFound, scenario_path
+from tests.support.cli import ROOT
+
+#: Modules a refusal must not have imported (each takes seconds to import).
+HEAVY = ("torch", "grpc", "flwr", "scipy", "matplotlib")
+
+
+def _settings(overrides: Settings, config: Path | None = None) -> str:
+    try:
+        load_config(config, overrides)
+    except ConfigError as err:
+        return str(err)
+    raise AssertionError(f"{overrides} passed the full validation")
+
+
+def _raised(call: Callable[[], object], *errors: type[Exception]) -> str:
+    try:
+        call()
+    except errors as err:
+        return str(err)
+    raise AssertionError("no error")
+
+
+#: A valid scenario file the flags override (written by the fixture below).
+SCENARIO = Path(tempfile.gettempdir()) / f"airgossip-early-{os.getpid()}.toml"
+
+#: A command line with a bad flag, and what the full validation says of it.
+CASES: list[tuple[list[str], Callable[[], str]]] = [
+    (["run", "--topology", "star"], lambda: _settings({"topology": "star"})),
+    (["run", "--algorithm", "gossip"], lambda: _settings({"algorithm": "gossip"})),
+    (["run", "--compression", "zip"], lambda: _settings({"compression": "zip"})),
+    (["run", "--agents", "0"], lambda: _settings({"agents": 0})),
+    (["run", "--agents", "10001"], lambda: _settings({"agents": 10001})),
+    (["run", "--rounds", "0", "--seed", "-1"], lambda: _settings({"rounds": 0, "seed": -1})),
+    (["run", "--loss", "1"], lambda: _settings({"network": {"loss": 1.0}})),
+    (["run", "--loss", "-0.5"], lambda: _settings({"network": {"loss": -0.5}})),
+    (["run", "--device", "tpu"], lambda: _settings({"device": "tpu"})),
+    (
+        ["run", "--config", str(SCENARIO), "--agents", "0"],
+        lambda: _settings({"agents": 0}, SCENARIO),
+    ),
+    (["run", "--mode", "cloud"], lambda: _raised(lambda: fleet_class("cloud"), ConfigError)),
+    (["run", "--task", "mnist"], lambda: _raised(lambda: resolve_task_factory("mnist"), TaskError)),
+    (
+        ["run", "--scenario", "mars"],
+        lambda: _raised(lambda: scenario_path("mars"), ScenarioNotFound),
+    ),
+    (
+        ["run", "--scenario", "missing.toml"],
+        lambda: _raised(lambda: scenario_path("missing.toml"), ScenarioNotFound),
+    ),
+    (["compose", "--algorithm", "gossip"], lambda: _settings({"algorithm": "gossip"})),
+    (["links", "mars"], lambda: _raised(lambda: scenario_path("mars"), ScenarioNotFound)),
+    (
+        ["coordinator", "--insecure", "--topology", "star"],
+        lambda: f"unknown topology 'star'; choose one of: {', '.join(POLICIES)}",
+    ),
+    (["coordinator", "--insecure", "--rounds", "0"], lambda: _settings({"rounds": 0})),
+    (
+        ["agent", "--insecure", "--coordinator", "127.0.0.1:1", "--threads", "0"],
+        lambda: "--threads must be 1 or more, got 0",
+    ),
+    (
+        ["agent", "--insecure", "--coordinator", "127.0.0.1:1", "--device", "tpu"],
+        lambda: _settings({"device": "tpu"}),
+    ),
+    (["agent"], lambda: "give exactly one of --coordinator HOST:PORT or --peers FILE"),
+    (["compare", "no-such-run"], lambda: "no-such-run/results.json does not exist"),
+]
+
+
+def imported_modules(importtime: str) -> set[str]:
+    """The modules ``python -X importtime`` reported importing."""
+    names = set()
+    for line in importtime.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scenario_file() -> object:
+    SCENARIO.write_text("agents = 4\nrounds = 3\n")
+    yield
+    SCENARIO.unlink()
+
+
+@pytest.mark.parametrize(("argv", "full"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
+def test_a_bad_flag_is_refused_before_anything_heavy_in_the_full_checks_words(
+    argv: list[str], full: Callable[[], str], tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "airgossip", *argv],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    modules = imported_modules(result.stderr)
+    assert "airgossip.cli" in modules  # the import log was read
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert not heavy, f"imported before refusing: {heavy[:5]}"
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert lines == [f"error: {full()}"]
+
+
+def test_every_registry_name_passes_the_early_check() -> None:
+    """The early check refuses only what the full one refuses: every name a registry holds
+    gets through it (the full check's own tests cover what it then refuses)."""
+    names = registry_names()
+    families = [form.partition(":")[0] for form in names["codecs"].split(", ")]
+    flags: list[Settings] = [{"topology": t} for t in names["topologies"].split(", ")]
+    flags += [{"algorithm": a} for a in names["algorithms"].split(", ")]
+    flags += [{"mode": m} for m in names["mode_names"].split(", ")]
+    flags += [{"task": {"name": t}} for t in [*names["tasks"].split(", "), "mytasks:linear"]]
+    flags += [{"compression": c} for c in ["none", "qsgd:4", "topk:0.1", *families]]
+    flags += [{"agents": 10_000, "rounds": 1, "seed": 0, "device": "cuda", "network": {"loss": 0}}]
+    for flag in flags:
+        check_flags(flag)  # exits (typer.Exit) if refused
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "airgossip", "--version"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"airgossip {metadata.version('airgossip')}\n"
+
+
+def _command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [prefix]
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            paths += _command_paths(command, (*prefix, name))
+        else:
+            paths.append((*prefix, name))
+    return paths
+
+
+ROOT_COMMAND = typer.main.get_command(app)
+assert isinstance(ROOT_COMMAND, click.Group)
+
+
+@pytest.mark.parametrize("path", _command_paths(ROOT_COMMAND), ids=" ".join)
+def test_every_help_fits_80_columns_with_nothing_cut(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text, text
+    command = ROOT_COMMAND
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    for param in command.params:
+        for flag in [*param.opts, *param.secondary_opts]:
+            if flag.startswith("-"):
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), (flag, text)
+
+
+def test_compare_prints_the_path_it_wrote_the_plot_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run-a"
+    run.mkdir()
+    rows = [RoundFigures(round=r, mean_accuracy=0.5 + 0.1 * r, bytes_sent=100 * r) for r in (1, 2)]
+    final = FinalFigures(**rows[-1].model_dump(), complete=True)
+    RunResults(config={"algorithm": "push-sum"}, rounds=rows, final=final).write(
+        run / "results.json"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = CliRunner().invoke(
+        app, ["compare", str(run), "--out", "plots/c.png"], env={"COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if line.startswith("plot: ")]
+    assert said == [f"plot: {elsewhere / 'plots' / 'c.png'}"]
+    assert (elsewhere / "plots" / "c.png").stat().st_size > 1000
