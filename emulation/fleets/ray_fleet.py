@@ -113,6 +113,7 @@ class RayFleet(FleetBase):
                 credentials=self._credentials(agent_id) if secure else None,
                 checkpoint_root=root, checkpoint_store=self.cluster.store_name,
                 checkpoint_interval_s=self.settings.checkpoint_interval_s,
+                threads=max(1, round(self.settings.num_cpus)),
             )  # fmt: skip
             self.actors[agent_id] = self.cluster.start_agent(index, spec)
 

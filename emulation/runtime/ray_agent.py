@@ -55,6 +55,8 @@ class RayAgentSpec:
         The name of the :class:`CheckpointStore` actor (used without ``checkpoint_root``).
     checkpoint_interval_s:
         Seconds between the agent's checkpoints.
+    threads:
+        Torch CPU threads (the CPUs Ray reserved for the actor).
     """
 
     agent_id: str
@@ -64,6 +66,7 @@ class RayAgentSpec:
     checkpoint_root: str | None = None
     checkpoint_store: str | None = None
     checkpoint_interval_s: float = 5.0
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class RayAgent:
         self.command = AgentCommand(
             agent_id=spec.agent_id, index=spec.index, listen=f"{self.node_ip}:0",
             coordinator=spec.coordinator, stats_dir=self.home / "agents", linger_s=3600.0,
-            threads=1, certs=certs, insecure=certs is None, checkpoint_dir=checkpoints,
+            threads=spec.threads, certs=certs, insecure=certs is None, checkpoint_dir=checkpoints,
             checkpoint_interval_s=spec.checkpoint_interval_s,
         )  # fmt: skip
         self.stopping = threading.Event()
