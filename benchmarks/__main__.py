@@ -37,6 +37,7 @@ ENTRIES = {
     "peers": "benchmarks.comparison",
     "privacy": "benchmarks.privacy",
     "host-threads": "benchmarks.host_threads",
+    "ray-mode": "benchmarks.ray_mode",
 }
 
 
