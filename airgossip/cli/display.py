@@ -141,12 +141,20 @@ def summary_table(
         ("messages", f"{final.messages_sent} sent, {final.messages_dropped} lost ({links})"),
         ("bytes sent", f"{final.bytes_sent / 1e6:.2f} MB"),
         *_wireless_rows(results),
-        ("wall time", f"{results.total_wall_s:.1f} s"),
+        ("wall time", _wall_time(results)),
         ("results", str(out_dir / "results.json")),
     ]
     for key, value in rows:
         table.add_row(key, Text(str(value)))
     return table
+
+
+def _wall_time(results: RunResults) -> str:
+    """The run's whole time and, beside it, the part its agents' rounds took (results.json:
+    ``total_wall_s`` and ``final.train_wall_s``; virtual time in the virtual mode)."""
+    rounds = results.final.train_wall_s
+    virtual = " virtual" if results.config.get("mode") == "virtual" else ""
+    return f"{results.total_wall_s:.1f} s (rounds: {rounds:.1f} s{virtual})"
 
 
 def write_summary(

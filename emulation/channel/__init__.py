@@ -2,6 +2,7 @@
 
 ``radio`` (path loss, noise, rate and error tables), ``fading`` (fast fading in time),
 ``bursts`` (Gilbert-Elliott bursty loss), ``mobility`` (node motion), ``traces`` (bandwidth
-traces) and ``model`` (every directed link's state, one step at a time). Nothing here knows
-of agents, links shaping or fleets.
+traces), ``model`` (every directed link's state, one step at a time) and ``sparse`` (only the
+links in range, for large fleets), with their parts ``base``, ``state``, ``draws`` and
+``graph``. Nothing here knows of agents, links shaping or fleets.
 """

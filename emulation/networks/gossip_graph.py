@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge.topology import Assignment, Phase
-from emulation.channel.model import ChannelModel, gossip_adjacency, strongly_connected
+from emulation.channel.model import ChannelBase, gossip_adjacency, strongly_connected
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class WirelessTopology:
     handed to agents as an :class:`Assignment` with a higher epoch.
     """
 
-    def __init__(self, model: ChannelModel, ids: list[str]) -> None:
+    def __init__(self, model: ChannelBase, ids: list[str]) -> None:
         self.model = model
         self.ids = list(ids)
         self.interval_s = model.settings.graph_interval_s
@@ -60,7 +60,7 @@ class WirelessTopology:
                 )
                 connected, count = strongly_connected(adjacency)
                 cached = GraphEpoch(
-                    k + 1, start, adjacency, int(state.exists.sum()), connected, count,
+                    k + 1, start, adjacency, state.link_count(), connected, count,
                     int(adjacency.sum()), tuple(int(d) for d in adjacency.sum(axis=1)),
                 )  # fmt: skip
                 self._epochs = {e: g for e, g in self._epochs.items() if e >= k - 2}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.observability.stats import RoundRecord, StatsSink
-from emulation.channel.model import ChannelModel
+from emulation.channel.model import ChannelBase
 from emulation.networks.gossip_graph import WirelessTopology
 from emulation.networks.shaper import PlannedMessage
 from emulation.results import RunResults
@@ -72,14 +72,14 @@ def annotate_rounds(results: RunResults, records: Mapping[str, Iterable[RoundRec
         final.drop_rate = final.messages_dropped / final.messages_sent
 
 
-def write_link_log(model: ChannelModel, ids: list[str], path: Path, until_s: float) -> int:
+def write_link_log(model: ChannelBase, ids: list[str], path: Path, until_s: float) -> int:
     """Write ``links.jsonl``: one line per model step up to ``until_s`` with node positions
     and every existing link's state (a replay log). Returns the number of steps written."""
     steps = model.step_of(until_s) + 1
     with path.open("w") as handle:
         for step in range(steps):
             st = model.state(step)
-            src, dst = np.nonzero(st.exists)
+            src, dst = st.link_pairs()
             line = {
                 "step": step,
                 "time_s": round(st.time_s, 6),
@@ -87,12 +87,12 @@ def write_link_log(model: ChannelModel, ids: list[str], path: Path, until_s: flo
                 "links": {
                     "from": [ids[i] for i in src],
                     "to": [ids[j] for j in dst],
-                    "rx_dbm": np.round(st.rx_dbm[src, dst], 2).tolist(),
-                    "sinr_db": np.round(st.sinr_db[src, dst], 2).tolist(),
-                    "rate_bps": np.round(st.rate_bps[src, dst]).tolist(),
-                    "goodput_bps": np.round(st.goodput_bps[src, dst]).tolist(),
-                    "per": [float(f"{p:.4g}") for p in st.per[src, dst]],
-                    "bad": st.bad[src, dst].astype(int).tolist(),
+                    "rx_dbm": np.round(st.link_values("rx_dbm"), 2).tolist(),
+                    "sinr_db": np.round(st.link_values("sinr_db"), 2).tolist(),
+                    "rate_bps": np.round(st.link_values("rate_bps")).tolist(),
+                    "goodput_bps": np.round(st.link_values("goodput_bps")).tolist(),
+                    "per": [float(f"{p:.4g}") for p in st.link_values("per")],
+                    "bad": st.link_values("bad").astype(int).tolist(),
                 },
             }
             handle.write(json.dumps(line) + "\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.config.identity import agent_ids
-from emulation.channel.model import LinkState
+from emulation.channel.state import FIGURES, AnyLinkState
 from emulation.networks.gossip_graph import GraphEpoch
 from emulation.networks.wireless import WirelessNetwork
 
@@ -31,7 +31,7 @@ class LinkRow:
 class LinkReport:
     time_s: float
     step: int
-    state: LinkState
+    state: AnyLinkState
     graph: GraphEpoch
     rows: list[LinkRow]
 
@@ -42,22 +42,23 @@ def link_report(network: WirelessNetwork, at_s: float) -> LinkReport:
     run = network.runtime(ids, lambda: at_s).run
     state = run.model.at(at_s)
     graph = run.topology.graph(at_s)
-    src, dst = np.nonzero(state.exists)
-    order = np.lexsort((-state.rx_dbm[src, dst], src))
+    src, dst = state.link_pairs()
+    values = {name: state.link_values(name) for name in FIGURES}
+    order = np.lexsort((-values["rx_dbm"], src))
     rows = [
         LinkRow(
-            ids[i],
-            ids[j],
-            float(state.distance_m[i, j]),
-            float(state.rx_dbm[i, j]),
-            float(state.sinr_db[i, j]),
-            float(state.rate_bps[i, j]) / 1e6,
-            float(state.goodput_bps[i, j]) / 1e6,
-            float(state.per[i, j]),
-            bool(state.bad[i, j]),
-            bool(graph.adjacency[i, j]),
+            ids[src[k]],
+            ids[dst[k]],
+            float(values["distance_m"][k]),
+            float(values["rx_dbm"][k]),
+            float(values["sinr_db"][k]),
+            float(values["rate_bps"][k]) / 1e6,
+            float(values["goodput_bps"][k]) / 1e6,
+            float(values["per"][k]),
+            bool(values["bad"][k]),
+            bool(graph.adjacency[src[k], dst[k]]),
         )
-        for i, j in zip(src[order], dst[order], strict=True)
+        for k in order
     ]
     return LinkReport(at_s, state.step, state, graph, rows)
 
@@ -73,15 +74,17 @@ def plot_links(report: LinkReport, path: Path, title: str) -> None:
     state = report.state
     pos = state.positions
     fig, ax = plt.subplots(figsize=(7.5, 6.5))
-    src, dst = np.nonzero(state.exists & ~report.graph.adjacency)
-    for i, j in zip(src, dst, strict=True):
+    src, dst = state.link_pairs()
+    radio_only = ~report.graph.adjacency[src, dst]
+    for i, j in zip(src[radio_only], dst[radio_only], strict=True):
         ax.plot(*zip(pos[i], pos[j], strict=True), color="0.85", lw=0.5, zorder=1)
     gi, gj = np.nonzero(report.graph.adjacency)
-    goodput = state.goodput_bps[gi, gj] / 1e6
+    figures = [state.figures(state.link(int(i), int(j))) for i, j in zip(gi, gj, strict=True)]
+    goodput = np.array([f[3] for f in figures]) / 1e6
     norm = colors.Normalize(vmin=0.0, vmax=max(float(goodput.max(initial=0.0)), 1e-3))
     cmap = matplotlib.colormaps["viridis"]
-    for i, j, g in zip(gi, gj, goodput, strict=True):
-        style = "--" if state.bad[i, j] else "-"
+    for i, j, g, f in zip(gi, gj, goodput, figures, strict=True):
+        style = "--" if f[5] else "-"
         ax.annotate(
             "", xy=pos[j], xytext=pos[i],
             arrowprops={"arrowstyle": "-|>", "color": cmap(norm(g)), "lw": 1.2, "ls": style,

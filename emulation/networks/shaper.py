@@ -24,7 +24,7 @@ import numpy as np
 
 from edge.config.seeds import keyed_hash, splitmix64, to_unit
 from edge.transport.base import LinkVerdict
-from emulation.channel.model import ChannelModel, LinkState
+from emulation.channel.model import AnyLinkState, ChannelBase
 from emulation.scenario import WirelessSettings
 
 _UNIT = NormalDist()
@@ -71,7 +71,10 @@ class AirtimeLedger:
         if now != self._on_air_at:
             np.greater(self._until, now, out=self._on_air)
             self._on_air_at = now
-        used = float(np.dot(hears_row & self._on_air, busy))
+        if hears_row.dtype == bool:  # a row of the dense model's n x n
+            used = float(np.dot(hears_row & self._on_air, busy))
+        else:  # the indices of the nodes heard (the model over the links in range)
+            used = float(busy[hears_row[self._on_air[hears_row]]].sum())
         return min(1.0, used / step_s)
 
     def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
@@ -134,7 +137,7 @@ class PlannedMessage:
 
 
 class WirelessLinkShaper:
-    """Link shaper driven by a :class:`ChannelModel`.
+    """Link shaper driven by a channel model (dense or over the links in range).
 
     Parameters
     ----------
@@ -152,7 +155,7 @@ class WirelessLinkShaper:
 
     def __init__(
         self,
-        model: ChannelModel,
+        model: ChannelBase,
         ids: list[str],
         clock: Callable[[], float],
         *,
@@ -169,7 +172,7 @@ class WirelessLinkShaper:
         self.journal: list[PlannedMessage] | None = [] if journal else None
         self._lock = threading.Lock()
         self._link_hash: dict[tuple[int, int], int] = {}
-        self._recent: tuple[int, LinkState] | None = None
+        self._recent: tuple[int, AnyLinkState] | None = None
 
     def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
         """Decide the fate of one message starting now on sender->receiver."""
@@ -201,7 +204,8 @@ class WirelessLinkShaper:
             link = self._link_hash[(i, j)] = keyed_hash(model.seed, i, j)
         step = model.step_of(start)
         state = self._state(step)
-        latency = float(state.latency_s[i, j])
+        handle = state.link(i, j)
+        latency = state.latency(handle, i, j)
         message_hash = keyed_hash(step, index, start=link)
         if cfg.jitter_ms > 0:
             u = _uniform(message_hash, _JITTER)
@@ -217,13 +221,16 @@ class WirelessLinkShaper:
         )
         for c, size in enumerate(sizes):
             chunk_step = model.step_of(t)
-            st = state if chunk_step == step else self._state(chunk_step)
-            loss = st.chunk_loss(i, j, size, cfg.packet_bytes)
+            st, on = state, handle
+            if chunk_step != step:
+                st = self._state(chunk_step)
+                on = st.link(i, j)
+            loss = st.chunk_loss_at(on, size, cfg.packet_bytes)
             h = message_hash if chunk_step == step else keyed_hash(chunk_step, index, start=link)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
                 # anything) and learns of the loss a retransmission timeout later.
-                if st.exists[i, j] and st.goodput_bps[i, j] > 0:
+                if st.has(on) and st.goodput_bps[on] > 0:
                     t, _ = self._transfer(i, j, t, size)
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
             t, broken = self._transfer(i, j, t, size)
@@ -231,7 +238,7 @@ class WirelessLinkShaper:
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
         return False, t - start
 
-    def _state(self, step: int) -> LinkState:
+    def _state(self, step: int) -> AnyLinkState:
         """The model's state of ``step``, remembering the last one (most messages in a
         step ask for the same)."""
         recent = self._recent
@@ -252,13 +259,14 @@ class WirelessLinkShaper:
         while remaining > 0:
             step = model.step_of(t)
             st = self._state(step)
-            if not st.exists[i, j]:
+            link = st.link(i, j)
+            if not st.has(link):
                 return t, True
             end = (step + 1) * dt
-            rate = float(st.goodput_bps[i, j])
+            rate = float(st.goodput_bps[link])
             free = 1.0
             if rate > 0 and shared_air:
-                free = 1.0 - ledger.utilisation(step, st.hears[i], dt, t)
+                free = 1.0 - ledger.utilisation(step, st.hears_of(i), dt, t)
             if rate <= 0 or free <= 1e-6:
                 stall_from = t if stall_from is None else stall_from
                 if end - stall_from > cfg.max_stall_s:
@@ -291,20 +299,20 @@ class WirelessLinkShaper:
         if active_only:
             pairs = sorted(counters)
         else:
-            pairs = sorted({*counters, *zip(*np.nonzero(state.exists), strict=True)})
+            src, dst = state.link_pairs()
+            pairs = sorted({*counters, *zip(src.tolist(), dst.tolist(), strict=True)})
         return [
             link_record(state, self.ids, int(i), int(j), counters.get((i, j))) for i, j in pairs
         ]
 
 
 def link_record(
-    state: LinkState, ids: list[str], i: int, j: int, counters: LinkCounters | None = None
+    state: AnyLinkState, ids: list[str], i: int, j: int, counters: LinkCounters | None = None
 ) -> LinkRecord:
     c = counters or LinkCounters()
+    exists, sinr, rate, goodput, per, bad = state.figures(state.link(i, j))
     return LinkRecord(
-        sender=ids[i], receiver=ids[j], time_s=state.time_s, exists=bool(state.exists[i, j]),
-        sinr_db=float(state.sinr_db[i, j]), rate_bps=float(state.rate_bps[i, j]),
-        goodput_bps=float(state.goodput_bps[i, j]), error_rate=float(state.per[i, j]),
-        bad=bool(state.bad[i, j]), messages=c.messages, bytes=c.bytes, drops=c.drops,
-        mean_delay_s=c.delay_s / c.messages if c.messages else 0.0,
+        sender=ids[i], receiver=ids[j], time_s=state.time_s, exists=exists, sinr_db=sinr,
+        rate_bps=rate, goodput_bps=goodput, error_rate=per, bad=bad, messages=c.messages,
+        bytes=c.bytes, drops=c.drops, mean_delay_s=c.delay_s / c.messages if c.messages else 0.0,
     )  # fmt: skip

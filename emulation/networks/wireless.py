@@ -24,7 +24,13 @@ from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord, StatsSink
 from edge.observability.telemetry import LinkFigures
 from edge.topology import Assignment, Graph, mixing_matrices, second_largest_eigenvalue
-from emulation.channel.model import ChannelModel, strongly_connected
+from emulation.channel.model import (
+    ChannelBase,
+    ChannelModel,
+    LinkState,
+    channel_model,
+    strongly_connected,
+)
 from emulation.channel.traces import TraceError
 from emulation.config import ConfigError, RunConfig
 from emulation.networks.base import (
@@ -60,12 +66,12 @@ class WirelessRun:
     seed: int
     clock: Clock
     journal: bool = False
-    model: ChannelModel = field(init=False)
+    model: ChannelBase = field(init=False)
     topology: WirelessTopology = field(init=False)
     shaper: WirelessLinkShaper = field(init=False)
 
     def __post_init__(self) -> None:
-        self.model = ChannelModel(self.settings, len(self.ids), self.seed)
+        self.model = channel_model(self.settings, len(self.ids), self.seed)
         self.topology = WirelessTopology(self.model, self.ids)
         self.shaper = WirelessLinkShaper(self.model, self.ids, self.clock, journal=self.journal)
 
@@ -107,11 +113,8 @@ class WirelessLinks(LinkRuntime):
         state = self.run.model.at(t)
         gossip = self.run.topology.graph(t).adjacency[node]
         ids = self.run.topology.ids
-        records = [
-            link_record(state, ids, node, j)
-            for j in range(len(ids))
-            if j != node and (state.exists[node, j] or gossip[j])
-        ]
+        out = np.union1d(state.out_links(node), np.flatnonzero(gossip))
+        records = [link_record(state, ids, node, int(j)) for j in out if j != node]
         return [
             LinkFigures(r.receiver, r.exists, r.sinr_db, r.rate_bps, r.error_rate, r.bad)
             for r in records
@@ -189,6 +192,7 @@ class ChannelKernelLinks:
 
     def at(self, time_s: float) -> KernelLinkState:
         state = self.model.at(time_s)
+        assert isinstance(state, LinkState)  # a kernel fleet is small: the dense model
         n = state.n
         packet = self.model.settings.packet_bytes
         loss = np.ones((n, n))

@@ -1,0 +1,322 @@
+"""The channel model over the links in range: what large fleets use.
+
+The same physics as the dense model (:mod:`emulation.channel.model`), computed only for the
+node pairs within :attr:`SparseChannelModel.range_m` of each other (a k-d tree finds them
+each step): shadowing, line of sight and fast fading are held per pair in range, link figures
+are computed for the links that exist (mean received power at least the lowest rate's
+sensitivity), and interference is summed over the concurrent transmitters in range of the
+receiver. A pair that comes into range starts from a fresh draw of its stationary
+distribution.
+
+``range_m`` is the distance past which path loss leaves a link below the sensitivity even
+with shadowing :data:`SHADOW_MARGIN` standard deviations in its favour (where line of sight
+is drawn per pair: non line of sight, and line of sight while its probability is at least
+:data:`LOS_CUTOFF`); links beyond it (a rare line-of-sight pair far away, a deeper shadowing
+tail) are not modelled, nor is the interference of transmitters beyond it. Where ``range_m``
+covers the whole area and the draws are the dense model's
+(:class:`~emulation.channel.draws.DenseDraws`), both models give the same link state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.spatial import cKDTree
+
+from emulation.channel import fading as fad
+from emulation.channel import radio
+from emulation.channel.base import BURST, FADING, LOS, MOBILITY, SHADOW, ChannelBase
+from emulation.channel.draws import DenseDraws, Draws, StreamDraws
+from emulation.channel.mobility import MobilityState
+from emulation.channel.state import SparseLinkState
+from emulation.scenario import WirelessSettings
+
+#: Pairs computed at once (both ways): bounds a step's temporaries.
+BLOCK_PAIRS = 1 << 21
+
+#: Shadowing in a link's favour, in standard deviations, that the range still covers.
+SHADOW_MARGIN = 3.0
+#: Where line of sight is drawn per pair, the range also covers line-of-sight links out to
+#: where their probability falls below this.
+LOS_CUTOFF = 0.01
+
+
+@dataclass
+class _Pairs:
+    """The internal state of the pairs in range (``i < j``, key ``i * n + j``, sorted)."""
+
+    mobility: MobilityState
+    keys: np.ndarray  # int64
+    shadow: np.ndarray  # float32, unit variance
+    los_draw: np.ndarray  # float32 uniform: line of sight while below P_LOS(d)
+    scatter: np.ndarray  # complex64 (p, 2): [:, 0] i -> j, [:, 1] j -> i
+    burst: np.ndarray | None  # bool (p, 2) Gilbert-Elliott states
+
+
+class SparseChannelModel(ChannelBase):
+    """Channel state of the links in range over time for ``n`` nodes (see the module).
+
+    ``dense_draws``: draw as the dense model does (whole ``n x n`` arrays): the same state as
+    :class:`~emulation.channel.model.ChannelModel` where the range covers the area.
+    """
+
+    def __init__(
+        self,
+        settings: WirelessSettings,
+        n: int,
+        seed: int,
+        cache_steps: int | None = None,
+        *,
+        dense_draws: bool = False,
+        range_m: float | None = None,
+    ) -> None:
+        self._pairs: _Pairs | None = None
+        super().__init__(settings, n, seed, 2 if cache_steps is None else cache_steps)
+        self.draws: Draws = DenseDraws(seed, n) if dense_draws else StreamDraws(seed)
+        self.range_m = self._range() if range_m is None else range_m
+        area = settings.mobility.area_m
+        self._covers_area = self.range_m >= float(np.hypot(area[0], area[1]))
+
+    def _links_estimate(self) -> int:
+        return self.n * min(self.n, 256)
+
+    def _restart(self) -> None:
+        self._pairs = None
+
+    def _range(self) -> float:
+        """Where the dominant path loss, with :data:`SHADOW_MARGIN` sigmas of shadowing in the
+        link's favour, leaves the strongest sender below the weakest receiver's sensitivity."""
+        budget = float(self.tx_dbm.max()) + self.settings.antenna_gain_dbi
+        budget -= float(self.sensitivity_dbm.min())
+        pl = self.settings.path_loss
+        distances = np.geomspace(1.0, 1e6, 4000)
+        if pl.model in ("log-distance", "free-space"):
+            exponent = pl.exponent if pl.model == "log-distance" else 2.0
+            loss = radio.log_distance_loss_db(distances, self.frequency_hz, exponent)
+        else:
+            name = f"{pl.model}-nlos" if self._mixed_los else pl.model
+            loss = radio.path_loss_38901_db(name, distances, self.frequency_hz)
+        reach = self._reach(distances, loss - SHADOW_MARGIN * self.shadow_sigma_db <= budget)
+        if self._mixed_los:  # line of sight reaches further, while it is likely enough
+            los = f"{pl.model}-los"
+            sigma = radio.PATH_LOSS_38901[los][3]
+            loss = radio.path_loss_38901_db(los, distances, self.frequency_hz)
+            likely = radio.los_probability(pl.model, distances) >= LOS_CUTOFF
+            reach = max(reach, self._reach(distances, likely & (loss - 3 * sigma <= budget)))
+        return reach
+
+    @staticmethod
+    def _reach(distances: np.ndarray, within: np.ndarray) -> float:
+        inside = np.flatnonzero(within)
+        return float(distances[min(inside[-1] + 1, distances.size - 1)]) if inside.size else 1.0
+
+    # -- the pairs in range --------------------------------------------------------------------
+    def _candidates(self, positions: np.ndarray) -> np.ndarray:
+        n = self.n
+        if self._covers_area:
+            i, j = np.triu_indices(n, 1)
+        else:
+            found = cKDTree(positions).query_pairs(self.range_m, output_type="ndarray")
+            i, j = np.minimum(found[:, 0], found[:, 1]), np.maximum(found[:, 0], found[:, 1])
+        return np.sort(i.astype(np.int64) * n + j.astype(np.int64))
+
+    def _reverse(self, keys: np.ndarray) -> np.ndarray:
+        return np.asarray((keys % self.n) * self.n + keys // self.n)
+
+    def _first(self, mob: MobilityState) -> _Pairs:
+        keys = self._candidates(mob.positions)
+        d = self.draws
+        scatter = np.stack(
+            [
+                d.complex_normal(FADING, 0, keys),
+                d.complex_normal(FADING, 0, self._reverse(keys), 1),
+            ],
+            axis=1,
+        )
+        burst = None
+        if self.gilbert is not None:
+            burst = self.gilbert.initial(
+                np.stack(
+                    [d.uniform(BURST, 0, keys), d.uniform(BURST, 0, self._reverse(keys), 1)], 1
+                )
+            )
+        return _Pairs(mob, keys, d.normal(SHADOW, 0, keys), d.uniform(LOS, 0, keys), scatter, burst)
+
+    def _next(self, step: int) -> _Pairs:
+        n, dt, d = self.n, self.step_s, self.draws
+        mob_rng = self._rng(MOBILITY, step)
+        if self._pairs is None:
+            return self._first(self.mobility.initial(n, mob_rng))
+        s = self._pairs
+        mob = self.mobility.step(s.mobility, dt, mob_rng)
+        moved = np.linalg.norm(mob.positions - s.mobility.positions, axis=1).astype(np.float32)
+        keys = self._candidates(mob.positions)
+        at = np.minimum(np.searchsorted(s.keys, keys), max(0, s.keys.size - 1))
+        found = s.keys[at] == keys if s.keys.size else np.zeros(keys.size, dtype=bool)
+        new = np.flatnonzero(~found)
+        at, i, j = at[found], keys[found] // n, keys[found] % n
+        # Pairs still in range continue their processes; new ones start stationary.
+        shadow = d.normal(SHADOW, step, keys)
+        corr = np.exp(-(moved[i] + moved[j]) / np.float32(self.decorrelation_m))
+        shadow[found] = corr * s.shadow[at] + np.sqrt(1.0 - corr**2) * shadow[found]
+        los = np.empty(keys.size, dtype=np.float32)
+        los[found] = s.los_draw[at]
+        los[new] = d.uniform(LOS, 0, keys[new], step + 1)  # the dense draws ignore the sub
+        speeds = mob.speeds.astype(np.float32)
+        v = speeds[i] + speeds[j] + np.float32(self.settings.fading.environment_speed_mps)
+        rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
+        reverse = self._reverse(keys)
+        scatter = np.stack(
+            [d.complex_normal(FADING, step, keys), d.complex_normal(FADING, step, reverse, 1)], 1
+        )
+        for side in (0, 1):
+            scatter[found, side] = fad.ar1_step(s.scatter[at, side], rho, scatter[found, side])
+        burst = None
+        if self.gilbert is not None and s.burst is not None:
+            u = np.stack([d.uniform(BURST, step, keys), d.uniform(BURST, step, reverse, 1)], 1)
+            burst = self.gilbert.initial(u)
+            burst[found] = self.gilbert.step(s.burst[at], u[found])
+        return _Pairs(mob, keys, shadow.astype(np.float32), los, scatter, burst)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _advance(self, step: int) -> SparseLinkState:
+        self._pairs = self._next(step)
+        return self._link_state(step)
+
+    def _link_state(self, step: int) -> SparseLinkState:
+        s = self._pairs
+        assert s is not None
+        cfg, n = self.settings, self.n
+        pos = s.mobility.positions
+        carrier_sense = cfg.carrier_sense
+        active = self._active(step)
+        is_active = np.zeros(n, dtype=bool)
+        is_active[active] = True
+        gain_dbi = np.float32(cfg.antenna_gain_dbi)
+        tx = self.tx_dbm[:1] if (self.tx_dbm == self.tx_dbm[0]).all() else self.tx_dbm
+        sens = self.sensitivity_dbm
+        sens = sens[:1] if (sens == sens[0]).all() else sens
+        kept: dict[str, list[np.ndarray]] = {k: [] for k in ("src", "dst", "rx", "d", "g", "b")}
+        heard: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        on_air: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
+        # A block of pairs at a time, both ways: the float64 temporaries of path loss stay
+        # the size of a block, and only the links that exist are kept.
+        for lo in range(0, s.keys.size, BLOCK_PAIRS):
+            block = slice(lo, lo + BLOCK_PAIRS)
+            i, j = s.keys[block] // n, s.keys[block] % n
+            d = np.sqrt(((pos[i] - pos[j]) ** 2).sum(-1)).astype(np.float32)
+            loss, sigma = self._path_loss(d, s.los_draw[block])
+            faded = sigma * s.shadow[block]
+            for side, (a, b) in enumerate(((i, j), (j, i))):
+                rx = (tx[a if tx.size > 1 else 0] + gain_dbi - loss - faded).astype(np.float32)
+                exists = rx >= sens[b if sens.size > 1 else 0]
+                # hears[b, a]: b hears a above the carrier-sense level, or (scheduled access)
+                # a's link to b exists.
+                hear = np.float32(carrier_sense) <= rx if carrier_sense is not None else exists
+                heard[0].append(b[hear].astype(np.int32))
+                heard[1].append(a[hear].astype(np.int32))
+                if active.size:
+                    act = is_active[a]
+                    on_air[0].append(a[act])
+                    on_air[1].append(b[act])
+                    on_air[2].append(np.power(np.float32(10.0), rx[act] / np.float32(10.0)))
+                k = np.flatnonzero(exists)
+                kept["src"].append(a[k].astype(np.int32))
+                kept["dst"].append(b[k].astype(np.int32))
+                kept["rx"].append(rx[k])
+                kept["d"].append(d[k])
+                kept["g"].append(s.scatter[block, side][k])
+                if s.burst is not None:
+                    kept["b"].append(s.burst[block, side][k])
+            del loss, sigma, faded
+        cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in kept.items()}
+        del kept
+        src, dst, rx, distance = cat["src"], cat["dst"], cat["rx"], cat["d"]
+        h_rows = np.concatenate([*heard[0], np.arange(n, dtype=np.int32)])
+        h_cols = np.concatenate([*heard[1], np.arange(n, dtype=np.int32)])
+        del heard
+        order = np.lexsort((h_cols, h_rows))
+        hears_idx = h_cols[order]
+        hears_ptr = np.concatenate([[0], np.cumsum(np.bincount(h_rows, minlength=n))])
+        del h_rows, h_cols, order
+        interference = self._interference(is_active, on_air, src, dst, rx, hears_ptr, hears_idx)
+        del on_air
+        rx_mw = np.power(np.float32(10.0), rx / np.float32(10.0))
+        gain = fad.power_gain(cat["g"], self.k_factor) if cfg.fading.model != "none" else 1.0
+        noise_mw = np.power(10.0, self.noise_dbm / 10.0).astype(np.float32)
+        sinr_lin = rx_mw * gain / (noise_mw[dst] + interference)
+        del rx_mw, gain, interference
+        t = step * self.step_s
+        masks = [mask[src, dst] for _, mask in self.trace_links]
+        index, sinr_db, rate, per, residual, goodput = self._figures(
+            sinr_lin, masks, self._trace_values(t)
+        )
+        del sinr_lin
+        if self.gilbert is not None and s.burst is not None:
+            bad = cat["b"].astype(bool)
+        elif cfg.burst.model == "fading":
+            bad = index < 0
+        else:
+            bad = np.zeros(src.size, dtype=bool)
+        latency = (
+            np.float32(cfg.latency_ms / 1000.0) + distance / np.float32(radio.SPEED_OF_LIGHT)
+        ).astype(np.float32)
+        order = np.argsort(src.astype(np.int64) * n + dst, kind="stable")
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
+        loss_good, loss_bad = self._loss_states()
+        return SparseLinkState(
+            step=step, time_s=t, positions=pos.copy(), speeds=s.mobility.speeds.copy(),
+            indptr=indptr, dst=dst[order].astype(np.int32), distance_m=distance[order],
+            rx_dbm=rx[order], exists=np.ones(src.size, dtype=bool), sinr_db=sinr_db[order],
+            rate_bps=rate[order], per=per[order], residual=residual[order], bad=bad[order],
+            goodput_bps=goodput[order], latency_s=latency[order], hears_ptr=hears_ptr,
+            hears_idx=hears_idx, access_latency_s=cfg.latency_ms / 1000.0,
+            loss_good=loss_good, loss_bad=loss_bad,
+        )  # fmt: skip
+
+    def _interference(
+        self,
+        is_active: np.ndarray,
+        on_air: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]],
+        ks: np.ndarray,
+        js: np.ndarray,
+        rx: np.ndarray,
+        hears_ptr: np.ndarray,
+        hears_idx: np.ndarray,
+    ) -> np.ndarray:
+        """Interference at the receiver of each link ``ks -> js`` from the step's concurrent
+        transmitters in range (``on_air``: their links and powers): under CSMA those the
+        sender hears defer to it (only hidden nodes interfere); under scheduled access every
+        active node but the sender does."""
+        n = self.n
+        if not on_air[0]:
+            return np.zeros(ks.size, dtype=np.float32)
+        src, dst, power = (np.concatenate(x) for x in on_air)
+        order = np.argsort(src, kind="stable")
+        src, dst, power = src[order], dst[order], power[order]
+        total = np.zeros(n, dtype=np.float32)
+        np.add.at(total, dst, power)  # in order of transmitter, as the dense model's sum
+        if self.settings.carrier_sense is None:
+            own = np.where(
+                is_active[ks], np.power(np.float32(10.0), rx / np.float32(10.0)), 0.0
+            ).astype(np.float32)
+            return np.asarray(np.maximum(total[js] - own, 0.0), dtype=np.float32)
+        rows = np.repeat(np.arange(n), np.diff(hears_ptr))
+        heard_active = is_active[hears_idx]
+        hears = csr_matrix(
+            (np.ones(int(heard_active.sum()), dtype=np.float32),
+             (rows[heard_active], hears_idx[heard_active])), shape=(n, n),
+        )  # fmt: skip
+        reach = csr_matrix((power, (src, dst)), shape=(n, n))
+        heard = (hears @ reach).tocsr()
+        heard.sort_indices()
+        h_keys = np.repeat(np.arange(n, dtype=np.int64), np.diff(heard.indptr)) * n + heard.indices
+        wanted = ks.astype(np.int64) * n + js
+        at = np.minimum(np.searchsorted(h_keys, wanted), max(0, h_keys.size - 1))
+        values = np.zeros(ks.size, dtype=np.float32)
+        if h_keys.size:
+            hit = h_keys[at] == wanted
+            values[hit] = heard.data[at[hit]]
+        return np.asarray(np.maximum(total[js] - values, 0.0), dtype=np.float32)

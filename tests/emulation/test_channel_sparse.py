@@ -1,0 +1,115 @@
+"""The channel model over the links in range against the dense one, and in a fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from emulation.channel import model as channel_model
+from emulation.channel.graph import gossip_adjacency
+from emulation.channel.model import ChannelModel, LinkState, SparseLinkState
+from emulation.channel.sparse import SparseChannelModel
+from emulation.channel.state import FIGURES
+from emulation.config import load_config, read_scenario
+from emulation.fleets import run_fleet
+from emulation.scenario import WirelessSettings, scenario_path
+
+
+def settings(**overrides: object) -> WirelessSettings:
+    return WirelessSettings.model_validate(overrides)
+
+
+VARIANTS: list[dict[str, Any]] = [
+    {"mobility": {"model": "gauss-markov", "area_m": [300, 300]}},
+    {"mobility": {"model": "gauss-markov", "area_m": [300, 300]}, "radio": "lte",
+     "path_loss": {"model": "uma"}, "access": "scheduled", "activity": 0.2},
+    {"mobility": {"model": "random-waypoint", "area_m": [300, 300]},
+     "fading": {"model": "rayleigh"}, "activity": 0.3},  # csma: hidden-node interference
+    {"mobility": {"area_m": [300, 300]}, "burst": {"model": "gilbert-elliott", "p": 0.1, "r": 0.3}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_over_the_whole_area_with_the_dense_draws_both_models_agree(
+    overrides: dict[str, Any],
+) -> None:
+    s = settings(**overrides)
+    dense = ChannelModel(s, 23, 4)
+    sparse = SparseChannelModel(s, 23, 4, dense_draws=True, range_m=1e9)
+    for step in range(3):
+        a, b = dense.state(step), sparse.state(step)
+        assert isinstance(a, LinkState) and isinstance(b, SparseLinkState)
+        src, dst = a.link_pairs()
+        s_src, s_dst = b.link_pairs()
+        assert np.array_equal(src, s_src) and np.array_equal(dst, s_dst)
+        assert 0 < len(src) < 23 * 22  # some links in range, some not
+        for name in FIGURES:
+            x, y = a.values(name, src, dst), b.link_values(name)
+            if x.dtype == bool:
+                assert np.array_equal(x, y), name
+            else:
+                assert np.allclose(x, y, rtol=1e-5, atol=1e-6), name
+        for i in range(23):
+            assert np.array_equal(np.flatnonzero(a.hears_of(i)), b.hears_of(i))
+            j = int(dst[src == i][0]) if (src == i).any() else (i + 1) % 23
+            assert b.chunk_loss(i, j, 3000, 1500) == pytest.approx(a.chunk_loss(i, j, 3000, 1500))
+        graph = gossip_adjacency(a, 3, 10.0, dense.sensitivity_dbm)
+        assert np.array_equal(graph, gossip_adjacency(b, 3, 10.0, sparse.sensitivity_dbm))
+
+
+def test_links_in_range_only_with_their_own_draws() -> None:
+    s = settings(
+        radio="lte", path_loss={"model": "uma"}, activity=0.01,
+        mobility={"model": "gauss-markov", "area_m": [6000, 6000]},
+    )  # fmt: skip
+    n = 300
+    model = SparseChannelModel(s, n, 7)
+    assert 1000 < model.range_m < 6000 * 1.5
+    again = SparseChannelModel(s, n, 7, cache_steps=2)
+    states = [model.state(k) for k in range(4)]
+    again.state(3)
+    for step in (0, 2):  # evicted, then replayed from step 0: the same values
+        assert np.array_equal(again.state(step).sinr_db, states[step].sinr_db)
+    other = SparseChannelModel(s, n, 8).state(3)
+    assert not np.array_equal(other.positions, states[3].positions)
+    dense = ChannelModel(s, n, 7).state(0)
+    for st in states:
+        assert isinstance(st, SparseLinkState)
+        src, dst = st.link_pairs()
+        assert (st.link_values("distance_m") <= model.range_m).all()
+        assert (st.link_values("rx_dbm") >= model.sensitivity_dbm[dst]).all()
+        # Shadowing belongs to the pair: where both directions exist, equal powers both ways.
+        back = np.array([st.link(int(j), int(i)) for i, j in zip(src, dst, strict=True)])
+        both = back >= 0
+        assert np.allclose(st.rx_dbm[st.exists][both], st.rx_dbm[back[both]], atol=1e-3)
+        # As many links as the dense model gives the same fleet (other draws, same physics).
+        assert st.link_count() == pytest.approx(dense.link_count(), rel=0.15)
+        assert not st.has(st.link(0, 0))
+
+
+def test_the_fleet_size_picks_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = settings()
+    assert isinstance(channel_model.channel_model(s, 10, 1), ChannelModel)
+    monkeypatch.setattr(channel_model, "DENSE_MAX_NODES", 5)
+    assert isinstance(channel_model.channel_model(s, 10, 1), SparseChannelModel)
+
+
+def test_a_virtual_fleet_over_the_links_in_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel_model, "DENSE_MAX_NODES", 0)
+    config = load_config(
+        None,
+        {"mode": "virtual", "agents": 12, "rounds": 120, "task": {"name": "consensus"},
+         "wireless": {"record": True}},
+        base=read_scenario(scenario_path("wifi-indoor")),
+    )  # fmt: skip
+    results: dict[str, Any] = run_fleet(config, tmp_path).to_json()
+    final = results["final"]
+    assert final["messages_sent"] > 12 * 100
+    assert final["relative_error"] < 1e-6
+    assert results["wireless"]["graph_epochs"] >= 1
+    assert (tmp_path / "links.jsonl").read_text().count("\n") >= 1
