@@ -198,4 +198,6 @@ def run(
     except KeyboardInterrupt:
         say(f"interrupted: agents stopped; partial results in {out_dir}", err=True)
         raise typer.Exit(130) from None
+    if results.kernel is not None:  # message losses, and the kernel's packet drops apart
+        links = f"{links}; {results.kernel.describe()}"
     console.print(summary_table(results, out_dir, links))
