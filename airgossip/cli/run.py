@@ -59,7 +59,7 @@ def run(
     mode: Annotated[
         str | None,
         typer.Option(
-            help="How agents run: {modes} (default: process; containers: docs/deployment.md)."
+            help="How agents run: {modes} (default: process; containers, ray: docs/deployment.md)."
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
