@@ -59,7 +59,7 @@ def run(
     mode: Annotated[
         str | None,
         typer.Option(
-            help="How agents run: {modes} (default: process; containers: docs/deployment.md)."
+            help="How agents run: {modes} (default: process; containers, ray: docs/deployment.md)."
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
@@ -195,4 +195,6 @@ def run(
     except KeyboardInterrupt:
         say(f"interrupted: agents stopped; partial results in {out_dir}", err=True)
         raise typer.Exit(130) from None
+    if results.kernel is not None:  # message losses, and the kernel's packet drops apart
+        links = f"{links}; {results.kernel.describe()}"
     console.print(summary_table(results, out_dir, links))
