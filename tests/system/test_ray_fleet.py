@@ -5,6 +5,7 @@ mid-run: ``test_ray_node_loss.py``)."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ class Probe:
         self.answers: dict[str, str] = {}
         #: Ray's records of the agent actors while they train.
         self.actors: list[dict[str, Any]] = []
+        #: The coordinator's /sd (agent: metrics address) and agent-0's /metrics.
+        self.targets: dict[str, str] = {}
+        self.scraped = ""
 
     def started(self, fleet: Fleet) -> None:
         assert isinstance(fleet, RayFleet)
@@ -74,6 +78,12 @@ class Probe:
             "tls": health(member.address, member.agent_id, credentials),
         }
         self.actors = agent_actors()
+        # Prometheus finds the actors through the coordinator's service discovery.
+        sd = fleet.coordinator.metrics_address
+        with urllib.request.urlopen(f"http://{sd}/sd", timeout=10) as reply:
+            self.targets = {g["labels"]["agent"]: g["targets"][0] for g in json.load(reply)}
+        with urllib.request.urlopen(f"http://{self.targets['agent-0']}/metrics", timeout=10) as r:
+            self.scraped = r.read().decode()
 
 
 def test_twelve_agents_spread_over_three_nodes_learn_over_mutual_tls(
@@ -82,7 +92,10 @@ def test_twelve_agents_spread_over_three_nodes_learn_over_mutual_tls(
     out = tmp_path / "run"
     probe = Probe(out)
     config = ray_config(three_nodes, agents=12, rounds=25, ray={"placement": "spread"})
-    results = run_fleet(config, out, on_start=probe.started, on_progress=probe.progress)
+    results = run_fleet(
+        config, out, on_start=probe.started, on_progress=probe.progress,
+        coordinator_metrics_listen="127.0.0.1:0",
+    )  # fmt: skip
 
     # Ray's own records: every agent actor ran, on every one of the three nodes.
     nodes = {n.node_id for n in three_nodes.list_all_nodes()}
@@ -96,6 +109,10 @@ def test_twelve_agents_spread_over_three_nodes_learn_over_mutual_tls(
     # is served; no authority key was written; each actor got only its own key.
     assert probe.answers == {"plaintext": "UNAVAILABLE", "tls": "SERVING"}, probe.answers
     assert not list(out.rglob("ca.key"))
+    # Every actor's metrics address is listed by /sd, on its node's (loopback) address.
+    assert sorted(probe.targets) == sorted(f"agent-{i}" for i in range(12)), probe.targets
+    assert all(t.startswith("127.0.0.1:") for t in probe.targets.values()), probe.targets
+    assert 'airgossip_agent_info{agent_id="agent-0"} 1.0' in probe.scraped, probe.scraped[:500]
     report = json.loads((out / "ray.json").read_text())
     assert {s[0]["node_id"] for s in report["agents"].values()} == nodes
     assert all(s[0]["node_ip"] == "127.0.0.1" for s in report["agents"].values())
@@ -114,11 +131,15 @@ def test_twelve_agents_spread_over_three_nodes_learn_over_mutual_tls(
 def test_consensus_in_ray_mode_is_exact_under_ten_percent_loss(
     three_nodes: Any, tmp_path: Path
 ) -> None:
+    shared = tmp_path / "shared"  # checkpoints on storage every node sees
     config = ray_config(
         three_nodes, agents=6, rounds=60, task={"name": "consensus"},
-        network={"loss": 0.1}, ray={"placement": "pack"},
+        network={"loss": 0.1},
+        ray={"placement": "pack", "checkpoints": str(shared), "checkpoint_interval_s": 0.5},
     )  # fmt: skip
     run_fleet(config, tmp_path / "run")
+    kept = sorted(p.parent.name for p in shared.glob("run/agent-*/agent-*.ckpt"))
+    assert sorted(set(kept)) == [f"agent-{i}" for i in range(6)], kept
     final = json.loads((tmp_path / "run" / "results.json").read_text())["final"]
     print(f"consensus, 6 Ray actors, loss 0.1: relative error {final['relative_error']:.2e}")
     assert final["complete"] and final["agents_reporting"] == 6
