@@ -38,6 +38,7 @@ ENTRIES = {
     "privacy": "benchmarks.privacy",
     "attacks": "benchmarks.attacks",
     "host-threads": "benchmarks.host_threads",
+    "ray-mode": "benchmarks.ray_mode",
 }
 
 

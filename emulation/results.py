@@ -81,6 +81,28 @@ class WirelessFigures(_Figures):
     messages_log: str | None = None
 
 
+class KernelFigures(_Figures):
+    """What the kernel did to the packets of a run whose links it shaped (namespaces,
+    containers): loss there is a packet drop rate, and TCP resends what was dropped, so
+    messages arrive late rather than not at all. ``kernel.json`` has every link."""
+
+    #: Packets of the agents' traffic the shaped links saw, and how many they dropped.
+    packets_seen: int
+    packets_dropped: int
+    #: ``packets_dropped / packets_seen`` (None when no packet was seen).
+    drop_rate: float | None
+    #: Links measured (directed, sender to receiver).
+    links: int
+
+    def describe(self) -> str:
+        """``the kernel dropped 210 of 2,345 packets (9.0%), TCP resent them``."""
+        rate = "" if self.drop_rate is None else f" ({self.drop_rate:.1%})"
+        return (
+            f"the kernel dropped {self.packets_dropped:,} of {self.packets_seen:,} packets"
+            f"{rate}, TCP resent them"
+        )
+
+
 class PairwiseFigures(_Figures):
     """Network DP's guarantee between every ordered pair of agents at the end of a run:
     epsilon of what agent ``u``'s data tells a curious agent ``v``, over all pairs and by
@@ -171,6 +193,8 @@ class RunResults(_Figures):
     #: Runs a coordinator collected (agents started by hand): the run's id and its agents.
     run: RunIdentity | None = None
     privacy: PrivacyFigures | None = None
+    #: Packet drops of kernel-shaped links, apart from message losses (``final``).
+    kernel: KernelFigures | None = None
 
     def to_json(self) -> dict[str, JsonValue]:
         """The JSON form: figures a run does not have are left out, NaN and infinity
