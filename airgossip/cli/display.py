@@ -22,6 +22,7 @@ from rich.text import Text
 if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
     from pydantic import JsonValue
 
+    from emulation.config import RunConfig
     from emulation.fleets import FleetProgress
     from emulation.results import RunResults
 
@@ -91,6 +92,14 @@ class ProgressDisplay:
     def notice(self, text: str) -> None:
         """A line above the bar (what a backend could not apply, where metrics are)."""
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def run_banner(config: RunConfig, links: str, out_dir: Path) -> str:
+    """The line ``airgossip run`` starts with: the fleet, its links, where results go."""
+    return (
+        f"airgossip: {config.agents} agents · {links} · {config.algorithm} · task "
+        f"{task_label(config.task.model_dump())} · {config.mode} · out {out_dir}"
+    )
 
 
 def task_label(task: JsonValue) -> str:
