@@ -36,7 +36,9 @@ ENTRIES = {
     "detection": "benchmarks.detection",
     "peers": "benchmarks.comparison",
     "privacy": "benchmarks.privacy",
+    "attacks": "benchmarks.attacks",
     "host-threads": "benchmarks.host_threads",
+    "ray-mode": "benchmarks.ray_mode",
 }
 
 

@@ -66,7 +66,7 @@ def _per_round(ctx: Context, rounds: int, gossip: bool, repeat: int) -> dict[str
     results = json.loads((out / "results.json").read_text())
     rows = [r for r in results["rounds"] if r["round"] >= 1]
     first, last = rows[0], rows[-1]
-    seconds = (last["wall_s"] - first["wall_s"]) / (last["round"] - first["round"])
+    seconds = (last["train_wall_s"] - first["train_wall_s"]) / (last["round"] - first["round"])
     return {"per_round_s": seconds, "messages": results["final"]["messages_sent"],
             "bytes": results["final"]["bytes_sent"]}  # fmt: skip
 

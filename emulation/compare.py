@@ -103,11 +103,11 @@ def comparison_rows(runs: Sequence[ComparedRun], target: float) -> list[Comparis
                 final_accuracy=final.mean_accuracy,
                 best_accuracy=max((r.mean_accuracy or 0.0 for r in curve), default=None),
                 megabytes=final.bytes_sent / 1e6,
-                wall_s=final.wall_s,
+                wall_s=final.train_wall_s,
                 total_wall_s=run.results.total_wall_s,
                 target_round=reached.round if reached else None,
                 target_megabytes=reached.bytes_sent / 1e6 if reached else None,
-                target_wall_s=reached.wall_s if reached else None,
+                target_wall_s=reached.train_wall_s if reached else None,
             )
         )
     return rows
@@ -129,7 +129,7 @@ def plot_comparison(path: Path, runs: Sequence[ComparedRun], target: float) -> N
         label = f"{run.name}: {run.system}"
         axes[0].plot([r.round for r in curve], accuracy, marker=".", label=label)
         axes[1].plot([r.bytes_sent / 1e6 for r in curve], accuracy, marker=".")
-        axes[2].plot([r.wall_s for r in curve], accuracy, marker=".")
+        axes[2].plot([r.train_wall_s for r in curve], accuracy, marker=".")
     for ax, xlabel in zip(
         axes, ("round", "megabytes moved (all nodes)", "wall time (s)"), strict=True
     ):

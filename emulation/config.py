@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -97,6 +97,33 @@ class ContainerSettings(BaseModel):
     )
 
 
+class RaySettings(BaseModel):
+    """``[ray]``: where and how ``mode = "ray"`` runs its agents as Ray actors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = Field(
+        None,
+        min_length=1,
+        description="the cluster to join: 'auto', 'ray://host:port' or 'host:port' (none: "
+        "start a local Ray on loopback)",
+    )
+    num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs Ray reserves per agent")
+    num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs Ray reserves per agent")
+    placement: Literal["spread", "pack"] = Field(
+        "spread", description="spread the agents over the nodes, or pack them onto few"
+    )
+    max_restarts: int = Field(
+        3, ge=-1, description="restarts of an agent's actor whose node died (-1: no limit)"
+    )
+    checkpoints: Path | None = Field(
+        None,
+        description="a folder on storage every node shares for the agents' checkpoints "
+        "(none: shipped to a checkpoint store actor beside the driver)",
+    )
+    checkpoint_interval_s: float = Field(5.0, gt=0, le=3600)
+
+
 class RunConfig(AgentSettings):
     """A whole fleet run: the agents' settings plus fleet size, graph, network and mode."""
 
@@ -115,6 +142,7 @@ class RunConfig(AgentSettings):
         None, description="change the gossip graph during the run (its first graph is the topology)"
     )
     containers: ContainerSettings = Field(default_factory=ContainerSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
     out: Path | None = None
 
     @field_validator("topology")

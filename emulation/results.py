@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from edge.observability.stats import RoundRecord
 from edge.privacy.figures import Spent
@@ -31,7 +31,10 @@ class RoundFigures(_Figures):
     """The fleet after one round (every agent that reported it)."""
 
     round: int
-    wall_s: float = 0.0
+    #: Seconds the agents took to reach this round, from the start of their first (the
+    #: slowest agent's; virtual time in the virtual mode): start-up is not in it, the run's
+    #: whole time is ``RunResults.total_wall_s``. Schema 1 called it ``wall_s``.
+    train_wall_s: float = Field(0.0, validation_alias=AliasChoices("train_wall_s", "wall_s"))
     mean_accuracy: float | None = None
     min_accuracy: float | None = None
     max_accuracy: float | None = None
@@ -76,6 +79,28 @@ class WirelessFigures(_Figures):
     links_log: str | None = None
     links_log_steps: int | None = None
     messages_log: str | None = None
+
+
+class KernelFigures(_Figures):
+    """What the kernel did to the packets of a run whose links it shaped (namespaces,
+    containers): loss there is a packet drop rate, and TCP resends what was dropped, so
+    messages arrive late rather than not at all. ``kernel.json`` has every link."""
+
+    #: Packets of the agents' traffic the shaped links saw, and how many they dropped.
+    packets_seen: int
+    packets_dropped: int
+    #: ``packets_dropped / packets_seen`` (None when no packet was seen).
+    drop_rate: float | None
+    #: Links measured (directed, sender to receiver).
+    links: int
+
+    def describe(self) -> str:
+        """``the kernel dropped 210 of 2,345 packets (9.0%), TCP resent them``."""
+        rate = "" if self.drop_rate is None else f" ({self.drop_rate:.1%})"
+        return (
+            f"the kernel dropped {self.packets_dropped:,} of {self.packets_seen:,} packets"
+            f"{rate}, TCP resent them"
+        )
 
 
 class PairwiseFigures(_Figures):
@@ -144,8 +169,17 @@ class RunIdentity(_Figures):
     messages_failed: int = 0
 
 
+#: Version of ``results.json``'s layout: 1 (no ``schema_version`` key) named each round's
+#: time ``wall_s``; 2 names it ``train_wall_s`` beside the run's ``total_wall_s``. Files of
+#: either version are read.
+SCHEMA_VERSION = 2
+
+
 class RunResults(_Figures):
     """Everything ``results.json`` holds."""
+
+    #: The layout this file follows (:data:`SCHEMA_VERSION` when written here).
+    schema_version: int = 1
 
     #: The run's settings and what it resolved (an airgossip run's: see
     #: ``emulation.runtime.results.ResultsConfig``), or another system's (a baseline's).
@@ -159,11 +193,15 @@ class RunResults(_Figures):
     #: Runs a coordinator collected (agents started by hand): the run's id and its agents.
     run: RunIdentity | None = None
     privacy: PrivacyFigures | None = None
+    #: Packet drops of kernel-shaped links, apart from message losses (``final``).
+    kernel: KernelFigures | None = None
 
     def to_json(self) -> dict[str, JsonValue]:
         """The JSON form: figures a run does not have are left out, NaN and infinity
         become null (JSON has neither)."""
-        data: dict[str, JsonValue] = _clean(self.model_dump(mode="json", exclude_unset=True))
+        data: dict[str, JsonValue] = {"schema_version": SCHEMA_VERSION}
+        data.update(_clean(self.model_dump(mode="json", exclude_unset=True)))
+        data["schema_version"] = SCHEMA_VERSION
         return data
 
     def write(self, path: Path) -> None:
@@ -203,7 +241,7 @@ def _figures(
     estimates = [r.estimate for r in records if r.estimate is not None]
     figures = row.model_validate({
         **fixed,
-        "wall_s": round(max(r.wall_s for r in records), 4),
+        "train_wall_s": round(max(r.wall_s for r in records), 4),
         "mean_accuracy": float(np.mean(accuracies)) if accuracies else None,
         "min_accuracy": float(np.min(accuracies)) if accuracies else None,
         "max_accuracy": float(np.max(accuracies)) if accuracies else None,

@@ -86,7 +86,6 @@ def agent(
         typer.Option(
             help="Agents that run on this host, this one included: they share its cores "
             "(default: 1).",
-            envvar="AIRGOSSIP_HOST_AGENTS",
         ),
     ] = None,
     link_shaping: Annotated[

@@ -95,9 +95,11 @@ def compose(
         )  # fmt: skip
         header = (
             f"airgossip: {agents} agents, {name}; a coordinator, Prometheus and Grafana.\n"
-            f"Written by `airgossip compose`; run it with\n"
+            f"Written by `airgossip compose`; run it with (images: deploy/docker/build)\n"
             f"  docker-compose -f {compose_path} up -d\n"
-            "Grafana: http://127.0.0.1:3000; docs/deployment.md has the details."
+            "(`down -v` removes what a failed `up` made.) "
+            "Grafana (profile grafana, its image from a registry): add --profile grafana,\n"
+            "then http://127.0.0.1:3000; docs/deployment.md has the details."
         )
         scenario_path.write_text(
             "# Written by `airgossip compose`: the settings that differ from the defaults.\n"
@@ -109,7 +111,7 @@ def compose(
     console.print(
         f"wrote {compose_path} and {scenario_path}: {agents} agents, {name}\n"
         f"  docker-compose -f {compose_path} up -d     "
-        "# build the image first: docker-compose -f ... build",
+        "# the images first: deploy/docker/build (no registry) or docker-compose -f ... build",
         highlight=False,
         soft_wrap=True,
     )

@@ -22,6 +22,7 @@ from rich.text import Text
 if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
     from pydantic import JsonValue
 
+    from emulation.config import RunConfig
     from emulation.fleets import FleetProgress
     from emulation.results import RunResults
 
@@ -111,6 +112,14 @@ class ProgressDisplay:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def run_banner(config: RunConfig, links: str, out_dir: Path) -> str:
+    """The line ``airgossip run`` starts with: the fleet, its links, where results go."""
+    return (
+        f"airgossip: {config.agents} agents · {links} · {config.algorithm} · task "
+        f"{task_label(config.task.model_dump())} · {config.mode} · out {out_dir}"
+    )
+
+
 def task_label(task: JsonValue) -> str:
     """A run's task (its settings) for people: its name, or the Flower app it runs."""
     if not isinstance(task, dict):
@@ -159,12 +168,20 @@ def summary_table(
         ("messages", f"{final.messages_sent} sent, {final.messages_dropped} lost ({links})"),
         ("bytes sent", f"{final.bytes_sent / 1e6:.2f} MB"),
         *_wireless_rows(results),
-        ("wall time", f"{results.total_wall_s:.1f} s"),
+        ("wall time", _wall_time(results)),
         ("results", str(out_dir / "results.json")),
     ]
     for key, value in rows:
         table.add_row(key, Text(str(value)))
     return table
+
+
+def _wall_time(results: RunResults) -> str:
+    """The run's whole time and, beside it, the part its agents' rounds took (results.json:
+    ``total_wall_s`` and ``final.train_wall_s``; virtual time in the virtual mode)."""
+    rounds = results.final.train_wall_s
+    virtual = " virtual" if results.config.get("mode") == "virtual" else ""
+    return f"{results.total_wall_s:.1f} s (rounds: {rounds:.1f} s{virtual})"
 
 
 def write_summary(

@@ -13,9 +13,9 @@ from airgossip.cli.display import (
     ProgressDisplay,
     console,
     fail,
+    run_banner,
     say,
     summary_table,
-    task_label,
 )
 from airgossip.cli.flower import contain_flower, flower_overrides, with_flower_rounds
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
@@ -59,7 +59,7 @@ def run(
     mode: Annotated[
         str | None,
         typer.Option(
-            help="How agents run: {modes} (default: process; containers: docs/deployment.md)."
+            help="How agents run: {modes} (default: process; containers, ray: docs/deployment.md)."
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: auto).")] = None,
@@ -173,10 +173,7 @@ def run(
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     links = plan.network.describe()
-    say(
-        f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
-        f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}"
-    )
+    say(run_banner(cfg, links, out_dir))
     try:
         with ProgressDisplay(cfg.rounds, gossip_only=cfg.task.name == "consensus") as display:
             results = run_fleet(
@@ -198,4 +195,6 @@ def run(
     except KeyboardInterrupt:
         say(f"interrupted: agents stopped; partial results in {out_dir}", err=True)
         raise typer.Exit(130) from None
+    if results.kernel is not None:  # message losses, and the kernel's packet drops apart
+        links = f"{links}; {results.kernel.describe()}"
     console.print(summary_table(results, out_dir, links))

@@ -432,7 +432,7 @@ class Agent:
                 ack, why = self.lineages.receive(self.algorithm, sender, header.lineage, payload)
             except InvalidPayload as err:
                 raise self.admission.reject(
-                    RejectCode.INVALID_ARGUMENT, str(err), err.reason
+                    RejectCode.INVALID_ARGUMENT, str(err), err.reason, sender
                 ) from None
             if ack is None:  # not a refusal: the sender starts the edge over
                 self._refusals.note("start_over", f"{self.agent_id}: from {sender}: {why}")

@@ -12,8 +12,8 @@ absorbed message proposes:
 
 * algorithms that carry a weight (push-sum and its variants, gradient tracking, local SGD,
   the shared-copy algorithms): ``v = dx / dy``, where ``(dx, dy)`` is the mass the message
-  added to what the receiver holds (for push-sum: the increment of the edge's running sum,
-  after whatever clipping the algorithm applied). When a message adds no weight
+  added to what the receiver holds (for push-sum: the increment of the edge's running
+  sum). When a message adds no weight
   (``dy <= 0``) the figure is ``|| dx || / || x ||``, the mass it moved against the mass held;
 * algorithms that exchange models (D-PSGD, ensemble compression): ``v`` is the model the
   message carries.
@@ -22,8 +22,13 @@ An honest in-neighbour's increment shrinks as the fleet nears consensus (and is 
 the start of a consensus run from random values); a forged push of values a thousand times
 the fleet's proposes ``v`` a thousand times ``z``. The cost is one temporary vector and two
 norms per absorbed message: the measure holds references to the state before the message,
-never a copy (the algorithms replace their pending mass on absorption; one that changed it in
-place is measured by the payload instead).
+never a copy (the algorithms replace their pending mass on absorption).
+
+An algorithm that leaves its pending mass as it was (``robust-push-sum`` holds each sender's
+increments apart until the mix, where it clips them) is measured by the payload itself:
+``v = vector / y``, the value the edge's running sum proposes, before any clipping. The
+clip events (``clipped_by_sender``, counted at the mix) reach the observer with the
+sender's next message.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ def _weighted(algorithm: PushSumCore, before: Held, payload: Payload) -> float:
     assert before is not None
     pending_x, pending_y = before
     x, y = algorithm.x, algorithm.y
-    if algorithm._pending_x is pending_x:  # changed in place: what the payload carries
+    if algorithm._pending_x is pending_x:  # held elsewhere until the mix: what the payload carries
         dy = float(payload.scalars.get("y", 0.0))
         dx = payload.vector.to(x.dtype)
         if dx.numel() != x.numel():  # several blocks (shared-copy): nothing to compare

@@ -19,6 +19,8 @@ from edge.algorithms.ensemble import EnsembleCompression
 from edge.algorithms.gradient_tracking import GradientTracking
 from edge.algorithms.local_sgd import LocalSGD
 from edge.algorithms.push_sum import PlainPushSum, PushSum
+from edge.algorithms.robust import ClippedGossip, CSPlusGossip
+from edge.algorithms.robust_push_sum import RobustPushSum
 from edge.algorithms.shared_copy import Choco, QuantizedPushSum, SharedCopyGossip
 from edge.compression import Codec
 
@@ -35,6 +37,9 @@ ALGORITHMS: dict[str, type[GossipAlgorithm]] = {
         GradientTracking,
         LocalSGD,
         EnsembleCompression,
+        ClippedGossip,
+        CSPlusGossip,
+        RobustPushSum,
     )
 }
 
@@ -75,7 +80,9 @@ __all__ = [
     "DPSGD",
     "Ack",
     "AdaptiveConsensusDPSGD",
+    "CSPlusGossip",
     "Choco",
+    "ClippedGossip",
     "EnsembleCompression",
     "GossipAlgorithm",
     "GradientTracking",
@@ -86,6 +93,7 @@ __all__ = [
     "ProtocolError",
     "PushSum",
     "QuantizedPushSum",
+    "RobustPushSum",
     "SharedCopyGossip",
     "algorithm_class",
     "check_algorithm_settings",

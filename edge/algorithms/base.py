@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -282,6 +283,9 @@ class GossipAlgorithm(ABC):
         self.options = parse_algorithm_options(self.name, self.options_model, options)
         self.shared_start = shared_start
         self._encodings = 0
+        #: Messages whose influence a robust algorithm clipped, per sender (robust algorithms
+        #: count here; every other algorithm leaves it empty).
+        self.clipped_by_sender: Counter[str] = Counter()
 
     @classmethod
     def check_codec(cls, codec: Codec) -> None:

@@ -3,6 +3,8 @@ transport; deterministic for a seed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from edge.agent import Agent, build_agent
@@ -43,6 +45,9 @@ class InProcessFleet(FleetBase):
         self._accuracy: dict[str, float] = {}
         self._counters: dict[str, Counters] = {}
         self._runtime = network.runtime(agent_ids(config.agents), clock=lambda: 0.0)
+        #: Called with the built agents before the first round (harnesses that turn some of
+        #: them into insiders: emulation/attacks.py).
+        self.after_build: Callable[[list[Agent]], None] | None = None
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
@@ -72,6 +77,8 @@ class InProcessFleet(FleetBase):
             )
             for i, agent_id in enumerate(ids)
         ]
+        if self.after_build is not None:
+            self.after_build(agents)
         addresses = {a.agent_id: a.start() for a in agents}
         assignments = runtime.assignments(0.0, addresses)
         for agent in agents:

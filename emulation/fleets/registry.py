@@ -8,12 +8,20 @@ from emulation.fleets.containers import ContainerFleet
 from emulation.fleets.inproc import InProcessFleet
 from emulation.fleets.namespaces import NamespaceFleet
 from emulation.fleets.process import ProcessFleet
+from emulation.fleets.ray_fleet import RayFleet
 from emulation.fleets.virtual import VirtualFleet
 
 #: Every fleet mode, by the name ``--mode`` takes, in the order help texts list them.
 FLEETS: dict[str, type[Fleet]] = {
     cls.mode: cls
-    for cls in (ProcessFleet, InProcessFleet, VirtualFleet, NamespaceFleet, ContainerFleet)
+    for cls in (
+        ProcessFleet,
+        InProcessFleet,
+        VirtualFleet,
+        NamespaceFleet,
+        ContainerFleet,
+        RayFleet,
+    )
 }
 
 

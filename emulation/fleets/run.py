@@ -16,12 +16,36 @@ from emulation.config import ConfigError, RunConfig
 from emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
 from emulation.fleets.registry import fleet_class
 from emulation.networks import Network, network_for
+from emulation.networks.kernel import ContainerKernelReport, NamespaceKernelReport
 from emulation.privacy import check_privacy
-from emulation.results import RunResults
+from emulation.results import KernelFigures, RunResults
 from emulation.runtime.folder import RunFolder
 from emulation.runtime.results import ResultsConfig, write_results
 
 log = logging.getLogger(__name__)
+
+#: Modes whose links the kernel shapes: loss is a packet drop rate there, and TCP resends.
+KERNEL_MODES = ("namespaces", "containers")
+#: How long an agent on kernel-shaped links waits for its sends before its next round (the
+#: default ``wait_timeout_s`` there; 0.25 s elsewhere). TCP resends a dropped packet after
+#: 0.2 s at the least, doubling each time, so with loss most rounds have a send still in
+#: flight after 0.25 s; an agent that moved on would skip that out-neighbour in its next
+#: round (one message in flight per edge) and the fleet would send fewer messages than in
+#: process mode. Waiting keeps the count of every mode the same.
+KERNEL_WAIT_TIMEOUT_S = 5.0
+
+
+def kernel_figures(fleet: Fleet) -> KernelFigures | None:
+    """The packet drops a kernel-shaping fleet measured (``kernel.json``), or None."""
+    report = getattr(fleet, "report", None)
+    if not isinstance(report, NamespaceKernelReport | ContainerKernelReport):
+        return None
+    seen = sum(link.packets_seen for link in report.links)
+    dropped = sum(link.packets_dropped for link in report.links)
+    return KernelFigures(
+        packets_seen=seen, packets_dropped=dropped,
+        drop_rate=round(dropped / seen, 6) if seen else None, links=len(report.links),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,8 @@ def run_fleet(
     folder.refuse_used()
     network = plan.network
     config = network.launch(time.time())
+    if config.mode in KERNEL_MODES and "wait_timeout_s" not in config.model_fields_set:
+        config = config.model_copy(update={"wait_timeout_s": KERNEL_WAIT_TIMEOUT_S})
     launch = Launch(
         out_dir, folder.write_config(config), on_progress, coordinator_listen,
         coordinator_metrics_listen, on_notice, insecure,
@@ -108,7 +134,7 @@ def run_fleet(
     results = write_results(
         network, fleet.records(), out_dir, config=resolved,
         wall_s=time.monotonic() - started, interrupted=interrupted,
-        end_time_s=fleet.clock_s(), runtime=fleet.runtime,
+        end_time_s=fleet.clock_s(), runtime=fleet.runtime, kernel=kernel_figures(fleet),
     )  # fmt: skip
     if interrupted:
         raise KeyboardInterrupt

@@ -18,7 +18,13 @@ from edge.tasks.consensus import ConsensusOptions, true_average
 from emulation.config import RunConfig
 from emulation.networks import LinkRuntime, Network
 from emulation.privacy import privacy_figures
-from emulation.results import ResolvedFigures, RunResults, plot_results, summarise
+from emulation.results import (
+    KernelFigures,
+    ResolvedFigures,
+    RunResults,
+    plot_results,
+    summarise,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ def write_results(
     end_time_s: float,
     runtime: LinkRuntime | None = None,
     links: str | None = None,
+    kernel: KernelFigures | None = None,
 ) -> RunResults:
     """Summarise every agent's round records into ``results.json`` and ``results.png`` in
     ``out_dir``.
@@ -71,7 +78,7 @@ def write_results(
     ``config``: what the results carry as their config; ``end_time_s``: when the run ended
     on the scenario's clock; ``runtime``: the links the fleet (or coordinator) followed;
     ``links``: what the links were, for the plot's title (default: the network's own
-    description).
+    description); ``kernel``: the packet drops of kernel-shaped links.
     """
     settings = config.settings
     results = summarise(records, reference=reference_answer(settings), config=config.to_json())
@@ -81,6 +88,8 @@ def write_results(
     privacy = privacy_figures(settings, network, records)
     if privacy is not None:  # a figure a run does not have stays out of the file
         results.privacy = privacy
+    if kernel is not None:
+        results.kernel = kernel
     network.finish(results, dict(records), out_dir, end_time_s=end_time_s, runtime=runtime)
     results.write(out_dir / "results.json")
     if results.rounds:

@@ -70,6 +70,34 @@ def test_eight_agents_in_containers_end_with_results(
     assert labelled(engine) == before, "containers or networks left behind"
 
 
+@pytest.mark.timeout(900)
+def test_four_containers_send_what_four_processes_send_and_show_packet_drops_apart(
+    engine: Engine, image: str, tmp_path: Path
+) -> None:
+    fleet = ("--agents", "4", "--rounds", "15", "--seed", "0", "--loss", "0.1")
+    sent, outputs = {}, {}
+    for mode in ("process", "containers"):
+        out = tmp_path / mode
+        result = airgossip("run", "--mode", mode, *fleet, "--out", str(out), timeout=800)
+        assert result.returncode == 0, result.stdout + result.stderr
+        outputs[mode] = result.stdout
+        sent[mode] = json.loads((out / "results.json").read_text())["final"]["messages_sent"]
+    assert sent["process"] == 4 * 15 * 2
+    assert abs(sent["containers"] - sent["process"]) <= 0.05 * sent["process"], sent
+    results = json.loads((tmp_path / "containers" / "results.json").read_text())
+    links = json.loads((tmp_path / "containers" / "kernel.json").read_text())["links"]
+    seen = sum(link["packets_seen"] for link in links)
+    dropped = sum(link["packets_dropped"] for link in links)
+    assert results["kernel"]["packets_seen"] == seen > 0
+    assert results["kernel"]["packets_dropped"] == dropped > 0
+    summary = " ".join(line.strip() for line in outputs["containers"].splitlines())
+    assert f"the kernel dropped {dropped:,} of {seen:,} packets" in summary, summary
+    print(
+        f"\nmessages: process {sent['process']}, containers {sent['containers']}; kernel "
+        f"dropped {dropped} of {seen} packets"
+    )
+
+
 @pytest.mark.timeout(600)
 def test_containers_switch_graphs_through_their_coordinator(
     engine: Engine, image: str, tmp_path: Path

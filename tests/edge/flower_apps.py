@@ -172,8 +172,8 @@ def bare_initial_model(msg: Message, context: Context) -> Message:
 def bare_train(msg: Message, context: Context) -> Message:
     net = _digits_model(msg)
     x, y, _, _ = _digits_partition(context)
-    optimizer = torch.optim.SGD(net.parameters(), lr=float(str(msg.content.config_records["config"]["lr"])),
-                                momentum=0.9)  # fmt: skip
+    lr = float(str(msg.content.config_records["config"]["lr"]))
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     for batch in torch.randperm(len(y)).split(32):
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(net(x[batch]), y[batch])

@@ -348,6 +348,7 @@ def test_every_algorithm_is_registered_once() -> None:
     assert set(ALGORITHMS) == {
         "push-sum", "push-sum-plain", "dpsgd", "quantized-push-sum", "choco",
         "gradient-tracking", "local-sgd", "dpsgd-ac", "ensemble",
+        "clipped-gossip", "cs-plus-gossip", "robust-push-sum",
     }  # fmt: skip
     undirected = {n for n, c in ALGORITHMS.items() if not c.supports_directed}
-    assert undirected == {"dpsgd", "dpsgd-ac", "choco"}
+    assert undirected == {"dpsgd", "dpsgd-ac", "choco", "clipped-gossip", "cs-plus-gossip"}

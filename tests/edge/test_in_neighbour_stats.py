@@ -3,8 +3,6 @@ to current in-neighbours only, clip events, and series forgotten when a peer dep
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from prometheus_client import generate_latest
@@ -12,6 +10,7 @@ from prometheus_client import generate_latest
 from edge.agent.influence import InNeighbourWatch, held, relative_increment
 from edge.algorithms import DPSGD, PushSum
 from edge.algorithms.base import Payload
+from edge.algorithms.robust_push_sum import RobustPushSum
 from edge.observability.metrics import AgentMetrics
 from edge.observability.telemetry import ReceiveEvent
 from tests.support.prometheus import promtool_check
@@ -55,16 +54,8 @@ def test_model_exchanging_algorithms_compare_the_model_carried() -> None:
     assert relative_increment(algorithm, held(algorithm), model) == pytest.approx(2.0, rel=1e-9)
 
 
-class Clipping(PushSum):
-    """A push-sum that reports clip events the way robust algorithms do."""
-
-    def __init__(self, initial: torch.Tensor) -> None:
-        super().__init__(initial)
-        self.clipped_by_sender: Counter[str] = Counter()
-
-
 def test_the_watch_reports_current_in_neighbours_only_with_new_clip_events() -> None:
-    algorithm = Clipping(X0.clone())
+    algorithm = PushSum(X0.clone())  # every algorithm counts clips (none of its own)
     events: list[frozenset[str]] = []
 
     class Observer:
@@ -113,3 +104,28 @@ def test_metrics_keep_series_of_current_in_neighbours_only() -> None:
     assert sample(metrics, f"{ratio}_count", peer="agent-3") == 1
     metrics.on_in_neighbours(frozenset())
     assert sample(metrics, "airgossip_agent_in_neighbour_clipped_total", peer="agent-3") is None
+
+
+def test_robust_push_sum_is_measured_before_its_clipping_and_reports_its_clips() -> None:
+    # It holds each sender's increment apart until the mix (its pending mass is left as it
+    # was): the message is measured by the value its running sum proposes, before clipping.
+    algorithm = RobustPushSum(X0.clone(), options={"tau": 0.1})
+    watch = InNeighbourWatch(algorithm, object())
+    watch.set_in_neighbours(frozenset({"a", "b", "c"}))
+    honest = {p: Payload(X0 * 1.01 * 0.5, {"y": 0.5}, seq=1) for p in ("a", "b")}
+    forged = Payload(torch.full((4,), 1000.0 * 1000.0, dtype=torch.float64), {"y": 1000.0}, 1)
+    events = {}
+    for peer, payload in [*honest.items(), ("c", forged)]:
+        before = watch.before(peer)
+        ack = algorithm.receive(peer, payload)
+        events[peer] = watch.received(peer, payload, 32, ack.absorbed, before)
+    assert events["a"].increment == pytest.approx(0.01, rel=1e-9)
+    assert events["c"].increment == pytest.approx(
+        float((torch.full((4,), 1000.0) - X0).norm() / X0.norm()), rel=1e-9
+    )
+    algorithm.mix()  # clips the forged increment
+    assert algorithm.clipped_by_sender["c"] >= 1
+    again = Payload(forged.vector * 2, {"y": 2000.0}, seq=2)
+    before = watch.before("c")
+    event = watch.received("c", again, 32, algorithm.receive("c", again).absorbed, before)
+    assert event.clipped == algorithm.clipped_by_sender["c"]

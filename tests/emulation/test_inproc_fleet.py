@@ -45,7 +45,7 @@ def test_digits_learns_and_results_have_every_key(tmp_path: Path) -> None:
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["final"]["round"] == 15
     assert (tmp_path / "results.png").stat().st_size > 10_000
-    keys = {"round", "wall_s", "mean_accuracy", "min_accuracy", "max_accuracy",
+    keys = {"round", "train_wall_s", "mean_accuracy", "min_accuracy", "max_accuracy",
             "consensus_distance", "bytes_sent", "messages_sent", "messages_dropped"}  # fmt: skip
     assert all(keys <= set(row) for row in on_disk["rounds"])
     assert [row["round"] for row in on_disk["rounds"]] == list(range(16))
@@ -63,7 +63,7 @@ def test_same_seed_same_numbers(tmp_path: Path) -> None:
     a = run_fleet(load_config(None, settings), tmp_path / "a").to_json()
     b = run_fleet(load_config(None, settings), tmp_path / "b").to_json()
     c = run_fleet(load_config(None, {**settings, "seed": 1}), tmp_path / "c").to_json()
-    strip = lambda r: [{k: v for k, v in row.items() if k != "wall_s"} for row in r["rounds"]]  # noqa: E731
+    strip = lambda r: [{k: v for k, v in row.items() if k != "train_wall_s"} for row in r["rounds"]]  # noqa: E731
     assert strip(a) == strip(b)
     assert strip(a) != strip(c)
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
 from emulation.config import EMULATED_LOSS, load_config
-from emulation.results import FinalFigures, RoundFigures, RunResults, plot_results
+from emulation.results import (
+    SCHEMA_VERSION,
+    FinalFigures,
+    RoundFigures,
+    RunResults,
+    plot_results,
+)
 
 
 def test_local_runs_emulate_a_lossy_network_and_devices_emulate_nothing(tmp_path: Path) -> None:
@@ -41,3 +48,26 @@ def test_wireless_plots_show_drop_rate_and_link_counts(tmp_path: Path) -> None:
     plot_results(tmp_path / "static.png", RunResults(config={}, rounds=plain, final=final), "s")
     # A third panel (drop rate, radio and gossip links) only where the rounds hold them.
     assert png_width(tmp_path / "wireless.png") > 1.3 * png_width(tmp_path / "static.png")
+
+
+def test_results_name_their_times_and_files_of_schema_1_are_still_read(tmp_path: Path) -> None:
+    """Schema 2 names each round's time ``train_wall_s`` (the agents' rounds) beside the
+    run's ``total_wall_s`` (start-up included); a schema-1 file, whose rounds said
+    ``wall_s``, reads as the same figures."""
+    rows = [RoundFigures(round=1, train_wall_s=0.5), RoundFigures(round=2, train_wall_s=1.25)]
+    final = FinalFigures(round=2, train_wall_s=1.25, complete=True)
+    written = tmp_path / "results.json"
+    RunResults(config={}, rounds=rows, final=final, total_wall_s=9.5).write(written)
+    data = json.loads(written.read_text())
+    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["final"]["train_wall_s"] == 1.25 and "wall_s" not in data["final"]
+    assert data["total_wall_s"] == 9.5
+    old = json.loads(written.read_text())
+    del old["schema_version"]
+    for row in [*old["rounds"], old["final"]]:
+        row["wall_s"] = row.pop("train_wall_s")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    read = RunResults.read(tmp_path / "old.json")
+    assert read.schema_version == 1
+    assert [r.train_wall_s for r in read.rounds] == [0.5, 1.25]
+    assert read.final.train_wall_s == 1.25 and read.total_wall_s == 9.5

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import torch
 
@@ -34,8 +35,9 @@ from edge.observability.metrics import AgentMetrics
 from edge.security.tls import fleet_of
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage
-from edge.transport.base import SendCallback, SendOutcome, Transport
+from edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transport
 from edge.transport.grpc_transport import GrpcTransport
+from tests.support.agents import refused
 from tests.support.cli import ROOT
 from tests.support.processes import free_port
 from tests.support.tls import credentials
@@ -62,6 +64,7 @@ class Forger:
         self.forging = False
         self.forged = 0
         self.acked: dict[str, int] = {}
+        self.headers: dict[str, MessageHeader] = {}  # the latest sent to each peer
 
     def start(self, handler: Any) -> str:
         return self.inner.start(handler)
@@ -75,6 +78,7 @@ class Forger:
             data = torch.full((header.numel,), 1000.0 * 1000.0, dtype=torch.float64)
             message = GossipMessage(forged, data.numpy().tobytes())
             self.forged += 1
+        self.headers[peer] = message.header
 
         def acknowledged(outcome: SendOutcome) -> None:
             if outcome.ack is not None:
@@ -268,6 +272,19 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
         assert all(INSIDER in pair for pair in outliers), named
         assert len({agent for agent, peer in outliers if peer == INSIDER}) >= 2, named
         assert clean.spread() < 10
+        # A push the victims refuse is charged to the insider, by reason.
+        for peer, header in attacked.forger.headers.items():
+            bad = dataclasses.replace(header, seq=header.seq + 1, scalars={"y": -5.0})
+            victim = attacked.agents[int(peer.split("-")[1])]
+            assert refused(victim, GossipMessage(bad, b"\0" * header.payload_bytes)).code() == (
+                grpc.StatusCode.INVALID_ARGUMENT
+            )
+        charged = 'airgossip_agent_in_neighbour_refused_total{job="attacked", peer="agent-0"}'
+        deadline = time.monotonic() + 10
+        while len(prometheus.query(charged)) < len(attacked.forger.headers):
+            assert time.monotonic() < deadline, prometheus.query(charged)
+            time.sleep(0.2)
+        assert {r["metric"]["reason"] for r in prometheus.query(charged)} == {"weight"}
         # The agent dashboard's insider panels draw from this Prometheus.
         for title, expr in insider_panels():
             result = prometheus.query(expr)

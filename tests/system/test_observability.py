@@ -179,6 +179,9 @@ def test_prometheus_discovers_the_fleet_and_answers_promql(
             "histogram_quantile(0.9, sum by (le) (rate(airgossip_agent_push_latency_seconds_bucket[5s])))"  # noqa: E501
         )
         assert len(latency) == 1 and 0 < float(latency[0]["value"][1]) < 30
+        # Every agent measures what each in-neighbour's messages do to it (received edges).
+        increments = prometheus.query("airgossip_agent_in_neighbour_increment_ratio_count")
+        assert {(r["metric"]["peer"], r["metric"]["agent"]) for r in increments} == edges
     finally:
         prometheus.close()
 

@@ -1,0 +1,126 @@
+"""Robust gossip on undirected graphs: each neighbour's pull clipped around the agent's own model.
+
+Both algorithms are D-PSGD (:mod:`edge.algorithms.dpsgd`: whole models to every neighbour,
+symmetric Metropolis–Hastings weights, the latest model of a neighbour standing in for a
+lost message) whose mix is
+
+    x_i <- x_i + eta * sum_j W[i, j] * clip(x_j - x_i, tau_i)
+
+with ``clip(v, tau) = v * min(1, tau / |v|)``. An insider among the neighbours then moves
+the agent by at most ``eta * W[i, j] * tau_i`` a round however far its model is. With
+``tau_i`` infinite it is D-PSGD itself. The radius needs symmetric weights (the analyses
+do), so both refuse directed graphs, as D-PSGD does.
+
+``byzantine`` is the most insiders an agent expects among its neighbours; their weight ``b``
+is taken as the sum of the ``byzantine`` largest weights of the agent's neighbours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge.algorithms.clipping import (
+    clip_scale,
+    cs_plus_radius,
+    insider_weight,
+    self_centred_radius,
+)
+from edge.algorithms.dpsgd import DPSGD
+
+
+class ClippedGossipOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tau: float | None = Field(
+        None, gt=0, description="fixed clipping radius (default: the adaptive rule)"
+    )
+    byzantine: int = Field(1, ge=0, le=1000, description="most insiders among the neighbours")
+
+
+class CSPlusOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    byzantine: int = Field(1, ge=0, le=1000, description="most insiders among the neighbours")
+    step: float = Field(1.0, gt=0, le=1, description="eta: the communication step")
+
+
+class _ClippedMix(DPSGD):
+    """D-PSGD whose mix clips each neighbour's difference at :meth:`radius`."""
+
+    #: The communication step ``eta`` (1: the D-PSGD weights themselves).
+    step: float = 1.0
+
+    last_radius: float = float("inf")
+
+    def radius(self, distances: list[float], weights: list[float]) -> float:
+        """The clipping radius of this round, given every neighbour's distance and weight."""
+        raise NotImplementedError
+
+    def mix(self) -> None:
+        phase = self._phase
+        if phase is None:
+            return
+        # A neighbour with nothing received yet stands at our own model (distance 0).
+        diffs: dict[str, torch.Tensor] = {}
+        for peer in phase.out_weights:
+            latest = self._latest.get(peer)
+            if latest is not None:
+                diffs[peer] = latest[1] - self._x
+        distances = {p: float(torch.linalg.vector_norm(d)) for p, d in diffs.items()}
+        tau = self.radius(
+            [distances.get(p, 0.0) for p in phase.out_weights], list(phase.out_weights.values())
+        )
+        self.last_radius = tau
+        mixed = self._x.clone()
+        for peer, diff in diffs.items():
+            scale = clip_scale(distances[peer], tau)
+            if scale < 1.0:
+                self.clipped_by_sender[peer] += 1
+            mixed.add_(diff, alpha=self.step * phase.out_weights[peer] * scale)
+        self._x = mixed
+
+
+class ClippedGossip(_ClippedMix):
+    """Self-centred clipping (ClippedGossip; He, Karimireddy and Jaggi 2022) on undirected
+    graphs. ``tau`` fixes the radius; without it, each round's radius is the paper's adaptive
+    rule (:func:`~edge.algorithms.clipping.self_centred_radius`) over the neighbours'
+    current distances."""
+
+    name = "clipped-gossip"
+    options_model: ClassVar[type[BaseModel]] = ClippedGossipOptions
+
+    def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(initial, **kwargs)
+        assert isinstance(self.options, ClippedGossipOptions)
+        self._opts = self.options
+
+    def radius(self, distances: list[float], weights: list[float]) -> float:
+        if self._opts.tau is not None:
+            return self._opts.tau
+        insider = insider_weight(weights, self._opts.byzantine)
+        return self_centred_radius(distances, weights, insider)
+
+
+class CSPlusGossip(_ClippedMix):
+    """CS+-RG (Gaucher et al., ICML 2025) on undirected graphs, the variant with the paper's
+    adaptive radius: every round, each agent clips the neighbours that hold the ``2 b``
+    farthest weight to the distance of the nearest of them
+    (:func:`~edge.algorithms.clipping.cs_plus_radius`) and takes a step ``eta`` (``step``)
+    along the weighted sum of the clipped differences. With ``byzantine = 0`` it is D-PSGD
+    (no clipping); ClippedGossip is the same step with He et al.'s radius."""
+
+    name = "cs-plus-gossip"
+    options_model: ClassVar[type[BaseModel]] = CSPlusOptions
+
+    def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(initial, **kwargs)
+        assert isinstance(self.options, CSPlusOptions)
+        self._opts = self.options
+        self.step = self._opts.step
+
+    def radius(self, distances: list[float], weights: list[float]) -> float:
+        insider = insider_weight(weights, self._opts.byzantine)
+        return cs_plus_radius(distances, weights, insider)

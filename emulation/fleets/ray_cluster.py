@@ -1,0 +1,191 @@
+"""The Ray side of the ``ray`` fleet: join a cluster (or start a local one on loopback),
+place the agents with a placement group, start their actors and the checkpoint store, and
+take it all down again. Ray is imported only here and in the actors' module."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from emulation.config import RaySettings
+from emulation.fleets.base import FleetError
+from emulation.runtime.ray_agent import CheckpointStore, RayAgent, RayAgentSpec
+
+#: Placement group strategies by ``[ray] placement``.
+STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
+#: Longest wait for the cluster to find room for every agent.
+PLACE_TIMEOUT_S = 120.0
+#: Longest wait for one call on every actor at the end of a run.
+CALL_TIMEOUT_S = 20.0
+
+
+#: The variable that keeps every process of a local Ray on loopback (read when Ray is imported).
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_only() -> None:
+    """Keep a local Ray on loopback even where Ray was imported before :data:`LOOPBACK_ONLY`
+    was set (it reads the variable once, on import)."""
+    from ray._private import ray_constants
+
+    if os.environ.get(LOOPBACK_ONLY) == "0":
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+class RayCluster:
+    """A connection to a Ray cluster for one run.
+
+    Parameters
+    ----------
+    settings:
+        ``[ray]`` of the run.
+    agents:
+        Fleet size (one placement bundle each).
+    notice:
+        Where what people should know goes (one line each).
+    """
+
+    def __init__(self, settings: RaySettings, agents: int, notice: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.agents = agents
+        self.notice = notice
+        self.connected = False
+        self.started_ray = False
+        self.address = settings.address or "local"
+        self.driver_ip = "127.0.0.1"
+        self.group: Any = None
+        self.store: Any = None
+        #: The checkpoint store actor's name (agents look it up; None: no store).
+        self.store_name: str | None = None
+
+    def connect(self) -> None:
+        """Join ``[ray] address`` (or the Ray this process already joined), else start a
+        local Ray on loopback with room for every agent."""
+        local = self.settings.address is None
+        if local:
+            # Ray binds to and dials the machine's interface address unless told that the
+            # machine is no cluster member (as on macOS): a local Ray stays on loopback.
+            os.environ.setdefault(LOOPBACK_ONLY, "0")
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        import ray
+
+        if not ray.is_initialized():
+            try:
+                if local:
+                    _loopback_only()
+                    cpus = max(os.cpu_count() or 1, int(self.agents * self.settings.num_cpus) + 1)
+                    ray.init(
+                        _node_ip_address="127.0.0.1", num_cpus=cpus, include_dashboard=False,
+                        log_to_driver=False, configure_logging=False,
+                    )  # fmt: skip
+                else:
+                    ray.init(
+                        address=self.settings.address, log_to_driver=False,
+                        configure_logging=False,
+                    )  # fmt: skip
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                raise FleetError(
+                    f"mode 'ray': cannot join Ray at {self.address}: {first}"
+                ) from None
+            self.started_ray = True
+        self.connected = True
+        self.driver_ip = ray.util.get_node_ip_address()
+        self.address = ray.get_runtime_context().gcs_address
+
+    def place(self) -> None:
+        """Reserve one bundle per agent (placement group of ``[ray] placement``) and start
+        the checkpoint store on the driver's node; :class:`FleetError` where the cluster
+        has no room."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        bundle = {"CPU": self.settings.num_cpus}
+        if self.settings.num_gpus:
+            bundle["GPU"] = self.settings.num_gpus
+        self.group = placement_group(
+            [dict(bundle) for _ in range(self.agents)],
+            strategy=STRATEGIES[self.settings.placement],
+        )
+        ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
+        if not ready:
+            total = ray.cluster_resources()
+            raise FleetError(
+                f"mode 'ray': the cluster has no room for {self.agents} agents of {bundle} "
+                f"within {PLACE_TIMEOUT_S:.0f} s (it has CPU {total.get('CPU', 0):g}, GPU "
+                f"{total.get('GPU', 0):g}); lower [ray] num_cpus / num_gpus or add nodes"
+            )
+        if self.settings.checkpoints is None:
+            here = ray.get_runtime_context().get_node_id()
+            self.store_name = f"airgossip-checkpoints-{uuid.uuid4().hex[:10]}"
+            self.store = (
+                ray.remote(CheckpointStore)
+                .options(
+                    name=self.store_name,
+                    num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+                )
+                .remote()
+            )
+
+    def start_agent(self, index: int, spec: RayAgentSpec) -> Any:
+        """Start agent ``index``'s actor in its bundle; its handle."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
+        return (
+            ray.remote(RayAgent)
+            .options(
+                num_cpus=self.settings.num_cpus,
+                num_gpus=self.settings.num_gpus,
+                max_restarts=self.settings.max_restarts,
+                scheduling_strategy=strategy,
+            )
+            .remote(spec)
+        )
+
+    def call_all(self, actors: Mapping[str, Any], method: str) -> dict[str, object]:
+        """Call ``method`` on every actor; each one's answer (an exception where it failed)."""
+        import ray
+
+        refs = {agent_id: getattr(actor, method).remote() for agent_id, actor in actors.items()}
+        out: dict[str, object] = {}
+        for agent_id, ref in refs.items():
+            try:
+                out[agent_id] = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            except Exception as err:  # a dead or restarting actor: its answer is the error
+                out[agent_id] = err
+        return out
+
+    def nodes(self) -> list[dict[str, object]]:
+        """The cluster's nodes as Ray records them (id, address, alive, resources)."""
+        import ray
+
+        return [
+            {"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "alive": n["Alive"],
+             "resources": n.get("Resources", {})}
+            for n in ray.nodes()
+        ]  # fmt: skip
+
+    def close(self) -> None:
+        """Remove the placement group (its actors with it) and the store; leave Ray if this
+        run joined it."""
+        import ray
+
+        if not self.connected:
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            if self.store is not None:
+                ray.kill(self.store)
+            if self.group is not None:
+                remove_placement_group(self.group)
+        finally:
+            if self.started_ray:
+                ray.shutdown()
+            self.connected = False

@@ -1,0 +1,226 @@
+"""``ray`` mode: one Ray actor per agent across a Ray cluster, an embedded coordinator beside
+the driver, real gRPC (mutual TLS) between the agents.
+
+Every agent is a :class:`~emulation.runtime.ray_agent.RayAgent` actor running the same agent
+as the process mode, listening on its node's address, shaping its links in the agent. The
+fleet connects to the cluster of ``[ray] address`` (``auto``, ``ray://...``, ``host:port``)
+or, with none, starts a local Ray on loopback; it places the agents with a placement group
+(``spread``: one bundle per agent spread over the nodes; ``pack``: as few nodes as fit),
+starts the coordinator on the driver's node address, issues the run's certificates and hands
+each actor only its own key. Ray restarts an actor whose node dies (``max_restarts``), and
+the agent resumes from its newest checkpoint (shared storage, or the checkpoint store actor)
+and rejoins at the fleet's round. Results come from the coordinator's round reports; each
+agent's log is fetched into ``logs/`` at the end, and ``ray.json`` says where every agent
+ran (its node, its restarts).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from typing import Any
+
+from coordinator.run import RunSpec
+from coordinator.service import CoordinatorServer
+from edge.config.identity import agent_ids
+from edge.observability.stats import RoundRecord
+from edge.security.tls import CA_CERT, COORDINATOR_IDENTITY, TlsCredentials
+from emulation.config import RunConfig
+from emulation.fleets.base import AgentProgress, FleetBase, FleetError, Launch, fleet_progress
+from emulation.fleets.processes import STALL_TIMEOUT_S
+from emulation.fleets.ray_cluster import RayCluster
+from emulation.networks import LinkRuntime, Network
+from emulation.runtime.folder import RunFolder
+from emulation.runtime.ray_agent import RayAgentSpec, RayAgentState
+
+#: What to install for this mode, said in one line where Ray is missing.
+INSTALL_HINT = "mode 'ray' needs Ray: pip install 'airgossip[ray]'"
+
+
+def ray_available() -> bool:
+    """Whether Ray can be imported here."""
+    return importlib.util.find_spec("ray") is not None
+
+
+class RayFleet(FleetBase):
+    """Agents as Ray actors on a Ray cluster (see the module docstring)."""
+
+    mode = "ray"
+    summary = "one Ray actor per agent across a Ray cluster, real gRPC (the ray extra)"
+    serves_metrics = True
+
+    def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
+        super().__init__(config, network, launch)
+        self.launch: Launch = launch
+        self.folder = RunFolder(launch.out_dir.resolve())
+        self.settings = config.ray
+        self.ids = agent_ids(config.agents)
+        self.coordinator: CoordinatorServer | None = None
+        self.cluster: RayCluster | None = None
+        self.actors: dict[str, Any] = {}
+        #: Every state each agent's actor reported, in order (its nodes, its restarts).
+        self.states: dict[str, list[RayAgentState]] = {i: [] for i in self.ids}
+        self._records: dict[str, list[RoundRecord]] = {}
+        self._links = network.runtime(self.ids) if network.round_driven else None
+
+    @classmethod
+    def refuse(cls, config: RunConfig, network: Network) -> str | None:
+        return None if ray_available() else INSTALL_HINT
+
+    def run(self) -> None:
+        self.cluster = RayCluster(self.settings, self.config.agents, self.launch.notice)
+        try:
+            self.cluster.connect()
+            self._start()
+            self._monitor()
+        finally:
+            self._close()
+
+    def _start(self) -> None:
+        assert self.cluster is not None
+        secure = not self.launch.insecure
+        if secure:
+            self.folder.issue_credentials([*self.ids, COORDINATOR_IDENTITY])
+        port = self.launch.coordinator_listen.rpartition(":")[2]
+        self.coordinator = CoordinatorServer(
+            expected=self.config.agents,
+            topology=self.network.topology(),
+            listen=f"{self.cluster.driver_ip}:{port}",
+            metrics_listen=self.launch.coordinator_metrics_listen,
+            security=(
+                TlsCredentials.load(
+                    self.folder.credentials(COORDINATOR_IDENTITY), COORDINATOR_IDENTITY
+                )
+                if secure
+                else None
+            ),
+            run=RunSpec(scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds),
+            switcher=self._links.switcher if self._links is not None else None,
+        )
+        address = self.coordinator.start()
+        if self.coordinator.metrics_address:
+            self.launch.notice(
+                f"fleet metrics at http://{self.coordinator.metrics_address}/metrics "
+                "(service discovery /sd lists the actors' metrics, fleet /fleet)"
+            )
+        self.cluster.place()
+        shared = self.settings.checkpoints
+        root = str(shared.resolve() / self.folder.path.name) if shared is not None else None
+        for index, agent_id in enumerate(self.ids):
+            spec = RayAgentSpec(
+                agent_id=agent_id, index=index, coordinator=address,
+                credentials=self._credentials(agent_id) if secure else None,
+                checkpoint_root=root, checkpoint_store=self.cluster.store_name,
+                checkpoint_interval_s=self.settings.checkpoint_interval_s,
+                threads=max(1, round(self.settings.num_cpus)),
+            )  # fmt: skip
+            self.actors[agent_id] = self.cluster.start_agent(index, spec)
+
+    def _credentials(self, agent_id: str) -> dict[str, bytes]:
+        """The CA's certificate and ``agent_id``'s own certificate and key, nothing else."""
+        folder = self.folder.credentials(agent_id)
+        names = (CA_CERT, f"{agent_id}.pem", f"{agent_id}.key")
+        return {name: (folder / name).read_bytes() for name in names}
+
+    def _monitor(self) -> None:
+        """Follow the run until every agent finished; :class:`FleetError` when an agent
+        stopped on an error, an actor is gone for good, or nothing progresses."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        assert self.coordinator is not None
+        last_change = time.monotonic()
+        last_state: tuple[int, ...] = ()
+        asked: dict[Any, str] = {}
+        while not self.stopping.is_set():
+            self._records = self.coordinator.round_records()
+            latest = {i: AgentProgress.of(r[-1]) for i, r in self._records.items() if r}
+            registered = self.coordinator.registered()
+            self.keeper.update(fleet_progress(self.config, latest.values(), registered))
+            if len(latest) == len(self.ids) and all(p.final for p in latest.values()):
+                return
+            if not asked:
+                asked = {actor.state.remote(): i for i, actor in self.actors.items()}
+            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.5)
+            for ref in ready:
+                agent_id = asked.pop(ref)
+                try:
+                    self._heard(ray.get(ref, timeout=5))
+                except (ActorUnavailableError, GetTimeoutError):
+                    continue  # restarting on another node: asked again next time
+                except RayActorError as err:
+                    raise FleetError(
+                        f"{agent_id}'s actor is gone and Ray will not restart it "
+                        f"(max_restarts {self.settings.max_restarts}): {err}"
+                    ) from None
+            state = (registered, *(p.round for p in latest.values()))
+            if state != last_state:
+                last_state, last_change = state, time.monotonic()
+            elif time.monotonic() - last_change > STALL_TIMEOUT_S:
+                raise FleetError(f"no agent made progress for {STALL_TIMEOUT_S:.0f} s")
+            self.stopping.wait(0.2)
+
+    def _heard(self, state: RayAgentState) -> None:
+        seen = self.states[state.agent_id]
+        if not seen or seen[-1].node_id != state.node_id or seen[-1].restarted != state.restarted:
+            if state.restarted:
+                self.launch.notice(
+                    f"{state.agent_id} restarted by Ray on node {state.node_id[:12]} "
+                    f"({state.node_ip}), from checkpoint {state.resumed_from or '(its own)'}"
+                )
+            seen.append(state)
+        if state.exit_code not in (None, 0) or state.error:
+            raise FleetError(
+                f"{state.agent_id} stopped with code {state.exit_code}: "
+                f"{state.error or 'see its log'}"
+            )
+
+    def _close(self) -> None:
+        cluster, coordinator = self.cluster, self.coordinator
+        try:
+            if cluster is not None and cluster.connected:
+                self._gather(cluster)
+        finally:
+            if coordinator is not None:
+                self._records = coordinator.round_records()
+                coordinator.stop(grace_s=0.5)
+            if cluster is not None:
+                cluster.close()
+
+    def _gather(self, cluster: RayCluster) -> None:
+        """Fetch each actor's log into ``logs/``, stop the actors, write ``ray.json``."""
+        logs = self.folder.logs_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        texts = cluster.call_all(self.actors, "log")
+        for agent_id, text in texts.items():
+            (logs / f"{agent_id}.log").write_text(text if isinstance(text, str) else "")
+        for state in cluster.call_all(self.actors, "state").values():
+            if isinstance(state, RayAgentState):
+                self._heard_quietly(state)
+        cluster.call_all(self.actors, "stop")
+        placements = {
+            agent_id: [
+                {"node_id": s.node_id, "node_ip": s.node_ip, "restarted": s.restarted,
+                 "resumed_from": s.resumed_from}
+                for s in states
+            ]
+            for agent_id, states in self.states.items()
+        }  # fmt: skip
+        report = {
+            "address": cluster.address, "placement": self.settings.placement,
+            "nodes": cluster.nodes(), "agents": placements,
+        }  # fmt: skip
+        (self.folder.path / "ray.json").write_text(json.dumps(report, indent=2) + "\n")
+
+    def _heard_quietly(self, state: RayAgentState) -> None:
+        seen = self.states[state.agent_id]
+        if not seen or seen[-1].node_id != state.node_id:
+            seen.append(state)
+
+    def records(self) -> dict[str, list[RoundRecord]]:
+        return self._records
+
+    @property
+    def runtime(self) -> LinkRuntime | None:
+        return self._links

@@ -1,0 +1,75 @@
+"""``--mode ray`` losing a node mid-run (a real Ray cluster of three nodes on loopback): Ray
+restarts its agents on the other nodes, they resume from their checkpoints, rejoin at the
+fleet's round and the fleet ends as accurate as ever."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulation.config import load_config
+from emulation.fleets import Fleet, FleetProgress, run_fleet
+from tests.system.ray_support import agent_actors, ray_cluster
+
+pytestmark = pytest.mark.slow
+
+
+def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with ray_cluster(monkeypatch, nodes=3) as cluster:
+        victim = cluster.list_all_nodes()[-1]
+        removed = threading.Event()
+        #: Ray's records of the agent actors once all run again, some restarted.
+        after: list[list[dict[str, Any]]] = []
+
+        def remove_at_round(progress: FleetProgress) -> None:
+            # Once every agent trained a few rounds (and checkpointed), the node goes.
+            if not removed.is_set() and progress.slowest_round >= 8:
+                removed.set()
+                cluster.remove_node(victim, allow_graceful=False)
+            elif removed.is_set() and not after:
+                actors = agent_actors()
+                if all(a["State"] == "ALIVE" for a in actors) and any(
+                    a["NumRestarts"] for a in actors
+                ):
+                    after.append(actors)
+
+        ray = {"address": cluster.address, "placement": "spread", "checkpoint_interval_s": 0.5}
+        config = load_config(None, {"mode": "ray", "agents": 6, "rounds": 150, "ray": ray})
+        fleets: list[Fleet] = []
+        run_fleet(config, out, on_progress=remove_at_round, on_start=fleets.append)
+        assert removed.is_set() and after, "the removed node's agents never ran again"
+        actors = after[0]
+        survivors = {n.node_id for n in cluster.list_all_nodes()}
+    assert victim.node_id not in survivors
+    restarted = [a for a in actors if a["NumRestarts"] > 0]
+    # Ray restarted the two agents of the removed node, on the other two.
+    assert len(restarted) == 2, [(a["Address"]["NodeID"], a["NumRestarts"]) for a in actors]
+    assert all(a["Address"]["NodeID"] in survivors for a in restarted)
+    report = json.loads((out / "ray.json").read_text())["agents"]
+    moved = {i: s for i, s in report.items() if s[0]["node_id"] == victim.node_id}
+    assert len(moved) == 2, report
+    for agent_id, states in moved.items():
+        # Its next incarnation took its checkpoint back from the store and rejoined late.
+        last = states[-1]
+        assert last["restarted"] and last["node_id"] in survivors, states
+        assert last["resumed_from"] and last["resumed_from"].startswith(agent_id), states
+        log = (out / "logs" / f"{agent_id}.log").read_text()
+        assert "restarted by Ray" in log and "resumed round" in log, log[-2000:]
+        # ...and trained on with the fleet: its rounds jump once (the rejoin), then go on.
+        rounds = [r.round for r in fleets[0].records()[agent_id]]
+        gaps = [(b - a, i) for i, (a, b) in enumerate(itertools.pairwise(rounds))]
+        jump, at = max(gaps)
+        print(f"{agent_id}: rounds {rounds[0]}..{rounds[at]}, rejoined at {rounds[at + 1]}")
+        assert jump > 1 and len(rounds) - at - 1 >= 5, rounds
+    final = json.loads((out / "results.json").read_text())["final"]
+    print(f"after losing a node: mean accuracy {final['mean_accuracy']:.4f}, moved {list(moved)}")
+    assert final["agents_reporting"] == 6
+    assert final["mean_accuracy"] >= 0.9
