@@ -153,9 +153,11 @@ def agent(
         check_command(command)
     except ConfigError as err:
         fail(str(err))
-    if device is not None:
-        from airgossip.cli.early import check_flags
+    from airgossip.cli.early import check_flags, check_scenario_file
 
+    if config is not None and config.suffix != ".json":
+        check_scenario_file(config)
+    if device is not None:
         check_flags({"device": device})
     from emulation.runtime.process import AgentProcessError, run_agent_command
 
