@@ -1,6 +1,7 @@
 """Authenticated insiders against each algorithm: the attack table of docs/security.md.
 
-    python -m benchmarks --only attacks
+    python -m benchmarks --only attacks           # about 14 min on 2 busy cores
+    python -m benchmarks --only attacks --quick   # huge and hub-dissensus only
     python -m benchmarks.attacks            # the table alone, markdown on stdout
 
 Digits, 16 agents in one process (in lock step, deterministic), 10% loss on every link, one
@@ -36,6 +37,7 @@ SEED = 3
 ALGORITHMS = ("push-sum", "dpsgd", "robust-push-sum", "clipped-gossip", "cs-plus-gossip")
 ROBUST = {"robust-push-sum", "clipped-gossip", "cs-plus-gossip"}
 TARGET = 0.85
+QUICK = ("huge", "hub-dissensus")
 
 
 def random_edges(n: int, p: float, seed: int) -> list[tuple[int, int]]:
@@ -104,7 +106,7 @@ def run_cell(
     return cell, average
 
 
-def table() -> tuple[list[str], dict[str, Any], list[str]]:
+def table(attacks: tuple[str, ...] = ATTACKS) -> tuple[list[str], dict[str, Any], list[str]]:
     """The markdown rows, the figures, and the robust cells under :data:`TARGET`."""
     edges = random_edges(AGENTS, 0.4, SEED)
     degrees = np.bincount([i for i, _ in edges], minlength=AGENTS)
@@ -126,7 +128,7 @@ def table() -> tuple[list[str], dict[str, Any], list[str]]:
         line.append(f" {cell.accuracy:.3f} ({cell.worst:.3f}) · {cell.spread:.2g} |")
         print(f"  none {algorithm}: {cell.seconds:.1f} s", file=sys.stderr, flush=True)
     rows.append("".join(line))
-    for attack in ATTACKS:
+    for attack in attacks:
         for count in (1, 2):
             line = [f"| {attack} | {count} |"]
             for algorithm in ALGORITHMS:
@@ -149,7 +151,8 @@ def table() -> tuple[list[str], dict[str, Any], list[str]]:
 
 def run(ctx: Context) -> list[Outcome]:
     started = time.monotonic()
-    rows, figures, misses = table()
+    # --quick: the attack that breaks the plain algorithms outright and the topology-aware one.
+    rows, figures, misses = table(QUICK if ctx.quick else ATTACKS)
     minutes = (time.monotonic() - started) / 60
     text = "\n".join(rows)
     return [Outcome(

@@ -59,7 +59,6 @@ def fleet_rate(work: Path, rounds: int, threads: list[str]) -> float:
     scenario.write_text(SCENARIO.format(agents=AGENTS, rounds=rounds))
     stats = work / "stats"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env.pop("AIRGOSSIP_HOST_AGENTS", None)
     procs = [
         subprocess.Popen(
             [

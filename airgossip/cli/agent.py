@@ -86,7 +86,6 @@ def agent(
         typer.Option(
             help="Agents that run on this host, this one included: they share its cores "
             "(default: 1).",
-            envvar="AIRGOSSIP_HOST_AGENTS",
         ),
     ] = None,
     link_shaping: Annotated[
@@ -154,9 +153,11 @@ def agent(
         check_command(command)
     except ConfigError as err:
         fail(str(err))
-    if device is not None:
-        from airgossip.cli.early import check_flags
+    from airgossip.cli.early import check_flags, check_scenario_file
 
+    if config is not None and config.suffix != ".json":
+        check_scenario_file(config)
+    if device is not None:
         check_flags({"device": device})
     from emulation.runtime.process import AgentProcessError, run_agent_command
 

@@ -11,6 +11,7 @@ task) is left to the full validation that follows.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -19,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from airgossip.cli.choices import registry_names
 from airgossip.cli.display import fail
 from emulation.errors import format_validation_error
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from emulation.config import Settings
@@ -78,9 +84,25 @@ def _settings_problem(flags: Settings) -> str | None:
     return None
 
 
+def check_scenario_file(path: Path) -> None:
+    """Refuse a scenario file that cannot be read or is not TOML, as ``read_scenario`` does."""
+    try:
+        with path.open("rb") as handle:
+            tomllib.load(handle)
+    except FileNotFoundError:
+        fail(f"scenario file {path} does not exist")
+    except tomllib.TOMLDecodeError as err:
+        fail(f"scenario file {path} is not valid TOML: {err}")
+    except OSError as err:
+        fail(f"cannot read scenario file {path}: {err.strerror}")
+
+
 def check_flags(flags: Settings, config: Path | None = None) -> None:
     """Refuse (one line, exit 2) flag values the full validation would refuse, worded as it
-    words them; ``config``: the scenario file the flags override (it names the source)."""
+    words them; ``config``: the scenario file the flags override (it names the source, and
+    is read here: a missing or broken file is refused first, as the full check does)."""
+    if config is not None:
+        check_scenario_file(config)
     problem = _settings_problem(flags)
     if problem is not None:
         source = f"scenario {config}" if config is not None else "settings"

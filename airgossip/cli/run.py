@@ -13,9 +13,9 @@ from airgossip.cli.display import (
     ProgressDisplay,
     console,
     fail,
+    run_banner,
     say,
     summary_table,
-    task_label,
 )
 from airgossip.cli.flower import contain_flower, flower_overrides, with_flower_rounds
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
@@ -173,10 +173,7 @@ def run(
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     links = plan.network.describe()
-    say(
-        f"airgossip: {cfg.agents} agents · {links} · {cfg.algorithm} · task "
-        f"{task_label(cfg.task.model_dump())} · {cfg.mode} · out {out_dir}"
-    )
+    say(run_banner(cfg, links, out_dir))
     try:
         with ProgressDisplay(cfg.rounds, gossip_only=cfg.task.name == "consensus") as display:
             results = run_fleet(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 #: Models up to this many parameters train on one thread: a step's matrices are too small
-#: for more to help (the digits model has about 4,600).
+#: for more to help (the digits model has 2,410).
 SMALL_MODEL_PARAMETERS = 1_000_000
 
 

@@ -47,3 +47,21 @@ def test_clip_scale() -> None:
 def test_every_algorithm_starts_with_no_clip_counts(name: str) -> None:
     algorithm = create_algorithm(name, torch.zeros(4), dtype=torch.float64)
     assert not algorithm.clipped_by_sender
+
+
+def test_robust_push_sum_checkpoints_what_it_holds_back() -> None:
+    from edge.agent.checkpoints import decode_state, encode_state
+    from edge.algorithms import Payload
+
+    algorithm = create_algorithm("robust-push-sum", torch.zeros(3), dtype=torch.float64)
+    # Far from the receiver's estimate (0): with no radius known yet, all of it is held back.
+    algorithm.receive("a", Payload(torch.full((3,), 5.0), {"y": 0.5}, 1, 0))
+    algorithm.mix()
+    x, y = algorithm.mass()  # type: ignore[attr-defined]
+    assert algorithm.clipped_by_sender["a"] == 1
+    resumed = create_algorithm("robust-push-sum", torch.zeros(3), dtype=torch.float64)
+    resumed.load_state_dict(decode_state(encode_state(algorithm.state_dict())))
+    x2, y2 = resumed.mass()  # type: ignore[attr-defined]
+    torch.testing.assert_close(x2, x)
+    assert y2 == pytest.approx(y)
+    assert float(resumed.estimate().abs().max()) == 0.0  # nothing of it absorbed yet

@@ -23,7 +23,7 @@ from airgossip.cli.choices import registry_names
 from airgossip.cli.early import check_flags
 from coordinator.policy import POLICIES
 from edge.tasks import TaskError, resolve_task_factory
-from emulation.config import ConfigError, Settings, load_config
+from emulation.config import ConfigError, Settings, load_config, read_scenario
 from emulation.fleets import fleet_class
 from emulation.results import FinalFigures, RoundFigures, RunResults
 from emulation.scenario import ScenarioNotFound, scenario_path
@@ -51,6 +51,8 @@ def _raised(call: Callable[[], object], *errors: type[Exception]) -> str:
 
 #: A valid scenario file the flags override (written by the fixture below).
 SCENARIO = Path(tempfile.gettempdir()) / f"airgossip-early-{os.getpid()}.toml"
+#: A scenario file that is not TOML.
+BROKEN = SCENARIO.with_suffix(".broken.toml")
 
 #: A command line with a bad flag, and what the full validation says of it.
 CASES: list[tuple[list[str], Callable[[], str]]] = [
@@ -94,6 +96,18 @@ CASES: list[tuple[list[str], Callable[[], str]]] = [
     ),
     (["agent"], lambda: "give exactly one of --coordinator HOST:PORT or --peers FILE"),
     (["compare", "no-such-run"], lambda: "no-such-run/results.json does not exist"),
+    (
+        ["run", "--config", "missing.toml"],
+        lambda: _raised(lambda: read_scenario(Path("missing.toml")), ConfigError),
+    ),
+    (
+        ["coordinator", "--insecure", "--config", str(BROKEN)],
+        lambda: _raised(lambda: read_scenario(BROKEN), ConfigError),
+    ),
+    (
+        ["agent", "--insecure", "--coordinator", "127.0.0.1:1", "--config", str(BROKEN)],
+        lambda: _raised(lambda: read_scenario(BROKEN), ConfigError),
+    ),
 ]
 
 
@@ -109,8 +123,10 @@ def imported_modules(importtime: str) -> set[str]:
 @pytest.fixture(scope="module", autouse=True)
 def scenario_file() -> object:
     SCENARIO.write_text("agents = 4\nrounds = 3\n")
+    BROKEN.write_text("agents = [4\n")
     yield
     SCENARIO.unlink()
+    BROKEN.unlink()
 
 
 @pytest.mark.parametrize(("argv", "full"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
