@@ -129,7 +129,7 @@ class RunConfig(AgentSettings):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    agents: int = Field(8, ge=1, le=10_000)
+    agents: int = Field(8, ge=1, le=100_000)
     topology: str = "exponential"
     edges: list[tuple[int, int]] | None = Field(None, description="for topology = 'edges'")
     edge_probability: float | None = Field(None, gt=0, le=1, description="for erdos-renyi")

@@ -67,6 +67,7 @@ class ProgressDisplay:
         )
         self.bar = self.progress.add_task("starting", total=rounds, status="")
         self._last_print = 0.0
+        self._started: tuple[float, int, int] | None = None
 
     def __enter__(self) -> ProgressDisplay:
         self.progress.__enter__()
@@ -82,12 +83,29 @@ class ProgressDisplay:
             description = "gossiping" if self.gossip_only else "training"
             acc = f"acc {p.mean_accuracy:.3f} · " if p.mean_accuracy is not None else ""
             status = f"{acc}{p.messages_dropped}/{p.messages_sent} msgs lost"
+            status += self._pace(p)
         self.progress.update(self.bar, completed=p.slowest_round, description=description,
                              status=status)  # fmt: skip
         line = f"{description}: round {p.slowest_round}/{p.rounds_total} {status}"
         if not console.is_terminal and time.monotonic() - self._last_print > 5:
             self._last_print = time.monotonic()
             console.print(line, markup=False, highlight=False)
+
+    def _pace(self, p: FleetProgress) -> str:
+        """Messages a second, the emulated clock and what is left, for long runs."""
+        now = time.monotonic()
+        if self._started is None:
+            self._started = (now, p.slowest_round, p.messages_sent)
+            return ""
+        began, first_round, first_messages = self._started
+        spent = now - began
+        if spent <= 0 or p.slowest_round <= first_round:
+            return ""
+        pace = f" · {(p.messages_sent - first_messages) / spent:,.0f} msgs/s"
+        if p.emulated_s is not None:
+            pace += f" · emulated {p.emulated_s:.1f} s"
+        left = spent / (p.slowest_round - first_round) * (p.rounds_total - p.slowest_round)
+        return pace + f" · about {left:.0f} s left"
 
     def notice(self, text: str) -> None:
         """A line above the bar (what a backend could not apply, where metrics are)."""

@@ -44,7 +44,12 @@ class StreamDraws:
         return self._rng(stream, step, sub).standard_normal(len(keys), dtype=np.float32)
 
     def complex_normal(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray:
-        return fad.complex_normal(self._rng(stream, step, sub), (len(keys),))
+        rng = self._rng(stream, step, sub)
+        out = np.empty(len(keys), dtype=np.complex64)
+        out.real = rng.standard_normal(len(keys), dtype=np.float32)
+        out.imag = rng.standard_normal(len(keys), dtype=np.float32)
+        out *= np.float32(np.sqrt(0.5))
+        return out
 
 
 class DenseDraws:

@@ -119,10 +119,15 @@ class SparseChannelModel(ChannelBase):
             i, j = np.triu_indices(n, 1)
         else:
             found = cKDTree(positions).query_pairs(self.range_m, output_type="ndarray")
-            i, j = np.minimum(found[:, 0], found[:, 1]), np.maximum(found[:, 0], found[:, 1])
-        return np.sort(i.astype(np.int64) * n + j.astype(np.int64))
+            i, j = found[:, 0], found[:, 1]  # i < j
+        keys = i.astype(np.int64) * n + j
+        keys.sort()
+        return keys
 
     def _reverse(self, keys: np.ndarray) -> np.ndarray:
+        """The keys of the pairs' other direction (only the dense draws look at keys)."""
+        if not isinstance(self.draws, DenseDraws):
+            return keys
         return np.asarray((keys % self.n) * self.n + keys // self.n)
 
     def _first(self, mob: MobilityState) -> _Pairs:
@@ -152,7 +157,8 @@ class SparseChannelModel(ChannelBase):
         s = self._pairs
         mob = self.mobility.step(s.mobility, dt, mob_rng)
         moved = np.linalg.norm(mob.positions - s.mobility.positions, axis=1).astype(np.float32)
-        keys = self._candidates(mob.positions)
+        still = np.array_equal(mob.positions, s.mobility.positions)
+        keys = s.keys if still else self._candidates(mob.positions)
         at = np.minimum(np.searchsorted(s.keys, keys), max(0, s.keys.size - 1))
         found = s.keys[at] == keys if s.keys.size else np.zeros(keys.size, dtype=bool)
         new = np.flatnonzero(~found)

@@ -42,6 +42,8 @@ class FleetProgress:
     messages_sent: int = 0
     #: Messages that did not arrive (dropped by a link or failed).
     messages_dropped: int = 0
+    #: The emulated clock (seconds) of a fleet on a virtual clock.
+    emulated_s: float | None = None
 
 
 ProgressCallback = Callable[[FleetProgress], None]

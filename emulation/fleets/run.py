@@ -3,6 +3,7 @@ links, run, and write ``results.json`` and the plot."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from emulation.privacy import check_privacy
 from emulation.results import KernelFigures, RunResults
 from emulation.runtime.folder import RunFolder
 from emulation.runtime.results import ResultsConfig, write_results
+
+log = logging.getLogger(__name__)
 
 #: Modes whose links the kernel shapes: loss is a packet drop rate there, and TCP resends.
 KERNEL_MODES = ("namespaces", "containers")
@@ -135,4 +138,26 @@ def run_fleet(
     )  # fmt: skip
     if interrupted:
         raise KeyboardInterrupt
+    far = far_from_consensus(results)
+    if far is not None:
+        log.warning("%s", far)
+        if on_notice is not None:
+            on_notice(far)
     return results
+
+
+#: A consensus run that ends with a larger relative error than this is told so.
+FAR_FROM_CONSENSUS = 1e-2
+
+
+def far_from_consensus(results: RunResults) -> str | None:
+    """What to tell of a consensus run that ended far from the true average, else None."""
+    final = results.final
+    error = final.relative_error if final is not None else None
+    if error is None or error <= FAR_FROM_CONSENSUS:
+        return None
+    return (
+        f"the run ended at round {final.round} with relative error {error:.3g} to the true "
+        f"average (more than {FAR_FROM_CONSENSUS:g}): far from consensus; give it more rounds "
+        "(a larger or sparser fleet needs more to mix)"
+    )

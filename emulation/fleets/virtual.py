@@ -11,6 +11,7 @@ scheduled).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import itertools
@@ -320,4 +321,5 @@ class VirtualFleet:
             AgentProgress(slowest, final, None, self._counters.get(a.agent_id, Counters()))
             for a in self.agents
         ]
-        self.keeper.update(fleet_progress(self.config, states, len(self.agents)))
+        progress = fleet_progress(self.config, states, len(self.agents))
+        self.keeper.update(dataclasses.replace(progress, emulated_s=self.loop.now))
