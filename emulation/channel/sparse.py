@@ -173,12 +173,14 @@ class SparseChannelModel(ChannelBase):
         speeds = mob.speeds.astype(np.float32)
         v = speeds[i] + speeds[j] + np.float32(self.settings.fading.environment_speed_mps)
         rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
+        rho = rho.astype(np.float32)  # as ar1_step takes it; half the bytes meanwhile
+        del v
         reverse = self._reverse(keys)
-        scatter = np.stack(
-            [d.complex_normal(FADING, step, keys), d.complex_normal(FADING, step, reverse, 1)], 1
-        )
-        for side in (0, 1):
+        scatter = np.empty((keys.size, 2), dtype=np.complex64)
+        for side, side_keys in enumerate((keys, reverse)):
+            scatter[:, side] = d.complex_normal(FADING, step, side_keys, side)
             scatter[found, side] = fad.ar1_step(s.scatter[at, side], rho, scatter[found, side])
+        del rho
         burst = None
         if self.gilbert is not None and s.burst is not None:
             u = np.stack([d.uniform(BURST, step, keys), d.uniform(BURST, step, reverse, 1)], 1)
