@@ -5,7 +5,8 @@
 or a wireless scenario), ``baseline`` (an app on another system's runtime: Flower's),
 ``compare`` (runs side by side), ``certs`` (a fleet's TLS certificates) and ``compose`` (a
 compose file for a fleet in containers). Commands import the heavy parts (torch, the fleets,
-Flower) only when they run, so ``--help`` stays fast.
+Flower) only when they run, so ``--help`` stays fast, and check their flags first
+(:mod:`airgossip.cli.early`), so a bad one is answered at once.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class _Flags(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    agents: int = Field(8, ge=1, le=10_000)
+    agents: int = Field(8, ge=1, le=100_000)
     rounds: int = Field(40, ge=1, le=10_000_000)
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"

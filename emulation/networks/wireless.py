@@ -66,13 +66,19 @@ class WirelessRun:
     seed: int
     clock: Clock
     journal: bool = False
+    #: A model and its gossip graphs already made for these nodes (the network's own: the
+    #: preflight's first graph and the fleet then compute step 0 once).
+    shared: tuple[ChannelBase, WirelessTopology] | None = None
     model: ChannelBase = field(init=False)
     topology: WirelessTopology = field(init=False)
     shaper: WirelessLinkShaper = field(init=False)
 
     def __post_init__(self) -> None:
-        self.model = channel_model(self.settings, len(self.ids), self.seed)
-        self.topology = WirelessTopology(self.model, self.ids)
+        if self.shared is not None:
+            self.model, self.topology = self.shared
+        else:
+            self.model = channel_model(self.settings, len(self.ids), self.seed)
+            self.topology = WirelessTopology(self.model, self.ids)
         self.shaper = WirelessLinkShaper(self.model, self.ids, self.clock, journal=self.journal)
 
 
@@ -219,6 +225,16 @@ class WirelessNetwork(Network):
             raise ValueError("a wireless network needs a [wireless] table")
         self.settings: WirelessSettings = config.wireless
         self.ids = agent_ids(config.agents)
+        self._shared: tuple[ChannelBase, WirelessTopology] | None = None
+
+    def _channel(self, ids: list[str]) -> tuple[ChannelBase, WirelessTopology] | None:
+        """The network's model and gossip graphs, made once, for a run of the whole fleet."""
+        if ids != self.ids:
+            return None
+        if self._shared is None:
+            model = channel_model(self.settings, len(self.ids), self.config.seed)
+            self._shared = (model, WirelessTopology(model, self.ids))
+        return self._shared
 
     @property
     def compute_s(self) -> float:
@@ -242,7 +258,9 @@ class WirelessNetwork(Network):
     def first_graph(self) -> Graph:
         self.check_algorithm(Graph("wireless", ()))
         try:
-            run = WirelessRun(self.settings, self.ids, self.config.seed, lambda: 0.0)
+            shared = self._channel(self.ids)
+            run = WirelessRun(self.settings, self.ids, self.config.seed, lambda: 0.0,
+                              shared=shared)  # fmt: skip
             first = run.topology.graph(0.0)
         except (TraceError, ValueError) as err:
             raise ConfigError(f"bad wireless scenario: {err}") from None
@@ -267,7 +285,9 @@ class WirelessNetwork(Network):
         self, ids: list[str], clock: Clock | None = None, *, journal: bool = False
     ) -> WirelessLinks:
         clock = clock or self.wall_clock()
-        return WirelessLinks(WirelessRun(self.settings, ids, self.config.seed, clock, journal))
+        run = WirelessRun(self.settings, ids, self.config.seed, clock, journal,
+                          shared=self._channel(ids))  # fmt: skip
+        return WirelessLinks(run)
 
     def kernel_links(self) -> ChannelKernelLinks:
         return ChannelKernelLinks(ChannelModel(self.settings, self.config.agents, self.config.seed))

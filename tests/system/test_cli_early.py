@@ -16,14 +16,22 @@ from pathlib import Path
 import click
 import pytest
 import typer.main
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from airgossip.cli import app
 from airgossip.cli.choices import registry_names
-from airgossip.cli.early import check_flags
+from airgossip.cli.early import _Flags, _Network, check_flags
 from coordinator.policy import POLICIES
 from edge.tasks import TaskError, resolve_task_factory
-from emulation.config import ConfigError, Settings, load_config, read_scenario
+from emulation.config import (
+    ConfigError,
+    NetworkSettings,
+    RunConfig,
+    Settings,
+    load_config,
+    read_scenario,
+)
 from emulation.fleets import fleet_class
 from emulation.results import FinalFigures, RoundFigures, RunResults
 from emulation.scenario import ScenarioNotFound, scenario_path
@@ -49,6 +57,19 @@ def _raised(call: Callable[[], object], *errors: type[Exception]) -> str:
     raise AssertionError("no error")
 
 
+def _bounds(model: type[BaseModel], field: str) -> dict[str, object]:
+    """The numeric bounds (ge, gt, le, lt) a pydantic field sets."""
+    return {
+        name: getattr(m, name)
+        for m in model.model_fields[field].metadata
+        for name in ("ge", "gt", "le", "lt")
+        if getattr(m, name, None) is not None
+    }
+
+
+MOST_AGENTS = _bounds(RunConfig, "agents")["le"]
+assert isinstance(MOST_AGENTS, int)
+
 #: A valid scenario file the flags override (written by the fixture below).
 SCENARIO = Path(tempfile.gettempdir()) / f"airgossip-early-{os.getpid()}.toml"
 #: A scenario file that is not TOML.
@@ -60,7 +81,7 @@ CASES: list[tuple[list[str], Callable[[], str]]] = [
     (["run", "--algorithm", "gossip"], lambda: _settings({"algorithm": "gossip"})),
     (["run", "--compression", "zip"], lambda: _settings({"compression": "zip"})),
     (["run", "--agents", "0"], lambda: _settings({"agents": 0})),
-    (["run", "--agents", "10001"], lambda: _settings({"agents": 10001})),
+    (["run", "--agents", str(MOST_AGENTS + 1)], lambda: _settings({"agents": MOST_AGENTS + 1})),
     (["run", "--rounds", "0", "--seed", "-1"], lambda: _settings({"rounds": 0, "seed": -1})),
     (["run", "--loss", "1"], lambda: _settings({"network": {"loss": 1.0}})),
     (["run", "--loss", "-0.5"], lambda: _settings({"network": {"loss": -0.5}})),
@@ -160,6 +181,17 @@ def test_every_registry_name_passes_the_early_check() -> None:
     flags += [{"agents": 10_000, "rounds": 1, "seed": 0, "device": "cuda", "network": {"loss": 0}}]
     for flag in flags:
         check_flags(flag)  # exits (typer.Exit) if refused
+
+
+@pytest.mark.parametrize("field", ["agents", "rounds", "seed"])
+def test_the_early_bounds_are_the_settings_bounds(field: str) -> None:
+    """The early check's copy of a bound moves with the settings' own (one changed alone
+    fails here, naming the field)."""
+    assert _bounds(_Flags, field) == _bounds(RunConfig, field), field
+
+
+def test_the_early_loss_bounds_are_the_networks() -> None:
+    assert _bounds(_Network, "loss") == _bounds(NetworkSettings, "loss")
 
 
 def test_version_comes_from_the_package_metadata() -> None:
