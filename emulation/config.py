@@ -110,8 +110,10 @@ class RaySettings(BaseModel):
     )
     num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs Ray reserves per agent")
     num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs Ray reserves per agent")
-    placement: Literal["spread", "pack"] = Field(
-        "spread", description="spread the agents over the nodes, or pack them onto few"
+    placement: Literal["spread", "strict-spread", "pack"] = Field(
+        "spread",
+        description="spread the agents over the nodes, one agent per node (strict-spread), "
+        "or pack them onto few",
     )
     max_restarts: int = Field(
         3, ge=-1, description="restarts of an agent's actor whose node died (-1: no limit)"

@@ -2,8 +2,9 @@
 
 ``process`` (OS processes, real gRPC), ``inproc`` (lock step in this process), ``virtual``
 (discrete events on a virtual clock), ``namespaces`` (network namespaces, links shaped by
-the kernel) and ``containers`` (Docker containers, each agent shaping its own links in the
-kernel), registered by mode in :mod:`.registry`; :mod:`.agent_fleet` is the base of the
+the kernel), ``containers`` (Docker containers, each agent shaping its own links in the
+kernel) and ``ray`` (Ray actors across a Ray cluster: :mod:`.ray_fleet`, :mod:`.ray_cluster`),
+registered by mode in :mod:`.registry`; :mod:`.agent_fleet` is the base of the
 process-based fleets and :mod:`.processes` their group of agent processes; :mod:`.run`
 checks a run and carries it to ``results.json`` (written by :mod:`emulation.runtime`).
 """

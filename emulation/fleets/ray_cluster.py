@@ -14,7 +14,7 @@ from emulation.fleets.base import FleetError
 from emulation.runtime.ray_agent import CheckpointStore, RayAgent, RayAgentSpec
 
 #: Placement group strategies by ``[ray] placement``.
-STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
+STRATEGIES = {"spread": "SPREAD", "strict-spread": "STRICT_SPREAD", "pack": "PACK"}
 #: Longest wait for the cluster to find room for every agent.
 PLACE_TIMEOUT_S = 120.0
 #: Longest wait for one call on every actor at the end of a run.
@@ -153,11 +153,13 @@ class RayCluster:
         import ray
 
         refs = {agent_id: getattr(actor, method).remote() for agent_id, actor in actors.items()}
+        # One deadline for all: actors that are gone or stuck do not add up.
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=CALL_TIMEOUT_S)
         out: dict[str, object] = {}
         for agent_id, ref in refs.items():
             try:
-                out[agent_id] = ray.get(ref, timeout=CALL_TIMEOUT_S)
-            except Exception as err:  # a dead or restarting actor: its answer is the error
+                out[agent_id] = ray.get(ref, timeout=0.1)
+            except Exception as err:  # a dead, restarting or stuck actor: the error
                 out[agent_id] = err
         return out
 

@@ -5,7 +5,8 @@ Every agent is a :class:`~emulation.runtime.ray_agent.RayAgent` actor running th
 as the process mode, listening on its node's address, shaping its links in the agent. The
 fleet connects to the cluster of ``[ray] address`` (``auto``, ``ray://...``, ``host:port``)
 or, with none, starts a local Ray on loopback; it places the agents with a placement group
-(``spread``: one bundle per agent spread over the nodes; ``pack``: as few nodes as fit),
+(``spread``: one bundle per agent spread over the nodes; ``strict-spread``: each agent on
+a node of its own; ``pack``: as few nodes as fit),
 starts the coordinator on the driver's node address, issues the run's certificates and hands
 each actor only its own key. Ray restarts an actor whose node dies (``max_restarts``), and
 the agent resumes from its newest checkpoint (shared storage, or the checkpoint store actor)

@@ -28,6 +28,8 @@ def test_ray_table_is_read_with_defaults_for_what_it_omits(tmp_path: Path) -> No
     assert (plain.address, plain.placement, plain.max_restarts, plain.checkpoints) == (
         None, "spread", 3, None,
     )  # fmt: skip
+    strict = load_config(None, {"ray": {"placement": "strict-spread"}}).ray
+    assert strict.placement == "strict-spread"
     assert FLEETS["ray"] is ray_fleet.RayFleet and FLEETS["ray"].serves_metrics
 
 

@@ -42,7 +42,7 @@ def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
                     after.append(actors)
 
         ray = {"address": cluster.address, "placement": "spread", "checkpoint_interval_s": 0.5}
-        config = load_config(None, {"mode": "ray", "agents": 6, "rounds": 150, "ray": ray})
+        config = load_config(None, {"mode": "ray", "agents": 6, "rounds": 250, "ray": ray})
         fleets: list[Fleet] = []
         run_fleet(config, out, on_progress=remove_at_round, on_start=fleets.append)
         assert removed.is_set() and after, "the removed node's agents never ran again"
