@@ -4,7 +4,7 @@ Rows (the targets of issue 18):
 
 * 1,000 agents x 100 rounds, lte-urban, consensus, virtual clock: < 15 s and < 2 GB;
 * 10,000 agents x 20 rounds, lte-urban (the channel model over the links in range): < 3 min
-  and < 8 GB;
+  and < 8 GB; and the same over an area scaled to lte-urban's density at 1,000: reported;
 * 100,000 agents x 10 rounds, consensus on a static lossy graph (no channel model, the
   lock-step in-process driver): < 10 min and < 16 GB;
 * 100,000 agents x 10 rounds, lte-urban with its area scaled to keep its density: reported;
@@ -52,6 +52,9 @@ def _rows(quick: bool) -> list[Row]:
             ("--agents", "1000", "--rounds", "100", "--baseline-rounds", "3", *lte), 15.0, 2.0),
         Row("scale 10,000", "10,000 agents x 20 rounds, lte-urban: < 3 min and < 8 GB",
             ("--agents", "10000", "--rounds", "20", "--baseline-rounds", "1", *lte), 180.0, 8.0),
+        Row("scale 10,000 at its density", "10,000 agents x 20 rounds, lte-urban over a 6.3 km "
+            "square (its density at 1,000): reported", ("--agents", "10000", "--rounds", "20",
+            "--baseline-rounds", "1", "--area-scale", "3.1623", *lte), None, None),
         Row("scale 100,000 static", "100,000 agents x 10 rounds, consensus, static lossy "
             "graph: < 10 min and < 16 GB", ("--agents", "100000", "--rounds", "10",
             "--network", "static", "--topology", "exponential", "--loss", "0.05"), 600.0, 16.0),
