@@ -55,6 +55,10 @@ CHANNEL_OPTIONS = [
 
 T = TypeVar("T")
 
+#: How often a finished agent asks whether the run is complete (a coordinator that ends a
+#: run keeps answering a little longer than this).
+STATUS_POLL_S = 1.0
+
 
 class CoordinatorError(RuntimeError):
     """The coordinator refused this agent (wrong token, full fleet, different task...)."""

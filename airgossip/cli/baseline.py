@@ -69,6 +69,7 @@ def flower(
 ) -> None:
     """Run a Flower app on Flower's simulation engine with its own ServerApp (FedAvg for a
     quickstart app): the centralized baseline of a serverless run."""
+    check_baseline_flags(app, agents, rounds, client_cpus)
     ensure_simulation_engine()
     from emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
     from emulation.config import ConfigError
@@ -111,6 +112,25 @@ def flower(
     ):  # fmt: skip
         table.add_row(key, value)
     console.print(table)
+
+
+def check_baseline_flags(app: str, agents: int, rounds: int | None, client_cpus: float) -> None:
+    """What the flags alone say is wrong, in the baseline's own words, before Flower, Ray or
+    torch is imported (or installed)."""
+    if agents < 1:
+        fail(f"agents must be at least 1, got {agents}")
+    if rounds is not None and rounds < 1:
+        fail(f"rounds must be at least 1, got {rounds}")
+    if not client_cpus > 0:
+        fail(f"client CPUs must be positive, got {client_cpus}")
+    folder = Path(app)
+    if ":" not in app and not folder.is_dir():
+        fail(f"flower app '{app}' is neither a folder nor module:attr of a ClientApp")
+    if folder.is_dir() and not (folder / "pyproject.toml").is_file():
+        fail(
+            f"flower app '{app}' has no pyproject.toml (a Flower app project, as `flwr new` "
+            "makes one, or module:attr of a ClientApp)"
+        )
 
 
 def following_total(display: ProgressDisplay) -> Callable[[FleetProgress], None]:

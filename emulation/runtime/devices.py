@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from coordinator.client import STATUS_POLL_S
 from coordinator.membership import FleetView, LivenessSettings
 from coordinator.policy import POLICIES, TopologySpec
 from coordinator.run import RunSpec
@@ -195,9 +196,15 @@ class DeviceRun:
         """Write the run's results from the round records the agents reported and stop the
         coordinator; None (nothing written) when no agent reported a round."""
         server = self._server()
+        complete_at = time.monotonic()
         try:
             return self._collect(server, interrupted)
         finally:
+            if not interrupted:
+                # Agents that finished first ask every STATUS_POLL_S whether the run is
+                # complete: answer them (twice over) before going, or they leave believing
+                # the coordinator gone.
+                time.sleep(max(0.0, complete_at + 2 * STATUS_POLL_S - time.monotonic()))
             server.stop()
 
     def _collect(self, server: CoordinatorServer, interrupted: bool) -> RunResults | None:

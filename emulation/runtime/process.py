@@ -24,7 +24,7 @@ from types import FrameType
 import grpc
 import torch
 
-from coordinator.client import CoordinatorClient, CoordinatorError, RunInfo
+from coordinator.client import STATUS_POLL_S, CoordinatorClient, CoordinatorError, RunInfo
 from edge.agent import Agent, build_agent
 from edge.agent.checkpoints import CheckpointStore
 from edge.agent.lineage import new_incarnation
@@ -374,7 +374,7 @@ def _linger(
     )  # fmt: skip
     deadline = time.monotonic() + options.linger_s
     waiting = WaitReporter(agent_id, f"the rest of run {run.run_id} to finish")
-    while not stop.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+    while not stop.wait(min(STATUS_POLL_S, max(0.0, deadline - time.monotonic()))):
         status = client.run_status()
         if status is None or status.complete:
             log.info(

@@ -24,6 +24,9 @@ from airgossip.cli.choices import registry_names
 from airgossip.cli.early import _Flags, _Network, check_flags
 from coordinator.policy import POLICIES
 from edge.tasks import TaskError, resolve_task_factory
+from edge.tasks.flower import FlowerAppError, load_flower_app
+from emulation.baselines.flower import FlowerBaseline
+from emulation.baselines.flower import _check as check_baseline
 from emulation.config import (
     ConfigError,
     NetworkSettings,
@@ -117,6 +120,27 @@ CASES: list[tuple[list[str], Callable[[], str]]] = [
     ),
     (["agent"], lambda: "give exactly one of --coordinator HOST:PORT or --peers FILE"),
     (["compare", "no-such-run"], lambda: "no-such-run/results.json does not exist"),
+    (
+        ["baseline", "flower", "no-such-app"],
+        lambda: _raised(lambda: load_flower_app("no-such-app"), FlowerAppError),
+    ),
+    (
+        ["baseline", "flower", "protos"],
+        lambda: _raised(lambda: load_flower_app("protos"), FlowerAppError),
+    ),
+    (
+        ["baseline", "flower", "examples/flower-digits", "--agents", "0"],
+        lambda: _raised(
+            lambda: check_baseline(FlowerBaseline("examples/flower-digits", agents=0)), ConfigError
+        ),
+    ),
+    (
+        ["baseline", "flower", "examples/flower-digits", "--client-cpus", "0"],
+        lambda: _raised(
+            lambda: check_baseline(FlowerBaseline("examples/flower-digits", client_cpus=0.0)),
+            ConfigError,
+        ),
+    ),
     (
         ["run", "--config", "missing.toml"],
         lambda: _raised(lambda: read_scenario(Path("missing.toml")), ConfigError),
