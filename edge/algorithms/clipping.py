@@ -70,6 +70,18 @@ def cs_plus_radius(distances: Sequence[float], weights: Sequence[float], insider
     return radius
 
 
+def cs_plus_never_mixes(weights: Sequence[float], byzantine: int) -> bool:
+    """Whether :func:`cs_plus_radius` is 0 for an agent with these neighbour weights however
+    far its neighbours stand: the radius can only be positive when the nearest neighbour lies
+    outside the ``2 * insider`` farthest weight, and the lightest neighbour is the likeliest
+    to, so it is tried as the nearest. False without neighbours or with ``byzantine`` 0."""
+    if not weights or byzantine <= 0:
+        return False
+    lightest = min(range(len(weights)), key=lambda j: weights[j])
+    distances = [1.0 if j == lightest else 2.0 for j in range(len(weights))]
+    return cs_plus_radius(distances, weights, insider_weight(weights, byzantine)) == 0.0
+
+
 def clip_scale(distance: float, radius: float) -> float:
     """Factor that brings a vector of norm ``distance`` within ``radius`` (1 when inside)."""
     if distance <= radius:

@@ -19,16 +19,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.algorithms.clipping import (
     clip_scale,
+    cs_plus_never_mixes,
     cs_plus_radius,
     insider_weight,
     self_centred_radius,
 )
 from edge.algorithms.dpsgd import DPSGD
+from edge.topology.graphs import Graph
+from edge.topology.mixing import metropolis_hastings
 
 
 class ClippedGossipOptions(BaseModel):
@@ -124,3 +128,18 @@ class CSPlusGossip(_ClippedMix):
     def radius(self, distances: list[float], weights: list[float]) -> float:
         insider = insider_weight(weights, self._opts.byzantine)
         return cs_plus_radius(distances, weights, insider)
+
+
+def cs_plus_never_mixing(graph: Graph, byzantine: int) -> list[int]:
+    """The nodes of undirected ``graph`` that CS+-RG with ``byzantine`` never lets mix: in
+    every phase where they have neighbours, those neighbours' Metropolis–Hastings weight is
+    too small beside twice the insiders' (:func:`cs_plus_never_mixes`), so the radius is 0
+    whatever the models. Nodes without neighbours in any phase are not listed."""
+    stranded = []
+    matrices = [(a, metropolis_hastings(a)) for a in graph.phases]
+    for i in range(graph.n):
+        rows = [[float(w[i, j]) for j in np.flatnonzero(a[i])] for a, w in matrices]
+        rows = [r for r in rows if r]
+        if rows and all(cs_plus_never_mixes(r, byzantine) for r in rows):
+            stranded.append(i)
+    return stranded

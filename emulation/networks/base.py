@@ -18,6 +18,7 @@ A network never knows which fleet runs it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -31,12 +32,16 @@ import numpy as np
 from coordinator.policy import TopologySpec
 from edge.agent import Agent
 from edge.algorithms import algorithm_class
+from edge.algorithms.robust import CSPlusOptions, cs_plus_never_mixing
+from edge.config.identity import agent_id
 from edge.observability.stats import RoundRecord, StatsSink
 from edge.observability.telemetry import LinkFigures
 from edge.topology import Assignment, Graph, TopologySwitcher
 from edge.transport.base import LinkShaper
 from emulation.config import ConfigError, RunConfig
 from emulation.results import ResolvedFigures, RunResults
+
+log = logging.getLogger(__name__)
 
 #: Seconds since the scenario's t = 0 (a wall clock or a virtual one).
 Clock = Callable[[], float]
@@ -139,6 +144,7 @@ class Network(ABC):
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.scheme = algorithm_class(config.algorithm).mixing
+        self._told_cs_plus = False
 
     @property
     def round_driven(self) -> bool:
@@ -190,6 +196,40 @@ class Network(ABC):
                 f"algorithm '{config.algorithm}' needs an undirected graph; topology "
                 f"'{config.topology}' is directed (use ring, complete, or a symmetric edge list)"
             )
+        if config.algorithm == "cs-plus-gossip" and graph.phases:
+            self._check_cs_plus(graph)
+
+    def _check_cs_plus(self, graph: Graph) -> None:
+        """CS+-RG's radius is 0 for an agent whose neighbours hold no more than twice the
+        insiders' weight: refuse a graph where no agent can ever mix, warn (once) naming the
+        agents that cannot on one where some can. With a ``[switching]`` schedule only the
+        first graph is looked at, so it only warns."""
+        byzantine = CSPlusOptions.model_validate(self.config.algorithm_options).byzantine
+        stranded = cs_plus_never_mixing(graph, byzantine)
+        if not stranded:
+            return
+        degrees = graph.union().sum(axis=1)
+        linked = int((degrees > 0).sum())
+        counts = ", ".join(str(d) for d in sorted({int(degrees[i]) for i in stranded}))
+        head = f"cs-plus-gossip with byzantine={byzantine}"
+        advice = "give a denser topology or a smaller byzantine"
+        if len(stranded) == linked and self.config.switching is None:
+            raise ConfigError(
+                f"{head}: no agent can ever mix on '{self.config.topology}' (each has too few "
+                f"neighbours ({counts}) for a clipping radius above 0); {advice}"
+            )
+        if self._told_cs_plus:
+            return
+        self._told_cs_plus = True
+        names = [agent_id(i) for i in stranded]
+        if len(names) > 10:
+            names = [*names[:10], f"and {len(names) - 10} more"]
+        who = "agent %s has" if len(stranded) == 1 else "agents %s have"
+        log.warning(
+            "%s: " + who + " too few neighbours (%s) to ever mix (clipping radius always 0: "
+            "local training only)%s; %s", head, ", ".join(names), counts,
+            " on the first graph" if self.config.switching is not None else "", advice,
+        )  # fmt: skip
 
     # -- during the run ---------------------------------------------------------------------
     @abstractmethod

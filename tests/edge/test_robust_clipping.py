@@ -10,6 +10,7 @@ import torch
 from edge.algorithms import ALGORITHMS, create_algorithm
 from edge.algorithms.clipping import (
     clip_scale,
+    cs_plus_never_mixes,
     cs_plus_radius,
     insider_weight,
     self_centred_radius,
@@ -65,3 +66,13 @@ def test_robust_push_sum_checkpoints_what_it_holds_back() -> None:
     torch.testing.assert_close(x2, x)
     assert y2 == pytest.approx(y)
     assert float(resumed.estimate().abs().max()) == 0.0  # nothing of it absorbed yet
+
+
+def test_cs_plus_never_mixes_when_twice_the_insiders_outweigh_the_rest() -> None:
+    assert cs_plus_never_mixes([1 / 3, 1 / 3], 1)  # a ring: kept weight 0
+    assert cs_plus_never_mixes([1 / 9, 1 / 6, 1 / 5], 1)  # degree 3 beside degrees 8, 5, 4
+    assert not cs_plus_never_mixes([1 / 9, 1 / 9, 1 / 9], 1)  # the lightest can be nearest
+    assert not cs_plus_never_mixes([1 / 3, 1 / 3], 0)
+    assert not cs_plus_never_mixes([], 1)
+    assert not cs_plus_never_mixes([0.1] * 5, 2)  # 5 neighbours, 2 insiders: one kept
+    assert cs_plus_never_mixes([0.1] * 4, 2)
