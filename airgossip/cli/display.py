@@ -50,6 +50,10 @@ def fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+#: Seconds after which a run's progress also says its pace and what is left.
+LONG_RUN_S = 20.0
+
+
 class ProgressDisplay:
     """A progress bar of a fleet's slowest round (a line every few seconds when the output
     is not a terminal)."""
@@ -92,15 +96,16 @@ class ProgressDisplay:
             console.print(line, markup=False, highlight=False)
 
     def _pace(self, p: FleetProgress) -> str:
-        """Messages a second, the emulated clock and what is left, for long runs."""
+        """Messages a second, the emulated clock and what is left, once a run has taken
+        :data:`LONG_RUN_S`."""
         now = time.monotonic()
         if self._started is None:
             self._started = (now, p.slowest_round, p.messages_sent)
             return ""
         began, first_round, first_messages = self._started
         spent = now - began
-        if spent <= 0 or p.slowest_round <= first_round:
-            return ""
+        if spent < LONG_RUN_S or p.slowest_round <= first_round:
+            return ""  # a short run's bar keeps to the rounds and losses (80 columns)
         pace = f" · {(p.messages_sent - first_messages) / spent:,.0f} msgs/s"
         if p.emulated_s is not None:
             pace += f" · emulated {p.emulated_s:.1f} s"

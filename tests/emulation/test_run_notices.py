@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airgossip.cli.display import ProgressDisplay
+from airgossip.cli.display import LONG_RUN_S, ProgressDisplay
 from emulation.config import Settings, load_config, read_scenario
 from emulation.fleets import run_fleet
 from emulation.fleets.base import FleetProgress
@@ -38,10 +38,13 @@ def test_progress_shows_messages_a_second_the_emulated_clock_and_what_is_left() 
     assert display._pace(first) == ""  # the first report starts the clock
     assert display._started is not None
     began, _, _ = display._started
-    display._started = (began - 2.0, 1, 100)  # as if two seconds went by
     later = FleetProgress(agents=4, rounds_total=10, registered=4, slowest_round=3,
                           messages_sent=300, emulated_s=1.5)  # fmt: skip
+    display._started = (began - 2.0, 1, 100)  # as if two seconds went by: a short run
+    assert display._pace(later) == ""  # its bar keeps to rounds and losses
+    spent = LONG_RUN_S + 2
+    display._started = (began - spent, 1, 100)  # a long run
     pace = display._pace(later)
     assert "msgs/s" in pace and "emulated 1.5 s" in pace
     left = float(pace.split("about ")[1].split(" s left")[0])
-    assert 6.5 <= left <= 8.0  # 2 s for 2 rounds, 7 rounds to go
+    assert 3.4 * spent <= left <= 3.6 * spent  # `spent` for 2 rounds, 7 rounds to go
