@@ -12,5 +12,6 @@
 * :mod:`tests.support.tls`: the test session's certificate authority and its identities;
 * :mod:`tests.support.agents`: agents in this process serving real gRPC (pairs, a consensus
   fleet under attack, pushes with a chosen certificate), a hand-moved clock, an event recorder;
-* :mod:`tests.support.prometheus`: promtool's verdict on an exposition.
+* :mod:`tests.support.prometheus`: promtool's verdict on an exposition, and Debian's
+  Prometheus scraping what a test names (rules evaluated every second).
 """

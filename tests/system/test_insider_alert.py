@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,9 +38,8 @@ from edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transp
 from edge.transport.grpc_transport import GrpcTransport
 from tests.support.agents import refused
 from tests.support.cli import ROOT
-from tests.support.processes import free_port
+from tests.support.prometheus import Prometheus
 from tests.support.tls import credentials
-from tests.system.test_observability import Prometheus
 
 pytestmark = pytest.mark.slow
 
@@ -164,27 +162,6 @@ def fleets() -> Iterator[tuple[WatchedFleet, WatchedFleet]]:
         clean.close()
 
 
-class RulingPrometheus(Prometheus):
-    """Debian's Prometheus scraping and evaluating ``rules`` every second."""
-
-    def __init__(self, tmp: Path, scrape_configs: str, rules: Path) -> None:
-        binary = shutil.which("prometheus")
-        assert binary, "prometheus is missing: `./scripts/install --dev` installs Debian's package"
-        self.port = free_port()
-        config = tmp / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-            f"rule_files: ['{rules}']\nscrape_configs:\n{scrape_configs}"
-        )
-        self.log = tmp / "prometheus.log"
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-
-
 def firing(prometheus: Prometheus) -> list[dict[str, str]]:
     """Labels of every firing alert."""
     alerts = prometheus.get("/api/v1/alerts")["data"]["alerts"]
@@ -233,7 +210,7 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
     rules = tmp_path / "alerts.yml"
     shutil.copy(ROOT / "deploy" / "prometheus" / "alerts.yml", rules)
     scrape = attacked.scrape_config() + clean.scrape_config()
-    prometheus = RulingPrometheus(tmp_path, scrape, rules)
+    prometheus = Prometheus(tmp_path, scrape, rules=rules)
     try:
         deadline = time.monotonic() + 30
         while not prometheus.ready():

@@ -7,7 +7,6 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import ssl
@@ -26,7 +25,7 @@ import pytest
 from tests.support.cli import ROOT
 from tests.support.local_fleet import LocalFleet
 from tests.support.processes import free_port
-from tests.support.prometheus import promtool_check
+from tests.support.prometheus import Prometheus, fleet_scrape_configs, promtool_check
 from tests.support.tls import credentials_folder
 
 pytestmark = pytest.mark.slow
@@ -46,67 +45,6 @@ def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
         fleet.close()
 
 
-class Prometheus:
-    """Debian's Prometheus with its own config and storage, on a loopback port."""
-
-    def __init__(self, tmp: Path, coordinator_metrics: str, scrape_configs: str = "") -> None:
-        binary = shutil.which("prometheus")
-        assert binary, "prometheus is missing: `./scripts/install --dev` installs Debian's package"
-        self.port = free_port()
-        config = tmp / "prometheus.yml"
-        config.write_text(
-            "global:\n"
-            "  scrape_interval: 1s\n"
-            "  scrape_timeout: 1s\n"
-            "scrape_configs:\n"
-            + (
-                scrape_configs
-                or "  - job_name: airgossip-coordinator\n"
-                "    static_configs:\n"
-                f"      - targets: ['{coordinator_metrics}']\n"
-                "  - job_name: airgossip-agents\n"
-                "    http_sd_configs:\n"
-                f"      - url: http://{coordinator_metrics}/sd\n"
-                "        refresh_interval: 1s\n"
-            )
-        )
-        self.log = tmp / "prometheus.log"
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-
-    def get(self, path: str, **params: str) -> Any:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        url = f"http://127.0.0.1:{self.port}{path}{query}"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return json.loads(reply.read())
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        answer = self.get("/api/v1/query", query=promql)
-        assert answer["status"] == "success", answer
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2):
-                return True
-        except OSError:
-            assert self.process.poll() is None, self.log.read_text()
-            return False
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as reply:
         text: str = reply.read().decode()
@@ -120,7 +58,7 @@ def test_prometheus_discovers_the_fleet_and_answers_promql(
         lambda: all(fleet.round_of(i) >= 4 for i in range(AGENTS)), 240, "every agent to train"
     )
     coordinator = f"127.0.0.1:{fleet.metrics_port}"
-    prometheus = Prometheus(tmp_path, coordinator)
+    prometheus = Prometheus(tmp_path, fleet_scrape_configs(coordinator))
     try:
         fleet.wait(prometheus.ready, 60, "Prometheus to be ready")
 
@@ -281,7 +219,7 @@ def test_prometheus_scrapes_a_fleet_behind_tls_and_basic_auth_while_idle_connect
         return "".join(f"{indent}{line}\n" for line in lines)
 
     prometheus = Prometheus(
-        tmp_path, coordinator,
+        tmp_path,
         "  - job_name: airgossip-coordinator\n    scheme: https\n"
         + access("coordinator", "    ")
         + f"    static_configs:\n      - targets: ['{coordinator}']\n"
