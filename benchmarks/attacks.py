@@ -25,11 +25,8 @@ import numpy as np
 import torch
 
 from benchmarks.suite import Context, Outcome
-from emulation.attacks import ATTACKS, arm, place_insiders
+from emulation.attacks import ATTACKS, fleet_with_insiders, place_insiders
 from emulation.config import load_config
-from emulation.fleets import preflight
-from emulation.fleets.inproc import InProcessFleet
-from emulation.networks import network_for
 
 AGENTS = 16
 ROUNDS = 40
@@ -79,14 +76,10 @@ def run_cell(
         "topology": "edges", "edges": [list(e) for e in edges], "network": {"loss": 0.1},
         "eval_every": ROUNDS,
     })  # fmt: skip
-    preflight(config)
-    network = network_for(config)
-    fleet = InProcessFleet(config, network)
-    liars: tuple[int, ...] = ()
-    if attack is not None:
-        insiders = place_insiders(attack, count, network.first_graph(), SEED)
-        liars = insiders.indices
-        fleet.after_build = arm(insiders, network.first_graph())
+    fleet, liars = fleet_with_insiders(
+        config,
+        None if attack is None else lambda graph: place_insiders(attack, count, graph, SEED),
+    )
     started = time.monotonic()
     fleet.run()
     seconds = time.monotonic() - started

@@ -37,6 +37,9 @@ from edge.agent import Agent
 from edge.algorithms import GossipAlgorithm, Payload
 from edge.topology.graphs import Graph
 from edge.topology.mixing import Phase
+from emulation.config import RunConfig
+from emulation.fleets import preflight
+from emulation.fleets.inproc import InProcessFleet
 
 ATTACKS = ("huge", "sign-flip", "alie", "dissensus", "hub-dissensus")
 HUGE = 1e6
@@ -136,3 +139,17 @@ def arm(insiders: Insiders, graph: Graph) -> Callable[[list[Agent]], None]:
             setattr(algorithm, "share", forger.share)  # noqa: B010
 
     return hook
+
+
+def fleet_with_insiders(
+    config: RunConfig, choose: Callable[[Graph], Insiders] | None
+) -> tuple[InProcessFleet, tuple[int, ...]]:
+    """An in-process fleet of ``config``, checked as every run is (its network built once),
+    whose insiders (``choose`` picks them on the run's first graph) forge; and their indices."""
+    network = preflight(config).network
+    fleet = InProcessFleet(config, network)
+    if choose is None:
+        return fleet, ()
+    insiders = choose(network.first_graph())
+    fleet.after_build = arm(insiders, network.first_graph())
+    return fleet, insiders.indices

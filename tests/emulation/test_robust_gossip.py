@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from emulation.attacks import Insiders, arm, place_insiders
+from emulation.attacks import Insiders, fleet_with_insiders, place_insiders
 from emulation.config import ConfigError, load_config
 from emulation.fleets import preflight
 from emulation.fleets.inproc import InProcessFleet
@@ -32,13 +32,9 @@ def consensus_fleet(
         "topology": topology, "algorithm": algorithm, "algorithm_options": options or {},
         "network": {"loss": 0.1}, "seed": 1,
     })  # fmt: skip
-    preflight(config)
-    network = network_for(config)
-    fleet = InProcessFleet(config, network)
-    liars: tuple[int, ...] = ()
-    if attack is not None:
-        liars = (INSIDER,)
-        fleet.after_build = arm(Insiders(attack, liars), network.first_graph())
+    fleet, liars = fleet_with_insiders(
+        config, None if attack is None else lambda _graph: Insiders(attack, (INSIDER,))
+    )
     fleet.run()
     return fleet, [i for i in range(agents) if i not in liars]
 
