@@ -38,6 +38,14 @@ def server() -> Iterator[CoordinatorServer]:
     server.stop(grace_s=0)
 
 
+def insider_registration(estimate_length: int = NUMEL) -> coordinator_pb2.RegisterRequest:
+    """agent-1's registration, as the insider sends it."""
+    return coordinator_pb2.RegisterRequest(
+        agent_id="agent-1", address="127.0.0.1:4001", fleet_digest="d1",
+        estimate_length=estimate_length,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def insider(server: CoordinatorServer) -> Iterator[coordinator_pb2_grpc.CoordinatorStub]:
     """agent-1's real certificate, in the hands of whoever took over its device."""
@@ -45,15 +53,7 @@ def insider(server: CoordinatorServer) -> Iterator[coordinator_pb2_grpc.Coordina
     honest.register("127.0.0.1:4000", "d1", model_numel=NUMEL, timeout_s=10)
     channel = dial(server.address, COORDINATOR_IDENTITY, credentials("agent-1"))
     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-    stub.Register(
-        coordinator_pb2.RegisterRequest(
-            agent_id="agent-1",
-            address="127.0.0.1:4001",
-            fleet_digest="d1",
-            estimate_length=NUMEL,
-        ),
-        timeout=5,
-    )
+    stub.Register(insider_registration(), timeout=5)
     honest_reports(honest)
     yield stub
     channel.close()
@@ -130,15 +130,7 @@ def test_every_report_attack_is_refused_with_a_status_and_nothing_is_kept(
     assert back.code() == grpc.StatusCode.FAILED_PRECONDITION and "only move forward" in (
         back.details() or ""
     )
-    insider.Register(
-        coordinator_pb2.RegisterRequest(
-            agent_id="agent-1",
-            address="127.0.0.1:4001",
-            fleet_digest="d1",
-            estimate_length=NUMEL,
-        ),
-        timeout=5,
-    )
+    insider.Register(insider_registration(), timeout=5)
     again = insider.Report(
         coordinator_pb2.ReportRequest(agent_id="agent-1", rounds=[report(4, wall_s=9.0)]),
         timeout=5,
@@ -150,15 +142,7 @@ def test_every_report_attack_is_refused_with_a_status_and_nothing_is_kept(
         (5000, grpc.StatusCode.INVALID_ARGUMENT),
     ):
         with pytest.raises(grpc.RpcError) as info:
-            insider.Register(
-                coordinator_pb2.RegisterRequest(
-                    agent_id="agent-1",
-                    address="127.0.0.1:4001",
-                    fleet_digest="d1",
-                    estimate_length=length,
-                ),
-                timeout=5,
-            )
+            insider.Register(insider_registration(length), timeout=5)
         assert info.value.code() == code
 
     records = server.round_records()
