@@ -21,11 +21,41 @@ from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord
+from edge.security.tls import TlsCredentials
 from emulation.config import RunConfig
 from emulation.fleets.base import FleetBase, Launch
 from emulation.fleets.processes import AgentHost, AgentProcesses
 from emulation.networks import LinkRuntime, Network
 from emulation.runtime.folder import RunFolder
+
+
+def start_embedded_coordinator(
+    fleet: FleetBase,
+    listen: str,
+    security: TlsCredentials | None,
+    links: LinkRuntime | None,
+    metrics_note: str = "",
+) -> tuple[CoordinatorServer, str]:
+    """Start the coordinator a fleet embeds on ``listen`` (its metrics where the launch asks,
+    said to the launcher with ``metrics_note``; ``links`` switched by round when the network
+    changes by round); the server and the address agents dial."""
+    assert fleet.launch is not None
+    coordinator = CoordinatorServer(
+        expected=fleet.config.agents,
+        topology=fleet.network.topology(),
+        listen=listen,
+        metrics_listen=fleet.launch.coordinator_metrics_listen,
+        security=security,
+        run=RunSpec(scenario=fleet.config.model_dump(mode="json"), rounds=fleet.config.rounds),
+        switcher=links.switcher if links is not None else None,
+    )
+    address = coordinator.start()
+    if coordinator.metrics_address:
+        fleet.launch.notice(
+            f"fleet metrics at http://{coordinator.metrics_address}/metrics "
+            f"(service discovery /sd, fleet /fleet{metrics_note})"
+        )
+    return coordinator, address
 
 
 class AgentProcessFleet(FleetBase):
@@ -76,21 +106,9 @@ class AgentProcessFleet(FleetBase):
     def start_coordinator(self, listen: str, *, metrics_note: str = "") -> str:
         """Start the embedded coordinator on ``listen`` (its metrics where the launch asks,
         said to the launcher with ``metrics_note``); return the address agents dial."""
-        self.coordinator = CoordinatorServer(
-            expected=self.config.agents,
-            topology=self.network.topology(),
-            listen=listen,
-            metrics_listen=self.launch.coordinator_metrics_listen,
-            security=self.agents.coordinator_credentials(),
-            run=RunSpec(scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds),
-            switcher=self._links.switcher if self._links is not None else None,
+        self.coordinator, address = start_embedded_coordinator(
+            self, listen, self.agents.coordinator_credentials(), self._links, metrics_note
         )
-        address = self.coordinator.start()
-        if self.coordinator.metrics_address:
-            self.launch.notice(
-                f"fleet metrics at http://{self.coordinator.metrics_address}/metrics "
-                f"(service discovery /sd, fleet /fleet{metrics_note})"
-            )
         return address
 
     def stop(self) -> None:

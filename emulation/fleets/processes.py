@@ -221,9 +221,7 @@ class AgentProcesses:
         """The embedded coordinator's credentials (None for an insecure run)."""
         if not self.secure:
             return None
-        return TlsCredentials.load(
-            self.folder.credentials(COORDINATOR_IDENTITY), COORDINATOR_IDENTITY
-        )
+        return self.folder.load_credentials(COORDINATOR_IDENTITY)
 
     def command(self, index: int, agent_id: str, own: AgentCommand) -> AgentCommand:
         """Agent ``index``'s command: ``own`` (how it finds its peers, what else it needs of

@@ -22,12 +22,12 @@ import json
 import time
 from typing import Any
 
-from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord
-from edge.security.tls import CA_CERT, COORDINATOR_IDENTITY, TlsCredentials
+from edge.security.tls import CA_CERT, COORDINATOR_IDENTITY
 from emulation.config import RunConfig
+from emulation.fleets.agent_fleet import start_embedded_coordinator
 from emulation.fleets.base import AgentProgress, FleetBase, FleetError, Launch, fleet_progress
 from emulation.fleets.processes import STALL_TIMEOUT_S
 from emulation.fleets.ray_cluster import RayCluster
@@ -84,27 +84,13 @@ class RayFleet(FleetBase):
         if secure:
             self.folder.issue_credentials([*self.ids, COORDINATOR_IDENTITY])
         port = self.launch.coordinator_listen.rpartition(":")[2]
-        self.coordinator = CoordinatorServer(
-            expected=self.config.agents,
-            topology=self.network.topology(),
-            listen=f"{self.cluster.driver_ip}:{port}",
-            metrics_listen=self.launch.coordinator_metrics_listen,
-            security=(
-                TlsCredentials.load(
-                    self.folder.credentials(COORDINATOR_IDENTITY), COORDINATOR_IDENTITY
-                )
-                if secure
-                else None
-            ),
-            run=RunSpec(scenario=self.config.model_dump(mode="json"), rounds=self.config.rounds),
-            switcher=self._links.switcher if self._links is not None else None,
+        self.coordinator, address = start_embedded_coordinator(
+            self,
+            f"{self.cluster.driver_ip}:{port}",
+            self.folder.load_credentials(COORDINATOR_IDENTITY) if secure else None,
+            self._links,
+            "; /sd lists the actors' metrics",
         )
-        address = self.coordinator.start()
-        if self.coordinator.metrics_address:
-            self.launch.notice(
-                f"fleet metrics at http://{self.coordinator.metrics_address}/metrics "
-                "(service discovery /sd lists the actors' metrics, fleet /fleet)"
-            )
         self.cluster.place()
         shared = self.settings.checkpoints
         root = str(shared.resolve() / self.folder.path.name) if shared is not None else None

@@ -26,7 +26,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from edge.security.certificates import make_authority, make_certificate
-from edge.security.tls import CA_CERT
+from edge.security.tls import CA_CERT, TlsCredentials
 from emulation.config import ConfigError, RunConfig
 
 #: What a run leaves in its output folder: a second run there would mix the two.
@@ -111,6 +111,10 @@ class RunFolder:
     def credentials(self, identity: str) -> Path:
         """The folder of ``identity``'s credentials: ``ca.pem``, its certificate and key."""
         return self.certs_dir / identity
+
+    def load_credentials(self, identity: str) -> TlsCredentials:
+        """``identity``'s credentials, as issued by :meth:`issue_credentials`."""
+        return TlsCredentials.load(self.credentials(identity), identity)
 
     def issue_credentials(self, identities: Iterable[str]) -> None:
         """A throwaway authority (its key only in memory) and a private folder of
