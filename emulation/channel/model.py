@@ -82,20 +82,8 @@ def channel_model(
 
 
 class ChannelModel(ChannelBase):
-    """Per directed link channel state over time for ``n`` nodes, all ``n x n`` links.
-
-    Parameters
-    ----------
-    settings:
-        The ``[wireless]`` table.
-    n:
-        Number of nodes (agents), node ``i`` being agent ``i``.
-    seed:
-        Root of every draw.
-    cache_steps:
-        How many computed steps to keep (at least 2); by default as many as fit in
-        :data:`CACHE_BYTES`, at most 8.
-    """
+    """Per directed link channel state over time for ``n`` nodes, all ``n x n`` links
+    (parameters as :class:`~emulation.channel.base.ChannelBase`'s)."""
 
     def __init__(
         self, settings: WirelessSettings, n: int, seed: int, cache_steps: int | None = None
