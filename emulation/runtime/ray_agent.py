@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.agent.checkpoints import SUFFIX
+from edge.agent.checkpoints import CheckpointStore as AgentCheckpoints
 from edge.security.tls import CA_CERT
 from emulation.runtime.command import AgentCommand
 from emulation.runtime.folder import private_folder
@@ -199,23 +199,23 @@ class RayAgent:
         """Send each new checkpoint the agent writes to the store (one in flight at most)."""
         import ray
 
+        files = AgentCheckpoints(checkpoints, self.spec.agent_id)  # the agent's own, as named
         shipped = None
         pending = None
-        prefix = f"{self.spec.agent_id}-"
         while not self.stopping.wait(SHIP_INTERVAL_S):
-            names = sorted(p.name for p in checkpoints.glob(f"{prefix}*{SUFFIX}"))
-            if not names or names[-1] == shipped:
+            paths = files.paths()
+            if not paths or paths[-1].name == shipped:
                 continue
             if pending is not None:
                 ready, _ = ray.wait([pending], timeout=0)
                 if not ready:
                     continue
             try:
-                data = (checkpoints / names[-1]).read_bytes()
+                data = paths[-1].read_bytes()
             except OSError:  # pruned by the agent meanwhile: the next one will do
                 continue
-            pending = self.store.put.remote(self.spec.agent_id, names[-1], data)
-            shipped = names[-1]
+            pending = self.store.put.remote(self.spec.agent_id, paths[-1].name, data)
+            shipped = paths[-1].name
 
     def state(self) -> RayAgentState:
         """Where the actor runs and how its agent is doing."""
