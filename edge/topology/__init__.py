@@ -1,4 +1,4 @@
-"""Graphs, mixing weights and spectral gap (numpy and networkx only)."""
+"""Graphs, mixing weights and spectral gap (numpy and scipy)."""
 
 from edge.topology.assignment import Assignment, assignments_for_graph, transition
 from edge.topology.graphs import (
@@ -12,9 +12,12 @@ from edge.topology.mixing import (
     Phase,
     column_stochastic,
     metropolis_hastings,
+    mixing_lambda2,
     mixing_matrices,
     node_phases,
     second_largest_eigenvalue,
+    sparse_mixing_matrices,
+    sparse_node_phases,
 )
 from edge.topology.switching import (
     FleetFigures,
@@ -42,10 +45,13 @@ __all__ = [
     "fleet_figures",
     "is_strongly_connected",
     "metropolis_hastings",
+    "mixing_lambda2",
     "mixing_matrices",
     "node_phases",
     "parse_switching",
     "second_largest_eigenvalue",
+    "sparse_mixing_matrices",
+    "sparse_node_phases",
     "switched_assignments",
     "transition",
 ]

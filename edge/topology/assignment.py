@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.topology.graphs import Graph
-from edge.topology.mixing import Phase, mixing_matrices, node_phases, second_largest_eigenvalue
+from edge.topology.mixing import (
+    DENSE_LIMIT,
+    Phase,
+    mixing_matrices,
+    node_phases,
+    second_largest_eigenvalue,
+    sparse_mixing_matrices,
+    sparse_node_phases,
+)
 
 
 @dataclass(frozen=True)
@@ -45,17 +54,32 @@ def assignments_for_graph(
 ) -> dict[str, Assignment]:
     """Every node's :class:`Assignment`; node ``i`` is the ``i``-th id of ``addresses``.
 
-    Each agent's directory holds its in- and out-neighbours over all phases.
+    Each agent's directory holds its in- and out-neighbours over all phases. Above
+    :data:`~edge.topology.mixing.DENSE_LIMIT` nodes the weights are sparse matrices and
+    ``lambda2`` is solved iteratively: linear in the edges, no n x n array.
     """
     ids = list(addresses)
     if len(ids) != graph.n:
         raise ValueError(f"{len(ids)} agents for a graph on {graph.n} nodes")
     position = {agent_id: k for k, agent_id in enumerate(ids)}
-    matrices = mixing_matrices(graph, scheme)
-    lambda2 = second_largest_eigenvalue(matrices)
+    phases: Callable[[int], list[Phase]]
+    if graph.n <= DENSE_LIMIT:
+        matrices = mixing_matrices(graph, scheme)
+        lambda2 = second_largest_eigenvalue(matrices)
+
+        def phases(node: int) -> list[Phase]:
+            return node_phases(graph, ids, node, scheme, matrices=matrices)
+    else:
+        sparse = sparse_mixing_matrices(graph, scheme)
+        lambda2 = second_largest_eigenvalue(sparse)
+        pairs = tuple((w, w.tocsr()) for w in sparse)
+
+        def phases(node: int) -> list[Phase]:
+            return sparse_node_phases(pairs, ids, node)
+
     result = {}
     for node, agent_id in enumerate(ids):
-        schedule = tuple(node_phases(graph, ids, node, scheme, matrices=matrices))
+        schedule = tuple(phases(node))
         known = {p for phase in schedule for p in (*phase.out_weights, *phase.in_neighbours)}
         peers = {p: addresses[p] for p in sorted(known, key=position.__getitem__)}
         result[agent_id] = Assignment(epoch, peers, schedule, lambda2)

@@ -77,13 +77,14 @@ class Graph:
 
 def is_strongly_connected(adjacency: np.ndarray) -> bool:
     """Whether every node can reach every other along directed edges."""
-    import networkx as nx  # imported here: agents that never build graphs skip its import
+    from scipy.sparse import csr_array  # imported here: agents that never build graphs skip it
+    from scipy.sparse.csgraph import connected_components
 
     n = adjacency.shape[0]
     if n == 1:
         return True
-    graph = nx.from_numpy_array(adjacency.astype(np.int8), create_using=nx.DiGraph)
-    return bool(nx.is_strongly_connected(graph))
+    count, _ = connected_components(csr_array(adjacency), directed=True, connection="strong")
+    return bool(count == 1)
 
 
 def _empty(n: int) -> np.ndarray:

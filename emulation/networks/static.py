@@ -26,8 +26,7 @@ from edge.topology import (
     assignments_for_graph,
     build_graph,
     fleet_figures,
-    mixing_matrices,
-    second_largest_eigenvalue,
+    mixing_lambda2,
     switched_assignments,
 )
 from edge.transport.base import LinkVerdict
@@ -268,7 +267,7 @@ class StaticNetwork(Network):
 
     def resolved(self, graph: Graph, runtime: LinkRuntime | None = None) -> ResolvedFigures:
         figures = ResolvedFigures(
-            lambda2=second_largest_eigenvalue(mixing_matrices(graph, self.scheme)),
+            lambda2=mixing_lambda2(graph, self.scheme),
             topology_period=graph.period,
             edges_per_round=graph.edge_count() / graph.period,
         )

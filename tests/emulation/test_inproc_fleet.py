@@ -99,3 +99,18 @@ def test_bad_settings_fail_before_anything_runs(
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         run_fleet(load_config(None, {"mode": "inproc", **settings}), tmp_path)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_ten_thousand_agents_on_a_static_lossy_graph_finish_round_one(tmp_path: Path) -> None:
+    # Sparse mixing weights and an iterative |lambda2| (a dense eigendecomposition of the
+    # 10,000 x 10,000 mixing matrix took over 10 minutes): about 15 s on one core.
+    config = load_config(None, {
+        "mode": "inproc", "task": {"name": "consensus"}, "agents": 10_000,
+        "topology": "exponential", "rounds": 1, "network": {"loss": 0.05},
+    })  # fmt: skip
+    results = run_fleet(config, tmp_path).to_json()
+    final = results["final"]
+    assert final["messages_sent"] == 10_000 * 14  # hops 1, 2, 4, ..., 8192
+    assert 0.04 < final["messages_dropped"] / final["messages_sent"] < 0.06
+    assert results["config"]["lambda2"] == pytest.approx(13 / 15, abs=1e-6)
+    assert results["rounds"][1]["relative_error"] < 1.0
