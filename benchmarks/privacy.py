@@ -1,8 +1,9 @@
 """Privacy with numbers: accuracy against epsilon for every ``[privacy]`` mechanism, the
 cancelling masks against central DP, and what message loss does to the masks' cancellation.
 
-    python -m benchmarks --only privacy          # about 20 minutes on 2 cores
+    python -m benchmarks --only privacy          # about 25 minutes on 2 cores
     python -m benchmarks.privacy                 # the same, markdown on stdout
+    python -m benchmarks.privacy --cancelling    # the cancelling rows only (about 10 minutes)
 
 **The table.** digits, 16 agents, exponential graph, push-sum, 10% message loss, 100
 rounds; epsilon in {1, 3, 8} at delta 1e-5. Every private row trains the same way: one step
@@ -16,7 +17,9 @@ models) after the slash.
 
 **The check.** Cancelling masks within 0.02 of central DP at the same epsilon on a
 loss-free graph (DECOR's claim), on the fleet's average model (what the claim is about)
-and on the agents' own models.
+and on the agents' own models; with epsilon against each adversary of ``[privacy]
+adversary`` (a curious agent, the default; an eavesdropper that is no agent, the model of
+DECOR's experiments), and both again under 10% loss beside central DP there.
 
 **Cancellation under loss.** A linear probe (no training, so a run with masks and one
 without differ by what the masks leave and nothing else): 16 agents, exponential graph,
@@ -40,6 +43,7 @@ import torch
 from benchmarks.suite import Context, Outcome
 from edge.algorithms import PlainPushSum, PushSum
 from edge.config.identity import agent_ids
+from edge.privacy.graph import pair_graph
 from edge.privacy.keys import RunKeyring
 from edge.privacy.masks import PairMasks
 from edge.privacy.plan import FleetGraph
@@ -51,6 +55,8 @@ from emulation.results import summarise
 
 AGENTS, ROUNDS, LR = 16, 100, 2.0
 EPSILONS = (1.0, 3.0, 8.0)
+#: Whom the cancelling mechanism's epsilon is against, as the check compares them.
+ADVERSARIES = ("curious-agent", "eavesdropper")
 MECHANISMS = ("dp-sgd", "network-dp", "cancelling", "central")
 PRIVATE_TASK = {"name": "digits", "lr": LR, "lr_decay_at": 1.0}
 
@@ -90,8 +96,11 @@ def _run(loss: float, privacy: dict[str, Any] | None, task: dict[str, Any]) -> C
                 results.final.privacy_epsilon, seconds, extra)  # fmt: skip
 
 
-def _private(mechanism: str, epsilon: float) -> dict[str, Any]:
-    return {"mechanism": mechanism, "target_epsilon": epsilon, "delta": 1e-5}
+def _private(mechanism: str, epsilon: float, adversary: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"mechanism": mechanism, "target_epsilon": epsilon, "delta": 1e-5}
+    if adversary is not None:
+        out["adversary"] = adversary
+    return out
 
 
 def _cell(cell: Cell) -> str:
@@ -123,16 +132,111 @@ def table(quick: bool) -> tuple[str, dict[str, Any]]:
     return "\n".join(rows), figures
 
 
-def check(quick: bool) -> tuple[list[tuple[float, Cell, Cell]], dict[str, Any]]:
-    """Cancelling masks against central DP on a loss-free graph, at every epsilon."""
+@dataclass(frozen=True)
+class Comparison:
+    """Cancelling masks (epsilon against ``adversary``) and central DP at one epsilon and
+    one loss rate."""
+
+    epsilon: float
+    loss: float
+    adversary: str
+    cancelling: Cell
+    central: Cell
+
+    @property
+    def gap_average(self) -> float:
+        return self.cancelling.average_model - self.central.average_model
+
+    @property
+    def gap_agents(self) -> float:
+        return self.cancelling.accuracy - self.central.accuracy
+
+
+def check(quick: bool, losses: tuple[float, ...] = (0.0,)) -> list[Comparison]:
+    """Cancelling masks against central DP at every epsilon and loss rate, epsilon against
+    each adversary (one central run serves both)."""
     epsilons = EPSILONS[-1:] if quick else EPSILONS
-    pairs = []
-    for e in epsilons:
-        central = _run(0.0, _private("central", e), PRIVATE_TASK)
-        cancelling = _run(0.0, _private("cancelling", e), PRIVATE_TASK)
-        pairs.append((e, cancelling, central))
-    figures = {f"{e:g}": {"cancelling": c.__dict__, "central": z.__dict__} for e, c, z in pairs}
-    return pairs, figures
+    out = []
+    for loss in losses:
+        for e in epsilons:
+            central = _run(loss, _private("central", e), PRIVATE_TASK)
+            for adversary in ADVERSARIES:
+                cancelling = _run(loss, _private("cancelling", e, adversary), PRIVATE_TASK)
+                out.append(Comparison(e, loss, adversary, cancelling, central))
+    return out
+
+
+def check_table(comparisons: list[Comparison]) -> str:
+    rows = ["| loss | ε | ε against | cancelling | central | gap (average model) | "
+            "gap (agents' mean) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in comparisons:
+        cells = f"{_cell(c.cancelling)} | {_cell(c.central)}"
+        gaps = f"{c.gap_average:+.3f} | {c.gap_agents:+.3f}"
+        rows.append(f"| {c.loss:.0%} | {c.epsilon:g} | {c.adversary} | {cells} | {gaps} |")
+    return "\n".join(rows)
+
+
+def check_figures(comparisons: list[Comparison]) -> dict[str, Any]:
+    return {
+        f"{c.loss:g} {c.epsilon:g} {c.adversary}": {
+            "cancelling": c.cancelling.__dict__, "central": c.central.__dict__,
+            "gap_average_model": c.gap_average, "gap_agents_mean": c.gap_agents,
+        }
+        for c in comparisons
+    }  # fmt: skip
+
+
+def noise_table() -> str:
+    """The noise each accounting resolves at every epsilon (no training), and what a curious
+    agent spends at the noise calibrated against the eavesdropper."""
+    from edge.privacy.accounting import OpacusLedger
+    from edge.privacy.graph import cancelling_noise_multiplier
+    from edge.privacy.plan import resolve_noise
+    from edge.privacy.settings import PrivacySettings
+
+    ids = tuple(agent_ids(AGENTS))
+    fleet = FleetGraph.of(build_graph("exponential", AGENTS), ids, "column-stochastic",
+                          static=True)  # fmt: skip
+    pairs = pair_graph(fleet.adjacency)
+    rows = ["| ε | central: curator's σ (per agent) | ε against | independent σ | "
+            "effective σ | a curious agent spends |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for e in EPSILONS:
+        central = resolve_noise(PrivacySettings(**_private("central", e)), rounds=ROUNDS,
+                                num_agents=AGENTS, graph=None)  # fmt: skip
+        for adversary in ADVERSARIES:
+            plan = resolve_noise(PrivacySettings(**_private("cancelling", e, adversary)),
+                                 rounds=ROUNDS, num_agents=AGENTS, graph=fleet)  # fmt: skip
+            curious = cancelling_noise_multiplier(pairs, plan.noise_multiplier,
+                                                  plan.mask_multiplier)  # fmt: skip
+            ledger = OpacusLedger(curious, 1.0, 1e-5, "rdp", "cancelling")
+            ledger.step(ROUNDS)
+            rows.append(
+                f"| {e:g} | {central.accounted_multiplier:.3g} ({central.noise_multiplier:.3g})"
+                f" | {adversary} | {plan.noise_multiplier:.3g} | "
+                f"{plan.accounted_multiplier:.3g} | {ledger.epsilon():.3g} |"
+            )
+    return "\n".join(rows)
+
+
+def mask_ratios(ratios: tuple[float, ...], adversary: str, loss: float = 0.0) -> str:
+    """Cancelling masks of ``ratio`` times the independent noise, epsilon against
+    ``adversary``, at every epsilon: the independent noise each ratio needs and what it
+    reaches (larger masks need less independent noise, and gossip must average them out)."""
+    from edge.privacy.accounting import opacus_noise_multiplier
+    from edge.privacy.graph import cancelling_noise_multiplier
+
+    pairs = pair_graph(build_graph("exponential", AGENTS).phases[0])
+    rows = ["| ε | masks / independent noise | independent noise | masks | cancelling |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for e in EPSILONS:
+        wanted = opacus_noise_multiplier(e, 1e-5, 1.0, ROUNDS, "rdp", "cancelling")
+        for ratio in ratios:
+            sigma = wanted / cancelling_noise_multiplier(pairs, 1.0, ratio, adversary)
+            privacy = {**_private("cancelling", e, adversary), "mask_multiplier": ratio * sigma}
+            cell = _run(loss, privacy, PRIVATE_TASK)
+            rows.append(f"| {e:g} | {ratio:g} | {sigma:.3g} | {ratio * sigma:.3g} | "
+                        f"{_cell(cell)} |")  # fmt: skip
+    return "\n".join(rows)
 
 
 def cancellation_probe(loss: float, algorithm: str, *, masks: bool, by_weight: bool = False,
@@ -193,19 +297,15 @@ def run(ctx: Context) -> list[Outcome]:
     torch.set_num_threads(1)
     began = time.perf_counter()
     accuracy, table_figures = table(ctx.quick)
-    pairs, check_figures = check(ctx.quick)
+    comparisons = check(ctx.quick)
     masks, mask_figures = cancellation(ctx.quick)
-    gaps = [(e, c.average_model - z.average_model, c.accuracy - z.accuracy) for e, c, z in pairs]
-    within = [abs(avg) <= 0.02 for _, avg, _ in gaps]
+    loss_free = [c for c in comparisons if c.loss == 0.0]
     measured = "; ".join(
-        f"ε {e:g}: {c.average_model:.3f} vs {z.average_model:.3f} average model, "
-        f"{c.accuracy:.3f} vs {z.accuracy:.3f} agents' mean"
-        for e, c, z in pairs
+        f"ε {c.epsilon:g} against {c.adversary}: {c.cancelling.average_model:.3f} vs "
+        f"{c.central.average_model:.3f} average model, {c.cancelling.accuracy:.3f} vs "
+        f"{c.central.accuracy:.3f} agents' mean"
+        for c in loss_free
     )
-    check_rows = ["| ε | cancelling | central | gap (average model) | gap (agents' mean) |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-    for (e, c, z), (_, avg, own) in zip(pairs, gaps, strict=True):
-        check_rows.append(f"| {e:g} | {_cell(c)} | {_cell(z)} | {avg:+.3f} | {own:+.3f} |")
     seconds = time.perf_counter() - began
     return [
         Outcome(
@@ -220,9 +320,9 @@ def run(ctx: Context) -> list[Outcome]:
             "cancelling vs central DP",
             "within 0.02 of central DP at the same ε, loss-free (DECOR's claim)",
             measured,
-            all(within),
-            {"table": "\n".join(check_rows), **check_figures},
-            note="on the fleet's average model",
+            all(abs(c.gap_average) <= 0.02 for c in loss_free),
+            {"table": check_table(comparisons), **check_figures(comparisons)},
+            note="on the fleet's average model, against either adversary",
         ),
         Outcome(
             "mask cancellation under loss",
@@ -241,9 +341,28 @@ def run(ctx: Context) -> list[Outcome]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.privacy")
     parser.add_argument("--quick", action="store_true", help="ε = 8 only")
+    only = "only cancelling against central DP, loss-free and at 10%% loss"
+    parser.add_argument("--cancelling", action="store_true", help=only)
+    parser.add_argument("--mask-ratios", metavar="R,R,...",
+                        help="only cancelling with masks of these ratios, loss-free")  # fmt: skip
+    parser.add_argument("--adversary", default="eavesdropper", choices=ADVERSARIES,
+                        help="with --mask-ratios: whom epsilon is against")  # fmt: skip
     args = parser.parse_args()
     from pathlib import Path
 
+    if args.mask_ratios:
+        torch.set_num_threads(1)
+        ratios = tuple(float(r) for r in args.mask_ratios.split(","))
+        print(mask_ratios(ratios, args.adversary))
+        return
+    if args.cancelling:
+        torch.set_num_threads(1)
+        began = time.perf_counter()
+        print(noise_table() + "\n")
+        comparisons = check(args.quick, losses=(0.0, 0.1))
+        print(check_table(comparisons))
+        print(f"\n{time.perf_counter() - began:.0f} s")
+        return
     for outcome in run(Context(quick=args.quick, work=Path("."), venvs=Path("."))):
         print(f"## {outcome.target}\n\n{outcome.measured}\n\n{outcome.figures.get('table', '')}\n")
 

@@ -16,7 +16,12 @@ the pairs). A curious agent ``v`` that also eavesdrops knows the masks of its ow
 covariance is the same over the other agents with ``v``'s pairs removed. Agent ``u``'s
 update then reaches it through a Gaussian mechanism of sensitivity 1 and noise multiplier
 ``1 / sqrt(e_u' Sigma^-1 e_u)``. That holds round by round whatever the losses, since the
-observer is granted every state.
+observer is granted every state. This is the single-round bound of DECOR (Allouah et al.,
+ICML 2024, arXiv 2405.01031: SecLDP, the privacy theorem and its companion accountant,
+``max_i (sigma_cdp^2 I + sigma_cor^2 L_H)^-1_ii`` over the honest agents ``H`` and the
+pairs whose secrets the adversary lacks) for two adversaries (:data:`ADVERSARIES`):
+``curious-agent``, one agent ``v`` (``H`` = the others), the worst ``v``; and
+``eavesdropper``, no agent of the fleet (``H`` = everyone, every pair's secret unknown).
 
 **Network DP** (:func:`network_sensitivities`, Muffliato-style). Agents add only
 independent noise and gossip. A curious agent ``v`` sees what its in-neighbours send it,
@@ -35,6 +40,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from edge.privacy.settings import ADVERSARIES
 
 #: Most rows (rounds times in-neighbours) of one agent's view the exact network-DP
 #: computation factorises; longer runs are accounted as local DP (a valid, weaker bound).
@@ -83,23 +90,52 @@ def cancelling_sensitivities(
     return mu
 
 
-def cancelling_noise_multiplier(
+def eavesdropper_sensitivities(
     pairs: np.ndarray, noise_multiplier: float, mask_multiplier: float
-) -> float:
-    """The effective noise multiplier of the worst (agent, curious agent) pair: what the
-    accountant composes round after round for the cancelling mechanism."""
-    mu = cancelling_sensitivities(pairs, noise_multiplier, mask_multiplier)
+) -> np.ndarray:
+    """``mu[u]``: the Gaussian mechanism through which agent ``u``'s round reaches an
+    observer of every link that knows no pair's secret and no agent's noise (DECOR's
+    eavesdropper): ``sqrt((Sigma^-1)_uu)``, ``Sigma = sigma^2 I + sigma_mask^2 L`` over
+    all agents. Without independent noise ``Sigma`` is singular (the sum of the messages
+    shows the sum of the updates): infinite."""
     n = pairs.shape[0]
-    worst = max((mu[u, v] for u in range(n) for v in range(n) if u != v), default=0.0)
+    if noise_multiplier <= 0:
+        return np.full(n, np.inf)
+    cov = noise_multiplier**2 * np.eye(n) + mask_multiplier**2 * laplacian(pairs)
+    precision = np.linalg.inv(cov)
+    return np.sqrt(np.maximum(np.diag(precision), 0.0))
+
+
+def cancelling_noise_multiplier(
+    pairs: np.ndarray,
+    noise_multiplier: float,
+    mask_multiplier: float,
+    adversary: str = "curious-agent",
+) -> float:
+    """The effective noise multiplier of the worst agent against ``adversary`` (the worst
+    (agent, curious agent) pair, or the worst agent against the eavesdropper): what the
+    accountant composes round after round for the cancelling mechanism."""
+    n = pairs.shape[0]
+    if adversary == "eavesdropper":
+        worst = float(eavesdropper_sensitivities(pairs, noise_multiplier, mask_multiplier).max())
+    elif adversary == "curious-agent":
+        mu = cancelling_sensitivities(pairs, noise_multiplier, mask_multiplier)
+        worst = max((mu[u, v] for u in range(n) for v in range(n) if u != v), default=0.0)
+    else:
+        raise ValueError(f"unknown adversary '{adversary}' (one of {', '.join(ADVERSARIES)})")
     return math.inf if worst == 0 else 1.0 / worst
 
 
-def cancelling_limit(pairs: np.ndarray) -> float:
+def cancelling_limit(pairs: np.ndarray, adversary: str = "curious-agent") -> float:
     """How far masks can stretch the independent noise: the effective multiplier of the
-    worst pair with infinitely large masks, per unit of independent noise. With ``v``'s pairs
-    removed the rest of the graph must stay connected; then it is ``sqrt(size of u's
-    component without v)``, i.e. ``sqrt(n - 1)`` on a graph that ``v`` does not cut."""
+    worst agent with infinitely large masks, per unit of independent noise:
+    ``sqrt(size of u's component)`` of the pairs the adversary lacks the secret of. For a
+    curious agent ``v`` the rest of the graph without ``v`` must stay connected: then it is
+    ``sqrt(n - 1)``; for the eavesdropper ``sqrt(n)`` on a connected graph, central DP's
+    figure (the noise of all ``n`` agents on the fleet's sum)."""
     n = pairs.shape[0]
+    if adversary == "eavesdropper":
+        return math.sqrt(min(_component_sizes(pairs), default=1))
     worst = math.inf
     for v in range(n):
         rest = [w for w in range(n) if w != v]

@@ -67,7 +67,8 @@ class NoisePlan:
         Each pairwise mask (cancelling; 0 otherwise).
     accounted_multiplier:
         The Gaussian mechanism the per-step accountant composes: the agent's own noise
-        (dp-sgd), the curator's (central), the worst pair's effective noise (cancelling).
+        (dp-sgd), the curator's (central), the worst agent's effective noise against
+        ``[privacy] adversary`` (cancelling).
     network:
         Network DP's pairwise sensitivities (unit noise), round by round.
     """
@@ -145,18 +146,23 @@ def resolve_noise(
 
 
 @lru_cache(maxsize=8)
-def _cancelling_unit(pairs: bytes, n: int, ratio: float) -> float:
-    """The worst pair's effective multiplier with unit independent noise and masks ``ratio``."""
+def _cancelling_unit(pairs: bytes, n: int, ratio: float, adversary: str) -> float:
+    """The worst agent's effective multiplier against ``adversary`` with unit independent
+    noise and masks ``ratio``."""
     matrix = np.frombuffer(pairs, dtype=bool).reshape(n, n)
-    return cancelling_noise_multiplier(matrix, 1.0, ratio)
+    return cancelling_noise_multiplier(matrix, 1.0, ratio, adversary)
 
 
 def _cancelling(settings: PrivacySettings, rounds: int, graph: FleetGraph) -> NoisePlan:
     pairs = pair_graph(graph.adjacency)
-    sigma, mask = settings.noise_multiplier, settings.mask_multiplier
+    sigma, mask, adversary = settings.noise_multiplier, settings.mask_multiplier, settings.adversary
+
+    def effective(s: float, m: float) -> float:
+        return cancelling_noise_multiplier(pairs, s, m, adversary)
+
     if sigma is not None:
         mask = DEFAULT_MASK_RATIO * sigma if mask is None else mask
-        return NoisePlan("cancelling", sigma, mask, cancelling_noise_multiplier(pairs, sigma, mask))
+        return NoisePlan("cancelling", sigma, mask, effective(sigma, mask))
     assert settings.target_epsilon is not None
     wanted = opacus_noise_multiplier(
         settings.target_epsilon, settings.delta, settings.sample_rate, rounds,
@@ -164,9 +170,9 @@ def _cancelling(settings: PrivacySettings, rounds: int, graph: FleetGraph) -> No
     )  # fmt: skip
     if mask is None:
         # Effective noise is linear in a common scale of both: one evaluation suffices.
-        unit = _cancelling_unit(pairs.tobytes(), pairs.shape[0], DEFAULT_MASK_RATIO)
+        unit = _cancelling_unit(pairs.tobytes(), pairs.shape[0], DEFAULT_MASK_RATIO, adversary)
         sigma = wanted / unit
         return NoisePlan("cancelling", sigma, DEFAULT_MASK_RATIO * sigma, wanted)
     fixed = mask
-    sigma = calibrate(lambda s: 1.0 / cancelling_noise_multiplier(pairs, s, fixed), 1.0 / wanted)
-    return NoisePlan("cancelling", sigma, fixed, cancelling_noise_multiplier(pairs, sigma, fixed))
+    sigma = calibrate(lambda s: 1.0 / effective(s, fixed), 1.0 / wanted)
+    return NoisePlan("cancelling", sigma, fixed, effective(sigma, fixed))

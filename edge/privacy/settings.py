@@ -24,6 +24,11 @@ ONE_STEP_MECHANISMS = ("network-dp", "cancelling", "central")
 #: average them out of every model: on digits, 16 agents, exponential graph, 1 was the best
 #: of 1, 2 and 4 (``docs/privacy.md``).
 DEFAULT_MASK_RATIO = 1.0
+#: Whom the cancelling mechanism's epsilon is against (DECOR's SecLDP, docs/privacy.md):
+#: ``curious-agent``, any one agent of the fleet that also reads every link (it knows its
+#: own noise and the secrets of its own pairs); ``eavesdropper``, an observer of every link
+#: that is no agent (it knows no pair's secret and no agent's noise), as the coordinator.
+ADVERSARIES = ("curious-agent", "eavesdropper")
 
 
 class PrivacySettings(BaseModel):
@@ -55,6 +60,11 @@ class PrivacySettings(BaseModel):
         description="cancelling: std of each pairwise mask over max_grad_norm (default: "
         f"{DEFAULT_MASK_RATIO:g} times the independent noise)",
     )
+    adversary: Literal["curious-agent", "eavesdropper"] = Field(
+        "curious-agent",
+        description="cancelling: whom epsilon is against: any one agent that also reads every "
+        "link (knows its own masks), or an observer of every link that is no agent",
+    )
     accountant: Literal["rdp", "prv"] = "rdp"
     budget_epsilon: float | None = Field(
         None, gt=0, description="epsilon an agent may spend; see on_budget"
@@ -83,6 +93,11 @@ class PrivacySettings(BaseModel):
             )
         if self.mask_multiplier is not None and self.mechanism != "cancelling":
             raise ValueError("[privacy] mask_multiplier is for mechanism 'cancelling' only")
+        if self.adversary != "curious-agent" and self.mechanism != "cancelling":
+            raise ValueError(
+                f"[privacy] adversary = '{self.adversary}' is for mechanism 'cancelling' only "
+                f"(the guarantee of '{self.mechanism}' does not depend on who observes)"
+            )
         if self.accountant == "prv" and self.mechanism == "network-dp":
             raise ValueError(
                 "[privacy] mechanism 'network-dp' is accounted exactly as a Gaussian mechanism "

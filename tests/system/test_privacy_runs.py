@@ -147,6 +147,10 @@ def test_metrics_export_epsilon_and_infinity_without_a_mechanism() -> None:
          ["takes one noisy step per round"]),
         ('mechanism = "dp-sgd"\ntarget_epsilon = 1e-6', ["target_epsilon 1e-06 cannot be reached"]),
         ('mechanism = "dp-sgd"\nnoise_multiplier = 1\ndelta = 2', ["privacy.delta"]),
+        ('mechanism = "dp-sgd"\nnoise_multiplier = 1\nadversary = "eavesdropper"',
+         ["adversary = 'eavesdropper' is for mechanism 'cancelling' only"]),
+        ('mechanism = "cancelling"\nnoise_multiplier = 1\nadversary = "neighbour"',
+         ["privacy.adversary", "curious-agent", "eavesdropper"]),
     ],
 )  # fmt: skip
 def test_settings_that_cannot_work_get_one_line(
