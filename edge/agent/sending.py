@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
+import torch
+
 from edge.algorithms import Payload
 from edge.compression import Codec
 from edge.observability.telemetry import SendEvent
@@ -78,10 +80,15 @@ class Sender:
 def gossip_message(
     sender: Sender, round_index: int, peer: str, payload: Payload, *, epoch: int, lineage: int
 ) -> GossipMessage:
-    """``payload`` for ``peer``, encoded (unless the algorithm encoded it) and headed."""
+    """``payload`` for ``peer``, encoded (unless the algorithm encoded it) and headed.
+
+    A payload the algorithm encoded carries what the receiver decodes (``payload.vector``):
+    the message hands it over to in-process receivers (:class:`GossipMessage`)."""
     encoded = payload.encoded
+    decoded: torch.Tensor | None = payload.vector
     if encoded is None:
         encoded = sender.codec.encode(payload.vector)
+        decoded = None  # the codec may be lossy: the receiver decodes the bytes
     header = MessageHeader(
         sender=sender.agent_id,
         round=round_index,
@@ -99,7 +106,7 @@ def gossip_message(
         epoch=epoch,
         lineage=lineage,
     )
-    return GossipMessage(header, encoded.data)
+    return GossipMessage(header, encoded.data, decoded)
 
 
 def send_event(peer: str, round_index: int, outcome: SendOutcome, seconds: float) -> SendEvent:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from edge.algorithms.base import Ack
 
 
@@ -72,8 +74,17 @@ class MessageHeader:
 
 @dataclass(frozen=True)
 class GossipMessage:
+    """A header and its encoded payload.
+
+    ``decoded`` is what the receiver would decode from ``data`` (the sender's algorithm
+    computed it while encoding): in-process transports pass the object itself, so the
+    receiver takes a copy of it instead of decoding the bytes; the bytes are still what is
+    counted. It never goes on a wire, and a message without it is decoded as usual.
+    """
+
     header: MessageHeader
     data: bytes | bytearray | memoryview
+    decoded: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
