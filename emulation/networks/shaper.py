@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -221,19 +222,20 @@ class WirelessLinkShaper:
         )
         for c, size in enumerate(sizes):
             chunk_step = model.step_of(t)
-            st, on = state, handle
-            if chunk_step != step:
+            if chunk_step == step:
+                st, on, h = state, handle, message_hash
+            else:
                 st = self._state(chunk_step)
                 on = st.link(i, j)
+                h = keyed_hash(chunk_step, index, start=link)
             loss = st.chunk_loss_at(on, size, cfg.packet_bytes)
-            h = message_hash if chunk_step == step else keyed_hash(chunk_step, index, start=link)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
                 # anything) and learns of the loss a retransmission timeout later.
                 if st.has(on) and st.goodput_bps[on] > 0:
-                    t, _ = self._transfer(i, j, t, size)
+                    t, _ = self._transfer(i, j, t, size, (chunk_step, st, on))
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
-            t, broken = self._transfer(i, j, t, size)
+            t, broken = self._transfer(i, j, t, size, (chunk_step, st, on))
             if broken:
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
         return False, t - start
@@ -248,18 +250,24 @@ class WirelessLinkShaper:
         self._recent = (step, state)
         return state
 
-    def _transfer(self, i: int, j: int, t: float, nbytes: int) -> tuple[float, bool]:
+    def _transfer(
+        self, i: int, j: int, t: float, nbytes: int, known: tuple[int, AnyLinkState, Any]
+    ) -> tuple[float, bool]:
         """Move ``nbytes`` over i->j from time ``t``, step by step at each step's rate and
         airtime share; return the end time and whether the transfer broke (the link went
-        out of range, or it stalled in a fade for more than ``max_stall_s``)."""
+        out of range, or it stalled in a fade for more than ``max_stall_s``). ``known`` is
+        ``(step, its state, the link's handle in it)`` the caller already looked up."""
         model, dt, cfg = self.model, self.model.step_s, self.settings
         shared_air, ledger = cfg.shared_air, self.ledger
         remaining = nbytes * 8.0
         stall_from: float | None = None
         while remaining > 0:
             step = model.step_of(t)
-            st = self._state(step)
-            link = st.link(i, j)
+            if step == known[0]:
+                st, link = known[1], known[2]
+            else:
+                st = self._state(step)
+                link = st.link(i, j)
             if not st.has(link):
                 return t, True
             end = (step + 1) * dt
