@@ -69,13 +69,17 @@ class AirtimeLedger:
         busy = self._busy.get(step)
         if busy is None:
             return 0.0
-        if now != self._on_air_at:
+        if hears_row.dtype != bool:
+            # The indices of the nodes heard (the model over the links in range): only the
+            # sender's carrier-sense domain is read, never an n-wide vector (each message
+            # starts at a time of its own, so an n-wide mask would be redone per message).
+            heard = busy[hears_row]
+            used = float(heard[self._until[hears_row] > now].sum())
+            return min(1.0, used / step_s)
+        if now != self._on_air_at:  # a row of the dense model's n x n (small fleets)
             np.greater(self._until, now, out=self._on_air)
             self._on_air_at = now
-        if hears_row.dtype == bool:  # a row of the dense model's n x n
-            used = float(np.dot(hears_row & self._on_air, busy))
-        else:  # the indices of the nodes heard (the model over the links in range)
-            used = float(busy[hears_row[self._on_air[hears_row]]].sum())
+        used = float(np.dot(hears_row & self._on_air, busy))
         return min(1.0, used / step_s)
 
     def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:

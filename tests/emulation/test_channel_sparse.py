@@ -113,3 +113,22 @@ def test_a_virtual_fleet_over_the_links_in_range(
     assert final["relative_error"] < 1e-6
     assert results["wireless"]["graph_epochs"] >= 1
     assert (tmp_path / "links.jsonl").read_text().count("\n") >= 1
+
+
+def test_the_ledger_reads_only_a_senders_carrier_sense_domain() -> None:
+    from emulation.networks.shaper import AirtimeLedger
+
+    rng = np.random.default_rng(7)
+    n, step_s = 500, 1.0
+    ledger = AirtimeLedger(n)
+    for _ in range(300):
+        ledger.book(int(rng.integers(n)), 0, float(rng.random() * 0.01), float(rng.random()))
+    heard = np.sort(rng.choice(n, size=60, replace=False))
+    row = np.zeros(n, dtype=bool)
+    row[heard] = True
+    until, busy = ledger._until, ledger._busy[0]
+    for now in rng.random(20):
+        expected = float(busy[heard[until[heard] > now]].sum())  # the n-wide mask's sum
+        assert ledger.utilisation(0, heard, step_s, float(now)) == min(1.0, expected)
+        dense = ledger.utilisation(0, row, step_s, float(now))
+        assert dense == pytest.approx(expected, rel=1e-12)
