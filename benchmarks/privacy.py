@@ -1,9 +1,9 @@
 """Privacy with numbers: accuracy against epsilon for every ``[privacy]`` mechanism, the
 cancelling masks against central DP, and what message loss does to the masks' cancellation.
 
-    python -m benchmarks --only privacy          # about 25 minutes on 2 cores
+    python -m benchmarks --only privacy          # about 20 minutes on 2 cores
     python -m benchmarks.privacy                 # the same, markdown on stdout
-    python -m benchmarks.privacy --cancelling    # the cancelling rows only (about 10 minutes)
+    python -m benchmarks.privacy --cancelling    # the cancelling rows only (about 2 minutes)
 
 **The table.** digits, 16 agents, exponential graph, push-sum, 10% message loss, 100
 rounds; epsilon in {1, 3, 8} at delta 1e-5. Every private row trains the same way: one step
@@ -347,8 +347,12 @@ def main() -> None:
                         help="only cancelling with masks of these ratios, loss-free")  # fmt: skip
     parser.add_argument("--adversary", default="eavesdropper", choices=ADVERSARIES,
                         help="with --mask-ratios: whom epsilon is against")  # fmt: skip
+    parser.add_argument("--lr", type=float, default=LR,
+                        help=f"step size of every private row (default {LR:g})")  # fmt: skip
     args = parser.parse_args()
     from pathlib import Path
+
+    PRIVATE_TASK["lr"] = args.lr
 
     if args.mask_ratios:
         torch.set_num_threads(1)

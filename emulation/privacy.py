@@ -109,6 +109,8 @@ def privacy_figures(
         figures.epsilon = max(s.epsilon for s in spent)
     if plan.mask_multiplier:
         figures.mask_multiplier = plan.mask_multiplier
+    if settings.mechanism == "cancelling":
+        figures.adversary = settings.adversary
     if plan.accounted_multiplier:
         figures.accounted_multiplier = plan.accounted_multiplier
     if plan.network is not None and graph is not None:

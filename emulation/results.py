@@ -129,8 +129,11 @@ class PrivacyFigures(_Figures):
     noise_multiplier: float
     #: Cancelling: each pairwise mask, over max_grad_norm.
     mask_multiplier: float | None = None
+    #: Cancelling: whom epsilon is against (``curious-agent`` or ``eavesdropper``).
+    adversary: str | None = None
     #: The Gaussian mechanism the accountant composed per step (dp-sgd: the agent's own
-    #: noise; central: the curator's; cancelling: the worst pair's effective noise).
+    #: noise; central: the curator's; cancelling: the worst agent's effective noise
+    #: against ``adversary``).
     accounted_multiplier: float | None = None
     #: The most any agent spent; network DP: the worst pair.
     epsilon: float | None = None

@@ -248,6 +248,8 @@ def _privacy_rows(results: RunResults) -> list[tuple[str, Any]]:
         line = f"{p.mechanism} · ε {spent} (most any agent spent) at δ {p.delta:g}"
     if p.mechanism == "central":
         line += " · a trusted curator's figure: neighbours see every model"
+    if p.adversary == "eavesdropper":
+        line += " · against an eavesdropper that is no agent (an agent learns more)"
     if p.exhausted_agents:
         line += f" · budget stopped {p.exhausted_agents} agents"
     return [("privacy", line)]

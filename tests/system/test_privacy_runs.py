@@ -87,6 +87,31 @@ def test_the_summary_and_results_name_the_mechanism_and_what_it_spent(tmp_path: 
     assert f"dp-sgd · ε {privacy['epsilon']:.3g} (most any agent spent) at δ 1e-05" in line
 
 
+def test_cancelling_against_an_eavesdropper_says_so_in_results_and_summary(
+    tmp_path: Path,
+) -> None:
+    figures = {}
+    for adversary in ("curious-agent", "eavesdropper"):
+        scenario = tmp_path / f"{adversary}.toml"
+        scenario.write_text(
+            'agents = 4\nrounds = 2\nmode = "inproc"\ntopology = "exponential"\n'
+            '[task]\nname = "digits"\nhidden = 8\n[privacy]\nmechanism = "cancelling"\n'
+            f'noise_multiplier = 2.0\nadversary = "{adversary}"\n'
+        )
+        out = tmp_path / adversary
+        result = cli("run", "--config", str(scenario), "--out", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+        figures[adversary] = json.loads((out / "results.json").read_text())["privacy"]
+        assert figures[adversary]["adversary"] == adversary
+        line = next(x for x in result.stdout.splitlines() if x.strip().startswith("privacy"))
+        assert ("against an eavesdropper" in line) == (adversary == "eavesdropper")
+    # The same noise: the eavesdropper, knowing no mask, is accounted at more noise, less ε.
+    curious, eavesdropper = figures["curious-agent"], figures["eavesdropper"]
+    assert curious["noise_multiplier"] == eavesdropper["noise_multiplier"] == 2.0
+    assert eavesdropper["accounted_multiplier"] > curious["accounted_multiplier"] > 2.0
+    assert 0 < eavesdropper["epsilon"] < curious["epsilon"]
+
+
 def test_a_budget_stops_training_before_it_is_overspent_or_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
