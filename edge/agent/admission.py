@@ -265,9 +265,9 @@ def _handed_over(message: GossipMessage, dtype: torch.dtype) -> torch.Tensor | N
     """A copy of the sender's decoded vector when an in-process transport handed it over and
     it is what decoding the header's payload would give (the receiver may keep it)."""
     decoded = message.decoded
-    if decoded is None or decoded.dtype != dtype or decoded.numel() != message.header.numel:
-        return None
-    return decoded.detach().reshape(-1).clone()
+    if decoded is None or decoded.dtype != dtype or decoded.shape != (message.header.numel,):
+        return None  # not handed over, or not the flat vector the bytes decode to
+    return (decoded.detach() if decoded.requires_grad else decoded).clone()
 
 
 def all_finite(vector: torch.Tensor) -> bool:
