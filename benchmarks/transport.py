@@ -1,21 +1,23 @@
-"""Transport: a 40 MB model (10M float32) pushed between two processes over loopback.
+"""Transport: a flat float32 model pushed between two processes over loopback.
 
-Four ways in the same run, each the median of several pushes of the same buffer:
+For each size (40 MB and 400 MB), every way in the same run, each the median of several
+pushes of the same buffer:
 
-* ``GrpcTransport`` in plaintext (our gossip transport: a client stream of chunks, the
-  receiver reassembling into one buffer), to a receiver whose handler takes the message and
-  acknowledges it (no decoding: the transport alone): the figure of the target;
 * raw TCP: ``sendall`` of the buffer, ``recv_into`` a preallocated one, a 1-byte ack (the
   baseline: what the wire allows);
-* ``GrpcTransport`` over mutual TLS (the default outside one machine; beside the target);
-* torch.distributed's gloo ``send``/``recv`` of the tensor (the stretch baseline).
+* raw TLS: the same over Python's ``ssl``, mutual, with the same certificates as the gRPC
+  transport over TLS (the baseline over TLS);
+* ``GrpcTransport`` in plaintext and over mutual TLS (our gossip transport), to a receiver
+  whose handler takes the message and acknowledges it (no decoding: the transport alone);
+* torch.distributed's gloo ``send``/``recv`` of the tensor (a peer's figure).
 
-The first three take turns push by push (gRPC, raw TCP, gRPC over TLS, gRPC, ...), so a
+The ways that take turns (all but gloo) push one after the other (gRPC, raw TCP, ...), so a
 change of the machine's load during the run weighs on each alike; gloo runs after them.
 Beside MB/s, the CPU each push cost (this process's, the sender's, plus the receiver
-process's): on a busy machine throughput follows it, and it moves far less with the load.
+process's), also per byte: on a busy machine throughput follows it, and it moves far less
+with the load.
 
-Target: GrpcTransport >= 60% of raw TCP's MB/s.
+Targets: GrpcTransport in plaintext >= 80% of raw TCP, over mutual TLS >= 70% of raw TLS.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +39,10 @@ import numpy as np
 from benchmarks.proctree import cpu_seconds
 from benchmarks.suite import Context, Outcome
 
-NUMEL = 10_000_000
-NBYTES = 4 * NUMEL
+#: Sizes pushed (float32 elements) and the pushes of each in a full run and a quick one.
+SIZES = {"40MB": 10_000_000, "400MB": 100_000_000}
+PUSHES = {"40MB": (8, 3), "400MB": (3, 2)}
+SENDER, RECEIVER = "bench-sender", "bench-receiver"
 
 
 def _wait_for_file(path: Path, timeout_s: float = 120.0) -> str:
@@ -52,16 +56,26 @@ def _wait_for_file(path: Path, timeout_s: float = 120.0) -> str:
 
 
 def _receiver(
-    kind: str, ctx: Context, extra: list[str] | None = None
+    kind: str, ctx: Context, numel: int, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     ready = ctx.work / f"{kind}.ready"
     ready.unlink(missing_ok=True)
     log = (ctx.work / f"{kind}-receiver.log").open("wb")
+    command = [sys.executable, "-m", "benchmarks.transport", kind, str(ready), str(numel)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.transport", kind, str(ready), *(extra or [])],
+        [*command, *(extra or [])],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     return process, _wait_for_file(ready)
+
+
+def _certificates(ctx: Context) -> Path:
+    from edge.security.certificates import throwaway_fleet
+
+    folder = ctx.work / "certs"
+    if not (folder / "ca.pem").exists():
+        throwaway_fleet(folder, [SENDER, RECEIVER])
+    return folder
 
 
 #: One push: its wall seconds and the CPU seconds it cost sender and receiver together.
@@ -77,30 +91,40 @@ def _timed(send: Callable[[], None], receiver: int) -> tuple[float, float]:
 
 
 @contextmanager
-def grpc_sender(ctx: Context, secure: bool) -> Iterator[Push]:
+def _stopped(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait()
+
+
+@contextmanager
+def grpc_sender(ctx: Context, numel: int, secure: bool, bulk: bool = False) -> Iterator[Push]:
     """A receiver process and a sender here; yields one push's seconds, as often as asked."""
     from edge.algorithms.base import Ack
-    from edge.security.certificates import throwaway_fleet
     from edge.security.tls import TlsCredentials
     from edge.transport.base import GossipMessage, MessageHeader, SendOutcome
     from edge.transport.grpc_transport import GrpcTransport
 
     security, extra = None, []
     if secure:
-        folder = throwaway_fleet(ctx.work / "certs", ["bench-sender", "bench-receiver"])
-        security, extra = TlsCredentials.load(folder, "bench-sender"), [str(folder)]
-    process, address = _receiver("grpc-tls" if secure else "grpc", ctx, extra)
-    payload = np.random.default_rng(0).standard_normal(NUMEL, dtype=np.float32)
+        folder = _certificates(ctx)
+        security, extra = TlsCredentials.load(folder, SENDER), [str(folder)]
+    kind = "grpc" + ("-bulk" if bulk else "") + ("-tls" if secure else "")
+    process, address = _receiver(kind, ctx, numel, extra)
+    payload = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
     data = memoryview(payload).cast("B")
-    transport = GrpcTransport("bench-sender", security=security, send_timeout_s=120.0)
+    options = {"bulk_bytes": 1 << 20} if bulk else {}
+    transport = GrpcTransport(SENDER, security=security, send_timeout_s=600.0, **options)
     seq = 0
 
     def send() -> None:
         nonlocal seq
         seq += 1
         header = MessageHeader(
-            sender="bench-sender", round=seq, seq=seq, base_seq=0, algorithm="push-sum",
-            codec="raw:float32", numel=NUMEL, payload_bytes=NBYTES,
+            sender=SENDER, round=seq, seq=seq, base_seq=0, algorithm="push-sum",
+            codec="raw:float32", numel=numel, payload_bytes=4 * numel,
         )  # fmt: skip
         done = threading.Event()
         outcome: list[SendOutcome] = []
@@ -109,88 +133,104 @@ def grpc_sender(ctx: Context, secure: bool) -> Iterator[Push]:
             outcome.append(o)
             done.set()
 
-        transport.send("bench-receiver", address, GossipMessage(header, data), finished)
+        transport.send(RECEIVER, address, GossipMessage(header, data), finished)
         done.wait()
         if not outcome[0].delivered:
             raise RuntimeError(f"push failed: {outcome[0].error}")
         assert isinstance(outcome[0].ack, Ack)
 
     try:
-        yield lambda: _timed(send, process.pid)
+        with _stopped(process):
+            yield lambda: _timed(send, process.pid)
     finally:
         transport.close()
-        process.terminate()
-        process.wait()
 
 
 @contextmanager
-def tcp_sender(ctx: Context) -> Iterator[Push]:
-    process, port = _receiver("tcp", ctx)
-    payload = np.random.default_rng(0).standard_normal(NUMEL, dtype=np.float32)
-    try:
-        with socket.create_connection(("127.0.0.1", int(port))) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def socket_sender(ctx: Context, numel: int, secure: bool) -> Iterator[Push]:
+    """Raw TCP, or raw mutual TLS with the transport's certificates (Python's ``ssl``)."""
+    from edge.security.tls import TlsCredentials
+    from edge.transport.tlssocket import ssl_context
 
-            def send() -> None:
-                sock.sendall(memoryview(payload).cast("B"))
-                if sock.recv(1) != b"k":
-                    raise RuntimeError("raw TCP receiver did not acknowledge")
+    folder = _certificates(ctx) if secure else None
+    process, port = _receiver("tls" if secure else "tcp", ctx, numel, [str(folder or "")])
+    payload = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
+    with _stopped(process), socket.create_connection(("127.0.0.1", int(port))) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock: socket.socket = raw
+        if folder is not None:
+            context = ssl_context(TlsCredentials.load(folder, SENDER), server=False)
+            sock = context.wrap_socket(raw)
 
-            yield lambda: _timed(send, process.pid)
-    finally:
-        process.terminate()
-        process.wait()
+        def send() -> None:
+            sock.sendall(memoryview(payload).cast("B"))
+            if sock.recv(1) != b"k":
+                raise RuntimeError("raw socket receiver did not acknowledge")
+
+        yield lambda: _timed(send, process.pid)
 
 
-def interleaved_rates(
-    ctx: Context, pushes: int
+#: The ways that take turns: name -> how to start its sender.
+WAYS: dict[str, Callable[[Context, int], object]] = {
+    "tcp": lambda ctx, n: socket_sender(ctx, n, secure=False),
+    "grpc": lambda ctx, n: grpc_sender(ctx, n, secure=False),
+    "tls": lambda ctx, n: socket_sender(ctx, n, secure=True),
+    "grpc_tls": lambda ctx, n: grpc_sender(ctx, n, secure=True),
+}
+
+
+def interleaved(
+    ctx: Context, numel: int, pushes: int
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """MB/s and CPU milliseconds of each push of plaintext gRPC, raw TCP and gRPC over TLS,
-    taking turns (the first push of each opens its connection and is not counted)."""
-    rates: dict[str, list[float]] = {"grpc": [], "tcp": [], "grpc_tls": []}
-    cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
-    with (
-        grpc_sender(ctx, secure=False) as grpc_push,
-        tcp_sender(ctx) as tcp_push,
-        grpc_sender(ctx, secure=True) as tls_push,
-    ):
-        ways = {"grpc": grpc_push, "tcp": tcp_push, "grpc_tls": tls_push}
+    """MB/s and CPU seconds of each push of every way, taking turns (the first push of each
+    opens its connection and is not counted)."""
+    rates: dict[str, list[float]] = {name: [] for name in WAYS}
+    cpu: dict[str, list[float]] = {name: [] for name in WAYS}
+    with ExitStack() as stack:
+        ways: dict[str, Push] = {
+            name: stack.enter_context(start(ctx, numel))  # type: ignore[arg-type]
+            for name, start in WAYS.items()
+        }
         for turn in range(pushes + 1):
             for name, push in ways.items():
-                seconds, cpu = push()
+                seconds, used = push()
                 if turn:
-                    rates[name].append(NBYTES / seconds / 1e6)
-                    cpu_ms[name].append(1e3 * cpu)
-    return rates, cpu_ms
+                    rates[name].append(4 * numel / seconds / 1e6)
+                    cpu[name].append(used)
+    return rates, cpu
 
 
-def gloo_rates(ctx: Context, pushes: int) -> list[float]:
+def gloo_rates(ctx: Context, numel: int, pushes: int) -> tuple[list[float], list[float]]:
     import torch
     import torch.distributed as dist
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process, _ = _receiver("gloo", ctx, [str(port), str(pushes + 1)])
+    process, _ = _receiver("gloo", ctx, numel, [str(port), str(pushes + 1)])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
-    tensor = torch.randn(NUMEL)
+    tensor = torch.randn(numel)
     ack = torch.zeros(1)
-    rates = []
+    rates, cpu = [], []
     try:
         for i in range(pushes + 1):
-            began = time.perf_counter()
-            dist.send(tensor, dst=1)
-            dist.recv(ack, src=1)
+
+            def send() -> None:
+                dist.send(tensor, dst=1)
+                dist.recv(ack, src=1)
+
+            seconds, used = _timed(send, process.pid)
             if i:
-                rates.append(NBYTES / (time.perf_counter() - began) / 1e6)
+                rates.append(4 * numel / seconds / 1e6)
+                cpu.append(used)
     finally:
         dist.destroy_process_group()
-        process.wait(timeout=60)
-    return rates
+        process.wait(timeout=120)
+    return rates, cpu
 
 
-# -- receivers (run as python -m benchmarks.transport KIND READY_FILE) -------------------------
-def serve_grpc(ready: Path, credentials: str | None = None) -> None:
+# -- receivers (run as python -m benchmarks.transport KIND READY_FILE NUMEL ...) -------------
+def serve_grpc(ready: Path, numel: str, credentials: str | None = None) -> None:
     from edge.algorithms.base import Ack
     from edge.security.tls import TlsCredentials
     from edge.transport.base import GossipMessage, MessageHeader, Rejected
@@ -209,89 +249,97 @@ def serve_grpc(ready: Path, credentials: str | None = None) -> None:
         def refused(self, error: Rejected) -> None:
             pass
 
-    security = TlsCredentials.load(Path(credentials), "bench-receiver") if credentials else None
-    transport = GrpcTransport("bench-receiver", security=security)
+    security = TlsCredentials.load(Path(credentials), RECEIVER) if credentials else None
+    transport = GrpcTransport(RECEIVER, security=security, stream_deadline_s=600.0)
     address = transport.start(Taker())
     ready.write_text(address)
     threading.Event().wait()
 
 
-def serve_tcp(ready: Path) -> None:
-    buffer = bytearray(NBYTES)
-    view = memoryview(buffer)
+def serve_socket(ready: Path, numel: str, credentials: str = "") -> None:
+    from edge.security.tls import TlsCredentials
+    from edge.transport.tlssocket import ssl_context
+
+    nbytes = 4 * int(numel)
+    view = memoryview(bytearray(nbytes))
     with socket.create_server(("127.0.0.1", 0)) as server:
         ready.write_text(str(server.getsockname()[1]))
         conn, _ = server.accept()
+        if credentials:
+            context = ssl_context(TlsCredentials.load(Path(credentials), RECEIVER), server=True)
+            conn = context.wrap_socket(conn, server_side=True)
         with conn:
             while True:
                 got = 0
-                while got < NBYTES:
-                    n = conn.recv_into(view[got:], NBYTES - got)
+                while got < nbytes:
+                    n = conn.recv_into(view[got:], nbytes - got)
                     if not n:
                         return
                     got += n
                 conn.sendall(b"k")
 
 
-def serve_gloo(ready: Path, port: str, pushes: str) -> None:
+def serve_gloo(ready: Path, numel: str, port: str, pushes: str) -> None:
     import torch
     import torch.distributed as dist
 
     ready.write_text("gloo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
-    tensor = torch.empty(NUMEL)
+    tensor = torch.empty(int(numel))
     for _ in range(int(pushes)):
         dist.recv(tensor, src=0)
         dist.send(torch.ones(1), dst=0)
     dist.destroy_process_group()
 
 
-def run(ctx: Context) -> list[Outcome]:
-    pushes = 3 if ctx.quick else 8
-    figures: dict[str, object] = {"bytes": NBYTES, "pushes": pushes}
-    rates, cpu_ms = interleaved_rates(ctx, pushes)
+def measure(ctx: Context, size: str) -> Outcome:
+    numel, pushes = SIZES[size], PUSHES[size][ctx.quick]
+    nbytes = 4 * numel
+    figures: dict[str, object] = {"bytes": nbytes, "pushes": pushes}
+    rates, cpu = interleaved(ctx, numel, pushes)
     try:
-        rates["gloo"] = gloo_rates(ctx, pushes)
+        rates["gloo"], cpu["gloo"] = gloo_rates(ctx, numel, pushes)
     except Exception as err:  # gloo may be missing from a torch build
         figures["gloo_error"] = repr(err)
-    median = {name: statistics.median(r) for name, r in rates.items()}
-    for name, r in rates.items():
-        figures[f"{name}_mb_s"] = [round(x) for x in r]
-        print(f"  {name}: median {median[name]:.0f} MB/s", flush=True)
-    cpu = {name: statistics.median(ms) for name, ms in cpu_ms.items()}
-    for name, ms in cpu_ms.items():
-        figures[f"{name}_cpu_ms"] = [round(x, 1) for x in ms]
-        print(f"  {name}: median {cpu[name]:.1f} ms of CPU a push", flush=True)
-    grpc, tcp, tls = median["grpc"], median["tcp"], median["grpc_tls"]
-    share = grpc / tcp
-    figures.update(
-        grpc_median=round(grpc), tcp_median=round(tcp), share_of_tcp=round(share, 3),
-        grpc_tls_median=round(tls), tls_share_of_tcp=round(tls / tcp, 3),
-        grpc_cpu_ms_median=round(cpu["grpc"], 1), tcp_cpu_ms_median=round(cpu["tcp"], 1),
-        grpc_tls_cpu_ms_median=round(cpu["grpc_tls"], 1),
-    )  # fmt: skip
-    measured = (
-        f"GrpcTransport {grpc:.0f} MB/s = {100 * share:.0f}% of raw TCP {tcp:.0f} MB/s "
-        f"(over mutual TLS {tls:.0f} MB/s = {100 * tls / tcp:.0f}%); CPU a push "
-        f"{cpu['grpc']:.0f} ms against raw TCP's {cpu['tcp']:.0f} ms (TLS {cpu['grpc_tls']:.0f} ms)"
-    )
-    gloo = median.get("gloo")
-    if gloo is not None:
-        figures.update(gloo_median=round(gloo), share_of_gloo=round(grpc / gloo, 3))
-        measured += f"; gloo send/recv {gloo:.0f} MB/s (ours {100 * grpc / gloo:.0f}% of it)"
-    return [
-        Outcome(
-            "transport",
-            "40 MB push >= 60% of raw TCP in the same run (stretch: beside gloo)",
-            measured,
-            share >= 0.6,
-            figures,
+    mb_s = {name: statistics.median(r) for name, r in rates.items()}
+    ns_byte = {name: 1e9 * statistics.median(s) / nbytes for name, s in cpu.items()}
+    for name in rates:
+        figures[f"{name}_mb_s"] = [round(x) for x in rates[name]]
+        figures[f"{name}_cpu_ns_per_byte"] = [round(1e9 * s / nbytes, 3) for s in cpu[name]]
+        print(
+            f"  {size} {name}: median {mb_s[name]:.0f} MB/s, {ns_byte[name]:.2f} ns CPU/byte",
+            flush=True,
         )
-    ]
+    figures.update({f"{n}_median_mb_s": round(v) for n, v in mb_s.items()})
+    figures.update({f"{n}_median_cpu_ns_per_byte": round(v, 3) for n, v in ns_byte.items()})
+    share, tls_share = mb_s["grpc"] / mb_s["tcp"], mb_s["grpc_tls"] / mb_s["tls"]
+    figures.update(share_of_tcp=round(share, 3), tls_share_of_tls=round(tls_share, 3))
+    measured = "; ".join(
+        f"{name} {mb_s[name]:.0f} MB/s ({ns_byte[name]:.2f} ns CPU/B)" for name in rates
+    )
+    measured += (
+        f"; plaintext gRPC = {100 * share:.0f}% of raw TCP, over mutual TLS "
+        f"{100 * tls_share:.0f}% of raw TLS"
+    )
+    return Outcome(
+        f"transport {size}",
+        f"{size} push: plaintext >= 80% of raw TCP, mutual TLS >= 70% of raw TLS, same run",
+        measured,
+        share >= 0.8 and tls_share >= 0.7,
+        figures,
+        note=f"load average at the end: {os.getloadavg()[0]:.1f}",
+    )
+
+
+def run(ctx: Context) -> list[Outcome]:
+    return [measure(ctx, size) for size in SIZES]
 
 
 if __name__ == "__main__":
     kind, ready_path = sys.argv[1], Path(sys.argv[2])
-    receivers = {"grpc": serve_grpc, "grpc-tls": serve_grpc, "tcp": serve_tcp, "gloo": serve_gloo}
+    receivers: dict[str, Callable[..., None]] = {
+        "grpc": serve_grpc, "grpc-tls": serve_grpc, "grpc-bulk": serve_grpc,
+        "grpc-bulk-tls": serve_grpc, "tcp": serve_socket, "tls": serve_socket, "gloo": serve_gloo,
+    }  # fmt: skip
     receivers[kind](ready_path, *sys.argv[3:])
     print(json.dumps({"done": kind}))
