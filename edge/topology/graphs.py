@@ -99,16 +99,16 @@ def _complete(n: int) -> np.ndarray:
 
 def _ring(n: int) -> np.ndarray:
     a = _empty(n)
-    for i in range(n):
-        a[i, (i + 1) % n] = a[i, (i - 1) % n] = True
+    nodes = np.arange(n)
+    a[nodes, (nodes + 1) % n] = a[nodes, (nodes - 1) % n] = True
     np.fill_diagonal(a, False)
     return a
 
 
 def _directed_ring(n: int) -> np.ndarray:
     a = _empty(n)
-    for i in range(n):
-        a[i, (i + 1) % n] = True
+    nodes = np.arange(n)
+    a[nodes, (nodes + 1) % n] = True
     np.fill_diagonal(a, False)
     return a
 
@@ -120,19 +120,19 @@ def _exponential_hops(n: int) -> list[int]:
 
 def _exponential(n: int) -> np.ndarray:
     a = _empty(n)
-    for i in range(n):
-        for hop in _exponential_hops(n):
-            a[i, (i + hop) % n] = True
+    nodes = np.arange(n)
+    for hop in _exponential_hops(n):
+        a[nodes, (nodes + hop) % n] = True
     np.fill_diagonal(a, False)
     return a
 
 
 def _one_peer_exponential(n: int) -> tuple[np.ndarray, ...]:
     phases = []
+    nodes = np.arange(n)
     for hop in _exponential_hops(n):
         a = _empty(n)
-        for i in range(n):
-            a[i, (i + hop) % n] = True
+        a[nodes, (nodes + hop) % n] = True
         np.fill_diagonal(a, False)
         phases.append(a)
     return tuple(phases) or (_empty(n),)
