@@ -34,8 +34,8 @@ from edge.observability.http import HttpSecurity, MetricsServer
 from edge.observability.stats import RoundRecord
 from edge.security.tls import TlsCredentials, add_port
 from edge.topology import TopologySwitcher
-from edge.transport.grpc_transport import ensure_bindable
 from edge.transport.guard import HealthService, RefusalCounts, parsed_service
+from edge.transport.ports import ensure_bindable
 from protos import coordinator_pb2
 
 __all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec"]

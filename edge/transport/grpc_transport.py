@@ -22,9 +22,7 @@ allocator keeps the megabyte buffers gRPC and the frames go through in its heap
 
 from __future__ import annotations
 
-import errno
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -45,6 +43,7 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
+from edge.transport.bulk import OFFER_KEY, BulkListener, BulkOffer, receive_offered
 from edge.transport.guard import (
     HealthService,
     StreamSlots,
@@ -52,6 +51,8 @@ from edge.transport.guard import (
     Watch,
     raw_stream_unary,
 )
+from edge.transport.ports import PortInUseError, ensure_bindable
+from edge.transport.tlssocket import ssl_context
 from edge.transport.wire import (
     CHUNK_BYTES,
     MAX_HEADER_BYTES,
@@ -72,42 +73,6 @@ RESERVED_THREADS = 4
 SECONDS_PER_BYTE = 1 / (64 << 10)
 
 
-class PortInUseError(OSError):
-    """The address to listen on is taken (or cannot be bound)."""
-
-
-def ensure_bindable(listen: str) -> None:
-    """Raise :class:`PortInUseError` with a plain reason if ``host:port`` cannot be bound.
-
-    gRPC reports a failed bind only as a log line on stderr and a zero port; trying the
-    address with a plain socket first gives the user one clear sentence instead.
-    """
-    host, _, port_text = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise PortInUseError(f"cannot listen on {listen}: expected host:port") from None
-    if not 0 <= port <= 65535:
-        raise PortInUseError(f"cannot listen on {listen}: port must be within 0..65535")
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as err:
-        raise PortInUseError(f"cannot listen on {listen}: {err.strerror}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        # As gRPC does: a restarted server may take its port back while connections of the
-        # previous one linger in TIME_WAIT; a port someone listens on still fails.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as err:
-            reason = "the port is in use" if err.errno == errno.EADDRINUSE else err.strerror
-            raise PortInUseError(f"cannot listen on {listen}: {reason}") from None
-
-
 def _internal(err: Exception) -> Rejected:
     return Rejected(
         RejectCode.INTERNAL, f"{type(err).__name__}: {str(err)[:200]}", kind="internal_error"
@@ -125,8 +90,10 @@ class _GossipServer:
         slots: StreamSlots,
         watchdog: StreamWatchdog,
         buffers: PayloadBuffers,
+        bulk: BulkListener | None,
     ) -> None:
         self._handler = handler
+        self._bulk = bulk
         self._secure = secure
         self._slots = slots
         self._watchdog = watchdog
@@ -218,6 +185,12 @@ class _GossipServer:
                 raise _internal(err) from None
             watch.extend(self._watchdog.deadline_s + header.payload_bytes * SECONDS_PER_BYTE)
             assembler.begin(self._buffers.take)
+            if any(key == OFFER_KEY for key, _ in context.invocation_metadata() or ()):
+                receive_offered(
+                    self._bulk, context, assembler, identity, progress=watch.progress,
+                    progress_timeout_s=self._watchdog.progress_timeout_s,
+                    time_left=lambda: watch.deadline - watch.clock(),
+                )  # fmt: skip
             for raw in requests:
                 watch.progress()
                 assembler.add(parse_chunk(raw))
@@ -265,6 +238,10 @@ class GrpcTransport:
         Longest an inbound push may take (plus 1 s per 64 KiB it announces).
     progress_timeout_s:
         Longest an inbound push may go without a chunk (the first one included).
+    bulk_bytes:
+        Payloads of at least this many bytes are offered the bulk path (a data connection
+        of their own, :mod:`edge.transport.bulk`), and a data listener serves peers' offers;
+        None: every payload goes over the gRPC call, and offers are answered ``chunks``.
     """
 
     def __init__(
@@ -279,6 +256,7 @@ class GrpcTransport:
         chunk_bytes: int = CHUNK_BYTES,
         stream_deadline_s: float = 60.0,
         progress_timeout_s: float = 10.0,
+        bulk_bytes: int | None = None,
     ) -> None:
         settle_allocator()  # before gRPC's threads start allocating
         self.agent_id = agent_id
@@ -287,6 +265,9 @@ class GrpcTransport:
         self.shaper = shaper
         self.send_timeout_s = send_timeout_s
         self.chunk_bytes = chunk_bytes
+        self.bulk_bytes = bulk_bytes
+        self._bulk: BulkListener | None = None
+        self._client_tls = ssl_context(security, server=False) if security and bulk_bytes else None
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
         self._health: HealthService | None = None
@@ -322,16 +303,19 @@ class GrpcTransport:
                 ("grpc.max_connection_idle_ms", 300_000),
             ],
         )
+        host = self.listen.rpartition(":")[0]
+        if self.bulk_bytes is not None:
+            self._bulk = BulkListener(host, self.security, handler.refused)
         gossip = _GossipServer(
             handler,
             secure=self.security is not None,
             slots=self.slots,
             watchdog=self._watchdog,
             buffers=self.buffers,
+            bulk=self._bulk,
         )
         self._health = HealthService()
         server.add_generic_rpc_handlers((gossip.handler(), self._health.handler()))
-        host = self.listen.rpartition(":")[0]
         ensure_bindable(self.listen)
         try:
             bound = add_port(server, self.listen, self.security)
@@ -389,12 +373,17 @@ class GrpcTransport:
                 if verdict.drop:
                     done(SendOutcome(False, nbytes, dropped=True))
                     return
-            call = self._push(peer, address).future(
-                frames(message, self.chunk_bytes), timeout=self.send_timeout_s
-            )
+            push, offer = self._push(peer, address), self._offer(message)
+            if offer is None:
+                call = push.future(frames(message, self.chunk_bytes), timeout=self.send_timeout_s)
+            else:
+                metadata = ((OFFER_KEY, "offer"),)
+                call = push.future(offer.requests(), timeout=self.send_timeout_s, metadata=metadata)
             with self._lock:
                 self._calls.add(call)
             try:
+                if offer is not None:
+                    offer.complete(call, address.rpartition(":")[0], peer, self._client_tls)
                 reply = call.result()
             finally:
                 with self._lock:
@@ -415,11 +404,18 @@ class GrpcTransport:
                 else RejectCode.__members__.get(code.name, RejectCode.UNAVAILABLE)
             )
             done(SendOutcome(False, nbytes, error=Rejected(reject, f"{code.name}: {reason}")))
+        except Rejected as err:  # the bulk path's data connection failed
+            done(SendOutcome(False, nbytes, error=err))
         except grpc.FutureCancelledError:
             closed = Rejected(RejectCode.UNAVAILABLE, "transport closed")
             done(SendOutcome(False, nbytes, error=closed))
         except Exception as err:  # a failing send must never kill the sender pool
             done(SendOutcome(False, nbytes, error=Rejected(RejectCode.UNAVAILABLE, repr(err))))
+
+    def _offer(self, message: GossipMessage) -> BulkOffer | None:
+        if self.bulk_bytes is None or len(message.data) < max(self.bulk_bytes, 1):
+            return None
+        return BulkOffer(message, self.chunk_bytes, self.send_timeout_s)
 
     def close(self, grace_s: float = 1.0) -> None:
         with self._lock:
@@ -431,6 +427,8 @@ class GrpcTransport:
         if self._server is not None:
             self._server.stop(grace_s).wait()
         self._watchdog.close()
+        if self._bulk is not None:
+            self._bulk.close()
         # Pushes still in flight (a slow link, a peer that froze) are cancelled, not awaited.
         self._closing.set()
         with self._lock:

@@ -24,6 +24,8 @@ def ssl_context(security: TlsCredentials, *, server: bool) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.check_hostname = False  # the identity is the URI name, checked by peer_identity
     context.verify_mode = ssl.CERT_REQUIRED
+    if server:
+        context.num_tickets = 0  # no resumption: a connection per push, nothing left unread
     context.load_verify_locations(cadata=security.ca_pem.decode("ascii"))
     # OpenSSL loads a certificate and key only from files: a private folder, gone at once.
     with tempfile.TemporaryDirectory(prefix="airgossip-tls-") as folder:

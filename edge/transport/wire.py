@@ -262,6 +262,13 @@ class PushAssembler:
         self._buffer[self._offset : self._offset + size] = data
         self._offset += size
 
+    def receive(self, fill: Callable[[memoryview], None]) -> None:
+        """Fill the rest of the payload at once (the bulk path): ``fill`` writes every byte
+        of the view it is given or raises (and the push is refused)."""
+        with memoryview(self._buffer) as whole, whole[self._offset :] as rest:
+            fill(rest)
+            self._offset += len(rest)
+
     def message(self) -> GossipMessage:
         """The whole message, once the stream has ended."""
         total = self.header.payload_bytes
@@ -288,6 +295,13 @@ def frames(message: GossipMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[b
         parts += [bytes((DATA_TAG,)), _varint(len(first)), first]
     yield b"".join(parts)
     for offset in range(chunk_bytes, len(data), chunk_bytes):
+        piece = data[offset : offset + chunk_bytes]
+        yield b"".join((bytes((DATA_TAG,)), _varint(len(piece)), piece))
+
+
+def data_frames(data: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The chunks of ``data`` without a header (what follows a header-only first chunk)."""
+    for offset in range(0, len(data), chunk_bytes):
         piece = data[offset : offset + chunk_bytes]
         yield b"".join((bytes((DATA_TAG,)), _varint(len(piece)), piece))
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import grpc
+import numpy as np
 import pytest
 
+from edge.algorithms.base import Ack
+from edge.config.settings import AgentSettings, TaskSettings
+from edge.security.tls import dial
+from edge.transport.base import GossipMessage, MessageHeader, Rejected, SendOutcome
+from edge.transport.bulk import OFFER_KEY, parse_answer
+from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.tlssocket import ssl_context, ssl_identity
+from edge.transport.wire import CHUNK_BYTES, frames
+from protos import gossip_pb2
+from tests.support.agents import assert_pair_reaches_average, grpc_pair
 from tests.support.tls import credentials
 
 # The session's CA is made on first use (not thread-safe): before any thread asks for it.
@@ -52,3 +66,184 @@ def test_a_client_without_a_certificate_is_refused_in_the_handshake() -> None:
             client.recv(1)
         thread.join(10)
     assert len(seen) == 1 and isinstance(seen[0], ssl.SSLError)
+
+
+# -- the bulk path between two transports --------------------------------------------------
+class Taker:
+    """An inbound handler that keeps what it was given and what was refused."""
+
+    def __init__(self) -> None:
+        self.delivered: list[bytes] = []
+        self.refusals: list[Rejected] = []
+
+    def accepts(self, sender: str) -> None:
+        pass
+
+    def admit(self, header: MessageHeader) -> None:
+        pass
+
+    def deliver(self, message: GossipMessage) -> Ack:
+        self.delivered.append(bytes(message.data))
+        return Ack(message.header.seq, message.header.seq, True, message.header.round)
+
+    def refused(self, error: Rejected) -> None:
+        self.refusals.append(error)
+
+
+def header_of(size: int, sender: str = "agent-0") -> MessageHeader:
+    return MessageHeader(
+        sender=sender, round=1, seq=1, base_seq=0, algorithm="push-sum", codec="raw:uint8",
+        numel=size, payload_bytes=size,
+    )  # fmt: skip
+
+
+@contextmanager
+def receiver(
+    secure: bool, bulk_bytes: int | None = 1, **options: float
+) -> Iterator[tuple[GrpcTransport, Taker, str]]:
+    taker = Taker()
+    security = SERVER if secure else None
+    transport = GrpcTransport("agent-1", security=security, bulk_bytes=bulk_bytes, **options)
+    address = transport.start(taker)
+    try:
+        yield transport, taker, address
+    finally:
+        transport.close()
+
+
+def send(transport: GrpcTransport, address: str, message: GossipMessage) -> SendOutcome:
+    done = threading.Event()
+    outcome: list[SendOutcome] = []
+    transport.send("agent-1", address, message, lambda o: (outcome.append(o), done.set()))
+    assert done.wait(30)
+    return outcome[0]
+
+
+@pytest.mark.parametrize("secure", [True, False])
+@pytest.mark.parametrize("receiver_bulk", [1, None])
+def test_a_push_over_the_bulk_path_arrives_bit_for_bit(
+    secure: bool, receiver_bulk: int | None
+) -> None:
+    """Several chunks' worth and an odd size; a receiver without the bulk path answers
+    ``chunks`` and the same push comes over the call."""
+    payload = np.random.default_rng(1).integers(0, 256, 3 * CHUNK_BYTES + 5, np.uint8)
+    sender = GrpcTransport("agent-0", security=credentials("agent-0") if secure else None,
+                           bulk_bytes=1024)  # fmt: skip
+    with receiver(secure, receiver_bulk) as (_, taker, address):
+        try:
+            for _ in range(2):
+                message = GossipMessage(header_of(payload.size), memoryview(payload))
+                outcome = send(sender, address, message)
+                assert outcome.delivered and outcome.ack is not None, outcome.error
+        finally:
+            sender.close()
+    assert taker.delivered == [payload.tobytes()] * 2
+    assert taker.refusals == []
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_consensus_over_the_bulk_path_is_exact(secure: bool) -> None:
+    settings = AgentSettings(
+        task=TaskSettings(name="consensus", dim=8), rounds=30, wait_timeout_s=0.5, seed=5
+    )
+    for pair in grpc_pair(settings, secure=secure, bulk_bytes=1):
+        assert_pair_reaches_average(pair, timeout_s=60)
+        assert all(a.transport.bulk_bytes == 1 for a in pair)  # type: ignore[attr-defined]
+
+
+def offered_push(
+    address: str, size: int, identity: str | None, act: Callable[[str, int, bytes], None]
+) -> grpc.RpcError:
+    """A push offering the bulk path, whose data connection ``act(host, port, token)``
+    makes; the call's error (it must fail)."""
+    security = credentials(identity) if identity else None
+    with dial(address, "agent-1", security) as channel:
+        push = channel.stream_unary(
+            "/airgossip.v1.Gossip/Push", request_serializer=None,
+            response_deserializer=gossip_pb2.PushAck.FromString,
+        )  # fmt: skip
+        finished = threading.Event()
+
+        def requests() -> Iterator[bytes]:
+            yield next(frames(GossipMessage(header_of(size, identity or "agent-0"), b"")))
+            finished.wait(20)
+
+        call = push.future(requests(), timeout=20, metadata=((OFFER_KEY, "offer"),))
+        try:
+            answer = parse_answer(dict(call.initial_metadata())[OFFER_KEY])
+            assert answer is not None
+            act(address.rpartition(":")[0], *answer)
+        finally:
+            finished.set()
+        with pytest.raises(grpc.RpcError) as info:
+            call.result()
+    return info.value
+
+
+def data_connection(host: str, port: int, identity: str | None) -> socket.socket:
+    sock = socket.create_connection((host, port))
+    if identity is None:
+        return sock
+    return ssl_context(credentials(identity), server=False).wrap_socket(sock)
+
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("secure", [True, False])
+@pytest.mark.parametrize(
+    ("extra", "code", "reason", "kind"),
+    [
+        (-1000, INVALID, "ended after 9000 of the 10000 bytes", "bulk_short"),
+        (7, INVALID, "carries more than the 10000 bytes", "bulk_oversized"),
+    ],
+)  # fmt: skip
+def test_a_short_or_oversized_data_stream_is_refused_and_not_absorbed(
+    secure: bool, extra: int, code: grpc.StatusCode, reason: str, kind: str
+) -> None:
+    identity = "agent-0" if secure else None
+
+    def act(host: str, port: int, token: bytes) -> None:
+        with data_connection(host, port, identity) as sock:
+            sock.sendall(token + bytes(10_000 + extra))
+            sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(ConnectionResetError):  # closed with bytes unread
+                while sock.recv(4096):
+                    pass
+
+    with receiver(secure) as (_, taker, address):
+        error = offered_push(address, 10_000, identity, act)
+    assert error.code() == code and reason in str(error.details())
+    assert [r.kind for r in taker.refusals] == [kind]
+    assert taker.delivered == []
+
+
+def test_an_unauthenticated_or_foreign_data_connection_is_refused() -> None:
+    """A connection without a certificate fails its handshake, one of another identity or
+    with a token no push awaits is closed; the push they hoped to join is never absorbed
+    (no data connection of its own came: refused once its wait is over)."""
+
+    def act(host: str, port: int, token: bytes) -> None:
+        bare = ssl.create_default_context()
+        bare.check_hostname, bare.verify_mode = False, ssl.CERT_NONE
+        raw = socket.create_connection((host, port))
+        with pytest.raises((ssl.SSLError, OSError)), bare.wrap_socket(raw) as sock:
+            sock.sendall(token)
+            sock.recv(1)
+        for identity, sent in (("mallory", token), ("agent-0", bytes(len(token)))):
+            with data_connection(host, port, identity) as sock:
+                sock.sendall(sent + bytes(100))
+                assert sock.recv(1) == b""  # closed by the receiver
+
+    with receiver(True, progress_timeout_s=2.0) as (_, taker, address):
+        error = offered_push(address, 100, "agent-0", act)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "no data connection came" in str(error.details())
+    kinds = sorted(r.kind for r in taker.refusals)
+    assert kinds == [
+        "bulk_handshake",
+        "bulk_no_connection",
+        "bulk_unknown_token",
+        "bulk_unknown_token",
+    ]
+    assert taker.delivered == []

@@ -48,13 +48,15 @@ class Recorder:
         self.events.append(event)
 
 
-def grpc_pair(settings: AgentSettings, *, secure: bool = True) -> Iterator[tuple[Agent, Agent]]:
+def grpc_pair(
+    settings: AgentSettings, *, secure: bool = True, bulk_bytes: int | None = None
+) -> Iterator[tuple[Agent, Agent]]:
     """Two agents serving real gRPC (mutual TLS unless ``secure`` is False) on loopback,
-    neighbours of each other (fixture body)."""
+    neighbours of each other (fixture body); ``bulk_bytes``: the transports' bulk path."""
     security = {f"agent-{i}": credentials(f"agent-{i}") if secure else None for i in range(2)}
     agents = [
         build_agent(a, index=i, num_agents=2, settings=settings, fleet=fleet_of(security[a]),
-                    transport=GrpcTransport(a, security=security[a]))
+                    transport=GrpcTransport(a, security=security[a], bulk_bytes=bulk_bytes))
         for i, a in enumerate(security)
     ]  # fmt: skip
     addresses = {a.agent_id: a.start() for a in agents}
