@@ -60,12 +60,13 @@ def _wait_for_file(path: Path, timeout_s: float = 120.0) -> str:
 
 
 def _receiver(
-    kind: str, ctx: Context, numel: int, extra: list[str] | None = None
-) -> tuple[subprocess.Popen[bytes], str]:
+    kind: str, ctx: Context, numel: int, extra: list[str] | None = None,
+    module: str = "benchmarks.transport",
+) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     ready = ctx.work / f"{kind}.ready"
     ready.unlink(missing_ok=True)
     log = (ctx.work / f"{kind}-receiver.log").open("wb")
-    command = [sys.executable, "-m", "benchmarks.transport", kind, str(ready), str(numel)]
+    command = [sys.executable, "-m", module, kind, str(ready), str(numel)]
     process = subprocess.Popen(
         [*command, *(extra or [])],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import ssl
 import threading
@@ -16,15 +17,16 @@ import pytest
 from edge.algorithms.base import Ack
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.security.tls import dial
-from edge.transport.base import GossipMessage, MessageHeader, Rejected, SendOutcome
+from edge.transport.base import GossipMessage, LinkVerdict, MessageHeader, Rejected, SendOutcome
 from edge.transport.bulk import OFFER_KEY, parse_answer
 from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.tlssocket import ssl_context, ssl_identity
 from edge.transport.wire import CHUNK_BYTES, frames
 from protos import gossip_pb2
-from tests.support.agents import assert_pair_reaches_average, grpc_pair
+from tests.support.agents import TlsFleet, assert_pair_reaches_average, grpc_pair
 from tests.support.tls import credentials
 
+ROUNDS_AT_LOSS = 200
 # The session's CA is made on first use (not thread-safe): before any thread asks for it.
 SERVER = credentials("agent-1")
 
@@ -247,3 +249,31 @@ def test_an_unauthenticated_or_foreign_data_connection_is_refused() -> None:
         "bulk_unknown_token",
     ]
     assert taker.delivered == []
+
+
+class Lossy:
+    """Drops each message with probability ``loss`` (seeded; a lock: senders are threads)."""
+
+    def __init__(self, loss: float, seed: int) -> None:
+        self.loss, self.rng, self.lock = loss, random.Random(seed), threading.Lock()
+        self.dropped = 0
+
+    def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
+        with self.lock:
+            drop = self.rng.random() < self.loss
+            self.dropped += drop
+        return LinkVerdict(drop=drop)
+
+
+@pytest.mark.slow  # about 50 s on 2 shared cores
+def test_sixteen_agents_at_30_percent_loss_reach_the_exact_average_over_the_bulk_path() -> None:
+    """Real gRPC with mutual TLS, every push's payload over its data connection."""
+    shaper = Lossy(0.3, seed=11)
+    fleet = TlsFleet(16, rounds=ROUNDS_AT_LOSS, bulk_bytes=1, shaper=shaper)
+    try:
+        fleet.run_to_end(timeout_s=300)
+        assert fleet.relative_error() < 1e-6
+        assert shaper.dropped > 0
+        assert all(a.counters().messages_rejected == 0 for a in fleet.agents)
+    finally:
+        fleet.close()

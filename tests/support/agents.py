@@ -16,6 +16,7 @@ from edge.observability.telemetry import ReceiveEvent, SendEvent, StepEvent
 from edge.security.tls import dial, fleet_of
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage
+from edge.transport.base import LinkShaper
 from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.wire import to_chunks
 from protos import gossip_pb2, gossip_pb2_grpc
@@ -115,7 +116,10 @@ class TlsFleet:
     (the test CA's certificates), on the exponential graph. Tests attack it, then
     :meth:`run_to_end` and check :meth:`relative_error`."""
 
-    def __init__(self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5) -> None:
+    def __init__(
+        self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5,
+        bulk_bytes: int | None = None, shaper: LinkShaper | None = None,
+    ) -> None:  # fmt: skip
         from edge.config.settings import TaskSettings
 
         self.settings = AgentSettings(
@@ -127,7 +131,9 @@ class TlsFleet:
         self.agents: list[Agent] = []
         for i, agent_id in enumerate(self.ids):
             security = credentials(agent_id)
-            transport = GrpcTransport(agent_id, security=security)
+            transport = GrpcTransport(
+                agent_id, security=security, bulk_bytes=bulk_bytes, shaper=shaper
+            )
             self.agents.append(
                 build_agent(agent_id, index=i, num_agents=n, settings=self.settings,
                             transport=transport, fleet=fleet_of(security))
