@@ -270,3 +270,18 @@ def test_a_followed_agent_takes_a_peers_new_address_from_the_coordinator(
         assert "agent-0" not in agent.assignment.peers
     finally:
         stop.set()
+
+
+def test_fleets_above_256_agents_get_lambda2_from_the_sparse_solve() -> None:
+    from edge.topology import mixing_matrices, second_largest_eigenvalue
+    from emulation.networks import network_for
+
+    config = load_config(None, {"mode": "virtual", "agents": 300, "rounds": 2,
+                                "task": {"name": "consensus"}},
+                         base=read_scenario(scenario_path("lte-urban")))  # fmt: skip
+    network = network_for(config)
+    graph = network.first_graph()
+    lambda2 = network.resolved(graph).lambda2
+    assert lambda2 is not None
+    assert lambda2 == pytest.approx(second_largest_eigenvalue(mixing_matrices(graph)), abs=1e-6)
+    assert 0.0 < lambda2 < 1.0
