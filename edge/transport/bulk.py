@@ -11,7 +11,9 @@ The sender connects, sends the token and then the payload straight from the flat
 it in with ``recv_into`` into the buffer already allocated (no other copy, memory bounded
 by the payload), checks that exactly the announced bytes came, and only then delivers the
 message and acknowledges it on the gRPC call: a refusal is the call's status, as ever, and
-a push whose data ended short, ran over or stalled is refused whole, never absorbed.
+a push whose data ended short, ran over or stalled is refused whole, never absorbed. What
+a cut push received is kept (:class:`Partials`) and the sender's next offer of the same
+header goes on from there (:func:`edge.transport.bulk_send.bulk_push`).
 
 The data connection is authenticated as the call is: with TLS by mutual TLS on the same
 certificates (Python's :mod:`ssl`), its identity that of the call; in plaintext
@@ -26,15 +28,16 @@ import secrets
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from edge.security.tls import TlsCredentials
-from edge.transport.base import GossipMessage, RejectCode, Rejected
+from edge.transport.base import MessageHeader, RejectCode, Rejected
 from edge.transport.tlssocket import ssl_context, ssl_identity
-from edge.transport.wire import PushAssembler, data_frames, frames
+from edge.transport.wire import PushAssembler
 
 #: Metadata key of the offer (the sender's ``offer``) and of the answer (the receiver's
 #: ``PORT TOKEN`` hex, or ``chunks``: send the payload over the call as usual).
@@ -45,10 +48,41 @@ TOKEN_BYTES = 16
 MAX_HANDSHAKES = 16
 #: Bytes read from or written to the data socket per call.
 IO_BYTES = 4 << 20
+#: Trailing metadata of a refused push whose received part is kept: the bytes kept.
+RESUME_KEY = "airgossip-bulk-resume"
+#: Refusals after which what arrived is kept for the sender's next offer of the same push.
+RESUMABLE = frozenset({"bulk_short", "bulk_broken", "stream_stalled"})
+#: Cut pushes kept at once (one per sender; the oldest goes), and how long each.
+MAX_PARTIALS = 4
+PARTIAL_TTL_S = 60.0
 
 
 def bulk_refusal(code: RejectCode, reason: str, kind: str) -> Rejected:
     return Rejected(code, reason, kind=kind)
+
+
+class Partials:
+    """Cut pushes kept for their sender's next offer of the same header (bounded)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[float, PushAssembler]] = {}
+
+    def keep(self, sender: str, assembler: PushAssembler) -> None:
+        with self._lock:
+            self._kept.pop(sender, None)
+            while len(self._kept) >= MAX_PARTIALS:
+                del self._kept[next(iter(self._kept))]
+            self._kept[sender] = (self._clock() + PARTIAL_TTL_S, assembler)
+
+    def take(self, sender: str, header: MessageHeader) -> PushAssembler | None:
+        """The cut push of ``sender`` if it had this very header (any other is dropped)."""
+        with self._lock:
+            until, cut = self._kept.pop(sender, (0.0, None))
+        if cut is None or until < self._clock() or cut.header != header:
+            return None
+        return cut
 
 
 @dataclass
@@ -86,6 +120,7 @@ class BulkListener:
         self._timeout_s = handshake_timeout_s
         self._lock = threading.Lock()
         self._expected: dict[bytes, Expected] = {}
+        self.partials = Partials()
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         host = host.strip("[]") or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -178,17 +213,20 @@ class BulkListener:
 def receive_into(
     sock: socket.socket,
     view: memoryview,
+    arrived: Callable[[int], None],
     *,
+    start: int = 0,
     progress_timeout_s: float,
     progress: Callable[[], None],
     time_left: Callable[[], float],
 ) -> None:
-    """Read exactly ``len(view)`` bytes into ``view``, then the end of the stream.
+    """Read exactly ``len(view)`` bytes into ``view``, then the end of the stream, calling
+    ``arrived(n)`` as bytes land (``start``: where the view begins in the payload).
 
     Raises :class:`Rejected` for a stream that ends short, carries more than announced or
     stalls (no bytes for ``progress_timeout_s``, or past the push's deadline).
     """
-    total, got = len(view), 0
+    total, got = start + len(view), start
     try:
         while True:
             left = time_left()
@@ -206,7 +244,7 @@ def receive_into(
                         "bulk_oversized",
                     )
                 return
-            n = sock.recv_into(view[got : got + IO_BYTES])
+            n = sock.recv_into(view[got - start : got - start + IO_BYTES])
             if not n:
                 raise bulk_refusal(
                     RejectCode.INVALID_ARGUMENT,
@@ -214,6 +252,7 @@ def receive_into(
                     "bulk_short",
                 )
             got += n
+            arrived(n)
             progress()
     except TimeoutError:
         raise bulk_refusal(
@@ -240,14 +279,21 @@ def receive_offered(
     time_left: Callable[[], float],
 ) -> None:
     """The receiver's side of an offer, once the header passed and the buffer is taken:
-    the payload over a data connection into the assembler's buffer, or the answer
-    ``chunks`` (no listener) and the payload comes over the call as usual."""
+    the payload over a data connection into the assembler's buffer (from where a cut push
+    of the same header stopped, if one is kept), or the answer ``chunks`` (no listener)
+    and the payload comes over the call as usual."""
     if listener is None:
         context.send_initial_metadata(((OFFER_KEY, CHUNKS),))
         return
+    sender = identity or assembler.header.sender
+    cut = listener.partials.take(sender, assembler.header)
+    if cut is not None:
+        assembler.take_over(cut)
     expected = listener.expect(identity)
+    start = assembler.received
     try:
-        context.send_initial_metadata(((OFFER_KEY, f"{listener.port} {expected.token.hex()}"),))
+        answer = f"{listener.port} {expected.token.hex()} {start}"
+        context.send_initial_metadata(((OFFER_KEY, answer),))
         # Half the progress timeout: this refusal, not the watchdog's, says what is missing.
         sock = expected.wait(progress_timeout_s / 2)
         if sock is None:
@@ -257,101 +303,18 @@ def receive_offered(
                 "bulk_no_connection",
             )
         with sock:
-            assembler.receive(
-                lambda view: receive_into(
-                    sock, view, progress_timeout_s=progress_timeout_s, progress=progress,
-                    time_left=time_left,
-                )
-            )  # fmt: skip
+
+            def fill(view: memoryview, arrived: Callable[[int], None]) -> None:
+                receive_into(
+                    sock, view, arrived, start=start, progress_timeout_s=progress_timeout_s,
+                    progress=progress, time_left=time_left,
+                )  # fmt: skip
+
+            assembler.receive(fill)
+    except Rejected as err:
+        if err.kind in RESUMABLE and assembler.received > start:
+            listener.partials.keep(sender, assembler)  # the next offer resumes from here
+            context.set_trailing_metadata(((RESUME_KEY, str(assembler.received)),))
+        raise
     finally:
         listener.forget(expected)
-
-
-def parse_answer(answer: str) -> tuple[int, bytes] | None:
-    """The port and token of a receiver's answer; None for ``chunks``; ValueError if bent."""
-    if answer == CHUNKS:
-        return None
-    port_text, _, token_hex = answer.partition(" ")
-    port, token = int(port_text), bytes.fromhex(token_hex)
-    if not 0 < port < 65536 or len(token) != TOKEN_BYTES:
-        raise ValueError(f"a bulk answer must be PORT TOKEN, not {answer[:80]!r}")
-    return port, token
-
-
-def send_payload(
-    host: str,
-    port: int,
-    token: bytes,
-    data: memoryview,
-    *,
-    peer: str,
-    context: ssl.SSLContext | None,
-    timeout_s: float,
-) -> None:
-    """Connect to a receiver's data listener and send the token, then ``data`` from its own
-    memory. With TLS the receiver's certificate must name ``peer``."""
-    sock = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if context is not None:
-            sock = context.wrap_socket(sock)
-            named = ssl_identity(sock)
-            if named != peer:
-                raise ConnectionError(f"the data listener names {named!r}, not {peer!r}")
-        sock.sendall(token)
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)  # the end of the payload: the receiver checks it
-        # Until the receiver closes: closing first with bytes unread (a TLS 1.3 session
-        # ticket, say) would reset the connection and drop what it has not read yet.
-        while sock.recv(1 << 12):
-            pass
-    finally:
-        sock.close()
-
-
-class BulkOffer:
-    """The sender's side of one push offered the bulk path.
-
-    :meth:`requests` is the call's request stream: the header alone, then (once
-    :meth:`complete` knows the answer) nothing, or the payload's chunks where the receiver
-    answered ``chunks``. :meth:`complete` reads the answer from the call's initial metadata
-    and sends the payload over the data connection; whatever happens it lets the stream end.
-    """
-
-    def __init__(self, message: GossipMessage, chunk_bytes: int, timeout_s: float) -> None:
-        self._message = message
-        self._chunk_bytes = chunk_bytes
-        self._timeout_s = timeout_s
-        self._answered = threading.Event()
-        self._over_chunks = False
-
-    def requests(self) -> Iterator[bytes]:
-        yield next(frames(GossipMessage(self._message.header, b"")))
-        if self._answered.wait(self._timeout_s) and self._over_chunks:
-            yield from data_frames(memoryview(self._message.data).cast("B"), self._chunk_bytes)
-
-    def complete(
-        self, call: grpc.Future, host: str, peer: str, context: ssl.SSLContext | None
-    ) -> None:
-        """Send the payload as the receiver answered; :class:`Rejected` (``UNAVAILABLE``,
-        the call cancelled) if the data connection fails."""
-        try:
-            metadata = call.initial_metadata() or ()
-            answer = dict(metadata).get(OFFER_KEY)
-            if answer is None:
-                return  # the call ended first: its status says why
-            target = parse_answer(str(answer))
-            if target is None:
-                self._over_chunks = True
-                return
-            data = memoryview(self._message.data).cast("B")
-            send_payload(host, *target, data, peer=peer, context=context, timeout_s=self._timeout_s)
-        except (OSError, ValueError, ssl.SSLError) as err:
-            call.cancel()
-            raise Rejected(
-                RejectCode.UNAVAILABLE,
-                f"data connection to {peer} failed: {type(err).__name__}: {str(err)[:160]}",
-                kind="bulk_failed",
-            ) from None
-        finally:
-            self._answered.set()

@@ -43,7 +43,8 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
-from edge.transport.bulk import OFFER_KEY, BulkListener, BulkOffer, receive_offered
+from edge.transport.bulk import OFFER_KEY, BulkListener, receive_offered
+from edge.transport.bulk_send import bulk_push
 from edge.transport.guard import (
     HealthService,
     StreamSlots,
@@ -373,21 +374,19 @@ class GrpcTransport:
                 if verdict.drop:
                     done(SendOutcome(False, nbytes, dropped=True))
                     return
-            push, offer = self._push(peer, address), self._offer(message)
-            if offer is None:
-                call = push.future(frames(message, self.chunk_bytes), timeout=self.send_timeout_s)
+            push, timeout, chunk = self._push(peer, address), self.send_timeout_s, self.chunk_bytes
+            if self.bulk_bytes is None or len(message.data) < max(self.bulk_bytes, 1):
+                reply = self._settle(
+                    self._track(push.future(frames(message, chunk), timeout=timeout))
+                )
             else:
-                metadata = ((OFFER_KEY, "offer"),)
-                call = push.future(offer.requests(), timeout=self.send_timeout_s, metadata=metadata)
-            with self._lock:
-                self._calls.add(call)
-            try:
-                if offer is not None:
-                    offer.complete(call, address.rpartition(":")[0], peer, self._client_tls)
-                reply = call.result()
-            finally:
-                with self._lock:
-                    self._calls.discard(call)
+                reply = bulk_push(
+                    lambda offer: self._track(push.future(
+                        offer.requests(), timeout=timeout, metadata=((OFFER_KEY, "offer"),)
+                    )),
+                    self._settle, message, chunk_bytes=chunk, timeout_s=timeout,
+                    host=address.rpartition(":")[0], peer=peer, context=self._client_tls,
+                )  # fmt: skip
             ack = Ack(
                 reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.lineage,
                 start_over=reply.start_over,
@@ -412,10 +411,18 @@ class GrpcTransport:
         except Exception as err:  # a failing send must never kill the sender pool
             done(SendOutcome(False, nbytes, error=Rejected(RejectCode.UNAVAILABLE, repr(err))))
 
-    def _offer(self, message: GossipMessage) -> BulkOffer | None:
-        if self.bulk_bytes is None or len(message.data) < max(self.bulk_bytes, 1):
-            return None
-        return BulkOffer(message, self.chunk_bytes, self.send_timeout_s)
+    def _track(self, call: grpc.Future) -> grpc.Future:
+        with self._lock:
+            self._calls.add(call)
+        return call
+
+    def _settle(self, call: grpc.Future) -> gossip_pb2.PushAck:
+        try:
+            reply: gossip_pb2.PushAck = call.result()
+            return reply
+        finally:
+            with self._lock:
+                self._calls.discard(call)
 
     def close(self, grace_s: float = 1.0) -> None:
         with self._lock:

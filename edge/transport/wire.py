@@ -262,12 +262,25 @@ class PushAssembler:
         self._buffer[self._offset : self._offset + size] = data
         self._offset += size
 
-    def receive(self, fill: Callable[[memoryview], None]) -> None:
-        """Fill the rest of the payload at once (the bulk path): ``fill`` writes every byte
-        of the view it is given or raises (and the push is refused)."""
+    @property
+    def received(self) -> int:
+        """Payload bytes in place so far."""
+        return self._offset
+
+    def receive(self, fill: Callable[[memoryview, Callable[[int], None]], None]) -> None:
+        """Fill the rest of the payload in place (the bulk path): ``fill(view, arrived)``
+        writes into ``view`` from its start, calls ``arrived(n)`` as each ``n`` bytes land,
+        and raises to refuse the push (what arrived stays counted: :meth:`take_over`)."""
+
+        def arrived(n: int) -> None:
+            self._offset += n
+
         with memoryview(self._buffer) as whole, whole[self._offset :] as rest:
-            fill(rest)
-            self._offset += len(rest)
+            fill(rest, arrived)
+
+    def take_over(self, cut: PushAssembler) -> None:
+        """Continue a cut push of the same header: its buffer and what it received."""
+        self._buffer, self._offset = cut._buffer, cut._offset
 
     def message(self) -> GossipMessage:
         """The whole message, once the stream has ended."""

@@ -17,8 +17,10 @@ import pytest
 from edge.algorithms.base import Ack
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.security.tls import dial
+from edge.transport import bulk_send
 from edge.transport.base import GossipMessage, LinkVerdict, MessageHeader, Rejected, SendOutcome
-from edge.transport.bulk import OFFER_KEY, parse_answer
+from edge.transport.bulk import OFFER_KEY
+from edge.transport.bulk_send import parse_answer
 from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.tlssocket import ssl_context, ssl_identity
 from edge.transport.wire import CHUNK_BYTES, frames
@@ -174,7 +176,9 @@ def offered_push(
         try:
             answer = parse_answer(dict(call.initial_metadata())[OFFER_KEY])
             assert answer is not None
-            act(address.rpartition(":")[0], *answer)
+            port, token, start = answer
+            assert start == 0
+            act(address.rpartition(":")[0], port, token)
         finally:
             finished.set()
         with pytest.raises(grpc.RpcError) as info:
@@ -277,3 +281,41 @@ def test_sixteen_agents_at_30_percent_loss_reach_the_exact_average_over_the_bulk
         assert all(a.counters().messages_rejected == 0 for a in fleet.agents)
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_push_cut_at_half_resumes_where_it_stopped_and_arrives_bit_for_bit(
+    secure: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first data connection is cut after half the payload (the sender's socket closed
+    abruptly); the receiver refuses that call, keeps what arrived, and answers the next
+    offer of the same push with where to go on: only the second half is sent again."""
+    payload = np.random.default_rng(2).integers(0, 256, 8 * CHUNK_BYTES + 3, np.uint8)
+    sent: list[int] = []
+    real = bulk_send.send_payload
+
+    def cut_once(host: str, port: int, token: bytes, data: memoryview, **kw: object) -> None:
+        sent.append(len(data))
+        if len(sent) > 1:
+            return real(host, port, token, data, **kw)  # type: ignore[arg-type]
+        sock = socket.create_connection((host, port))
+        context = kw["context"]
+        if isinstance(context, ssl.SSLContext):
+            sock = context.wrap_socket(sock)
+        sock.sendall(token)
+        sock.sendall(data[: len(data) // 2])
+        sock.close()
+        raise ConnectionResetError("the link went down")
+
+    monkeypatch.setattr(bulk_send, "send_payload", cut_once)
+    sender = GrpcTransport("agent-0", security=credentials("agent-0") if secure else None,
+                           bulk_bytes=1024)  # fmt: skip
+    with receiver(secure) as (_, taker, address):
+        try:
+            outcome = send(sender, address, GossipMessage(header_of(payload.size), payload))
+        finally:
+            sender.close()
+    assert outcome.delivered, outcome.error
+    assert sent == [payload.size, payload.size - payload.size // 2]
+    assert taker.delivered == [payload.tobytes()]
+    assert [r.kind for r in taker.refusals] == ["bulk_short"]

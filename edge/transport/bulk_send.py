@@ -1,0 +1,174 @@
+"""The bulk path, the sender's side (see :mod:`edge.transport.bulk` for the whole path).
+
+A push of a large payload offers the bulk path and streams its header alone; the
+receiver's answer (its data port, a one-time token and where to start) arrives in the
+call's initial metadata; the payload goes from the flat buffer's own memory over the data
+connection (mutual TLS on the same certificates where the fleet has TLS). A push whose data
+connection was cut is offered again, and the receiver, which kept what arrived, says
+where to go on (:func:`bulk_push`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from edge.transport.base import GossipMessage, RejectCode, Rejected
+from edge.transport.bulk import CHUNKS, OFFER_KEY, RESUME_KEY, TOKEN_BYTES
+from edge.transport.tlssocket import ssl_identity
+from edge.transport.wire import data_frames, frames
+from protos import gossip_pb2
+
+#: Attempts of one push on the bulk path (the first and its resumptions), and the pause
+#: before each resumption (the receiver must first notice the cut and let go of the edge).
+ATTEMPTS = 3
+RESUME_PAUSE_S = 0.25
+
+
+def parse_answer(answer: str) -> tuple[int, bytes, int] | None:
+    """The port, token and resume offset of a receiver's answer; None for ``chunks``;
+    ValueError if bent."""
+    if answer == CHUNKS:
+        return None
+    port_text, token_hex, start_text = answer.split(" ")
+    port, token, start = int(port_text), bytes.fromhex(token_hex), int(start_text)
+    if not 0 < port < 65536 or len(token) != TOKEN_BYTES or start < 0:
+        raise ValueError(f"a bulk answer must be PORT TOKEN START, not {answer[:80]!r}")
+    return port, token, start
+
+
+def send_payload(
+    host: str,
+    port: int,
+    token: bytes,
+    data: memoryview,
+    *,
+    peer: str,
+    context: ssl.SSLContext | None,
+    timeout_s: float,
+) -> None:
+    """Connect to a receiver's data listener and send the token, then ``data`` from its own
+    memory. With TLS the receiver's certificate must name ``peer``."""
+    sock = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if context is not None:
+            sock = context.wrap_socket(sock)
+            named = ssl_identity(sock)
+            if named != peer:
+                raise ConnectionError(f"the data listener names {named!r}, not {peer!r}")
+        sock.sendall(token)
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)  # the end of the payload: the receiver checks it
+        # Until the receiver closes: closing first with bytes unread (a TLS 1.3 session
+        # ticket, say) would reset the connection and drop what it has not read yet.
+        while sock.recv(1 << 12):
+            pass
+    finally:
+        sock.close()
+
+
+class BulkOffer:
+    """The sender's side of one push offered the bulk path.
+
+    :meth:`requests` is the call's request stream: the header alone, then (once
+    :meth:`complete` knows the answer) nothing, or the payload's chunks where the receiver
+    answered ``chunks``. :meth:`complete` reads the answer from the call's initial metadata
+    and sends the payload over the data connection; whatever happens it lets the stream end.
+    """
+
+    def __init__(self, message: GossipMessage, chunk_bytes: int, timeout_s: float) -> None:
+        self._message = message
+        self._chunk_bytes = chunk_bytes
+        self._timeout_s = timeout_s
+        self._answered = threading.Event()
+        self._over_chunks = False
+        #: Where the receiver asked the payload to start (> 0: a cut push resumed).
+        self.resumed_at = 0
+
+    def requests(self) -> Iterator[bytes]:
+        yield next(frames(GossipMessage(self._message.header, b"")))
+        if self._answered.wait(self._timeout_s) and self._over_chunks:
+            yield from data_frames(memoryview(self._message.data).cast("B"), self._chunk_bytes)
+
+    def complete(
+        self, call: grpc.Future, host: str, peer: str, context: ssl.SSLContext | None
+    ) -> None:
+        """Send the payload as the receiver answered; :class:`Rejected` (``UNAVAILABLE``,
+        the call cancelled) if the data connection fails."""
+        try:
+            metadata = call.initial_metadata() or ()
+            answer = dict(metadata).get(OFFER_KEY)
+            if answer is None:
+                return  # the call ended first: its status says why
+            target = parse_answer(str(answer))
+            if target is None:
+                self._over_chunks = True
+                return
+            port, token, start = target
+            data = memoryview(self._message.data).cast("B")
+            if start > len(data):
+                raise ValueError(f"the receiver asks to resume at {start} of {len(data)} bytes")
+            self.resumed_at = start
+            send_payload(
+                host, port, token, data[start:], peer=peer, context=context,
+                timeout_s=self._timeout_s,
+            )  # fmt: skip
+        except (OSError, ValueError, ssl.SSLError) as err:
+            call.cancel()
+            raise Rejected(
+                RejectCode.UNAVAILABLE,
+                f"data connection to {peer} failed: {type(err).__name__}: {str(err)[:160]}",
+                kind="bulk_failed",
+            ) from None
+        finally:
+            self._answered.set()
+
+
+def bulk_push(
+    call_for: Callable[[BulkOffer], grpc.Future],
+    settle: Callable[[grpc.Future], gossip_pb2.PushAck],
+    message: GossipMessage,
+    *,
+    chunk_bytes: int,
+    timeout_s: float,
+    host: str,
+    peer: str,
+    context: ssl.SSLContext | None,
+) -> gossip_pb2.PushAck:
+    """One push on the bulk path, resumed (up to :data:`ATTEMPTS` in all) when its data
+    connection was cut: the receiver keeps what arrived and answers the next offer of the
+    same header with where to go on. ``call_for(offer)`` starts the call, ``settle(call)``
+    waits for its reply."""
+    for attempt in range(ATTEMPTS):
+        offer = BulkOffer(message, chunk_bytes, timeout_s)
+        call = call_for(offer)
+        try:
+            try:
+                offer.complete(call, host, peer, context)
+            except Rejected:
+                with contextlib.suppress(grpc.RpcError, grpc.FutureCancelledError):
+                    settle(call)
+                raise
+            return settle(call)
+        except (Rejected, grpc.RpcError) as err:
+            if attempt + 1 == ATTEMPTS or not _resumable(err, attempt):
+                raise
+        time.sleep(RESUME_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _resumable(err: Rejected | grpc.RpcError, attempt: int) -> bool:
+    """Whether another offer may resume the push: our data connection failed, the receiver
+    kept what arrived, or (after a cut) it still holds the edge."""
+    if isinstance(err, Rejected):
+        return err.kind == "bulk_failed"
+    trailing = dict(getattr(err, "trailing_metadata", lambda: ())() or ())
+    busy = attempt > 0 and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return RESUME_KEY in trailing or busy
