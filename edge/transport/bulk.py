@@ -273,22 +273,26 @@ def receive_offered(
     context: grpc.ServicerContext,
     assembler: PushAssembler,
     identity: str | None,
+    allocate: Callable[[int], bytearray],
     *,
     progress_timeout_s: float,
     progress: Callable[[], None],
     time_left: Callable[[], float],
 ) -> None:
-    """The receiver's side of an offer, once the header passed and the buffer is taken:
-    the payload over a data connection into the assembler's buffer (from where a cut push
-    of the same header stopped, if one is kept), or the answer ``chunks`` (no listener)
-    and the payload comes over the call as usual."""
+    """The receiver's side of an offer, once the header passed: the payload over a data
+    connection into a buffer from ``allocate`` (or that of a cut push of the same header,
+    from where it stopped: no second buffer), or the answer ``chunks`` (no listener) and
+    the payload comes over the call as usual."""
     if listener is None:
+        assembler.begin(allocate)
         context.send_initial_metadata(((OFFER_KEY, CHUNKS),))
         return
     sender = identity or assembler.header.sender
     cut = listener.partials.take(sender, assembler.header)
     if cut is not None:
         assembler.take_over(cut)
+    else:
+        assembler.begin(allocate)
     expected = listener.expect(identity)
     start = assembler.received
     try:

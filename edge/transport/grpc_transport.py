@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from concurrent import futures
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -185,13 +185,14 @@ class _GossipServer:
             except Exception as err:  # a bug an input found: one line, never a traceback
                 raise _internal(err) from None
             watch.extend(self._watchdog.deadline_s + header.payload_bytes * SECONDS_PER_BYTE)
-            assembler.begin(self._buffers.take)
             if any(key == OFFER_KEY for key, _ in context.invocation_metadata() or ()):
                 receive_offered(
-                    self._bulk, context, assembler, identity, progress=watch.progress,
-                    progress_timeout_s=self._watchdog.progress_timeout_s,
+                    self._bulk, context, assembler, identity, self._buffers.take,
+                    progress=watch.progress, progress_timeout_s=self._watchdog.progress_timeout_s,
                     time_left=lambda: watch.deadline - watch.clock(),
                 )  # fmt: skip
+            else:
+                assembler.begin(self._buffers.take)
             for raw in requests:
                 watch.progress()
                 assembler.add(parse_chunk(raw))
@@ -418,8 +419,7 @@ class GrpcTransport:
 
     def _settle(self, call: grpc.Future) -> gossip_pb2.PushAck:
         try:
-            reply: gossip_pb2.PushAck = call.result()
-            return reply
+            return cast(gossip_pb2.PushAck, call.result())
         finally:
             with self._lock:
                 self._calls.discard(call)

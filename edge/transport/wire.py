@@ -279,7 +279,9 @@ class PushAssembler:
             fill(rest, arrived)
 
     def take_over(self, cut: PushAssembler) -> None:
-        """Continue a cut push of the same header: its buffer and what it received."""
+        """Continue a cut push of the same header instead of :meth:`begin`: its buffer and
+        what it received."""
+        self._first = None
         self._buffer, self._offset = cut._buffer, cut._offset
 
     def message(self) -> GossipMessage:
