@@ -24,6 +24,7 @@ handshake in time is closed and counted as a refusal.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import ssl
@@ -70,11 +71,14 @@ class Partials:
         self._kept: dict[str, tuple[float, PushAssembler]] = {}
 
     def keep(self, sender: str, assembler: PushAssembler) -> None:
+        now = self._clock()
         with self._lock:
             self._kept.pop(sender, None)
+            for stale in [s for s, (until, _) in self._kept.items() if until < now]:
+                del self._kept[stale]
             while len(self._kept) >= MAX_PARTIALS:
                 del self._kept[next(iter(self._kept))]
-            self._kept[sender] = (self._clock() + PARTIAL_TTL_S, assembler)
+            self._kept[sender] = (now + PARTIAL_TTL_S, assembler)
 
     def take(self, sender: str, header: MessageHeader) -> PushAssembler | None:
         """The cut push of ``sender`` if it had this very header (any other is dropped)."""
@@ -142,6 +146,8 @@ class BulkListener:
             self._expected.pop(expected.token, None)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the thread in accept() (Linux)
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         with self._lock:
             waiting, self._expected = list(self._expected.values()), {}

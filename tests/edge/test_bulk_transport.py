@@ -19,7 +19,7 @@ from edge.config.settings import AgentSettings, TaskSettings
 from edge.security.tls import dial
 from edge.transport import bulk_send
 from edge.transport.base import GossipMessage, LinkVerdict, MessageHeader, Rejected, SendOutcome
-from edge.transport.bulk import OFFER_KEY
+from edge.transport.bulk import OFFER_KEY, RESUME_KEY
 from edge.transport.bulk_send import parse_answer
 from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.tlssocket import ssl_context, ssl_identity
@@ -221,6 +221,9 @@ def test_a_short_or_oversized_data_stream_is_refused_and_not_absorbed(
         error = offered_push(address, 10_000, identity, act)
     assert error.code() == code and reason in str(error.details())
     assert [r.kind for r in taker.refusals] == [kind]
+    # A short stream is kept for the sender to resume, and the sender is told so.
+    kept = dict(error.trailing_metadata() or ()).get(RESUME_KEY)
+    assert kept == ("9000" if kind == "bulk_short" else None)
     assert taker.delivered == []
 
 
@@ -319,3 +322,15 @@ def test_a_push_cut_at_half_resumes_where_it_stopped_and_arrives_bit_for_bit(
     assert sent == [payload.size, payload.size - payload.size // 2]
     assert taker.delivered == [payload.tobytes()]
     assert [r.kind for r in taker.refusals] == ["bulk_short"]
+
+
+def test_closing_the_transport_closes_its_data_listener() -> None:
+    with receiver(False) as (transport, _, _):
+        listener = transport._bulk
+        assert listener is not None
+        port = listener.port
+        socket.create_connection(("127.0.0.1", port)).close()  # listening
+    listener._thread.join(5)
+    assert not listener._thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port)).close()
