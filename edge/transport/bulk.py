@@ -328,3 +328,5 @@ def receive_offered(
         raise
     finally:
         listener.forget(expected)
+        if expected._sock is not None:  # handed over as the wait gave up: never read
+            expected._sock.close()
