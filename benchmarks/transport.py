@@ -1,6 +1,6 @@
 """Transport: a flat float32 model pushed between two processes over loopback.
 
-For each size (40 MB and 400 MB), every way in the same run, each the median of several
+For each size (40 MB, 100 MB and 400 MB), every way in the same run, each the median of several
 pushes of the same buffer:
 
 * raw TCP: ``sendall`` of the buffer, ``recv_into`` a preallocated one, a 1-byte ack (the
@@ -11,10 +11,15 @@ pushes of the same buffer:
   whose handler takes the message and acknowledges it (no decoding: the transport alone);
 * ``GrpcTransport`` on the bulk path (``bulk_bytes``: the payload over a data connection the
   call negotiates, :mod:`edge.transport.bulk`), in plaintext and over mutual TLS;
-* torch.distributed's gloo ``send``/``recv`` of the tensor (a peer's figure).
+* torch.distributed's gloo ``send``/``recv`` of the tensor (a peer's figure);
+* at 100 MB, hivemind 1.1.12's ``DecentralizedAverager``: an all-reduce of the tensor
+  between two peers, matchmaking left out (``peers/hivemind_tensor.py``, in hivemind's own
+  environment); it moves the tensor's size out of each peer and into it, where a push
+  moves it one way, so its MB/s (of the tensor) is not a push's.
 
 The ways that take turns (all but gloo) push one after the other (gRPC, raw TCP, ...), so a
-change of the machine's load during the run weighs on each alike; gloo runs after them.
+change of the machine's load during the run weighs on each alike; gloo and hivemind run
+after them.
 Beside MB/s, the CPU each push cost (this process's, the sender's, plus the receiver
 process's), also per byte: on a busy machine throughput follows it, and it moves far less
 with the load.
@@ -44,8 +49,10 @@ from benchmarks.proctree import cpu_seconds
 from benchmarks.suite import Context, Outcome
 
 #: Sizes pushed (float32 elements) and the pushes of each in a full run and a quick one.
-SIZES = {"40MB": 10_000_000, "400MB": 100_000_000}
-PUSHES = {"40MB": (8, 3), "400MB": (3, 2)}
+SIZES = {"40MB": 10_000_000, "100MB": 25_000_000, "400MB": 100_000_000}
+PUSHES = {"40MB": (8, 3), "100MB": (4, 2), "400MB": (3, 2)}
+#: The size hivemind's averager is measured at too (an all-reduce of two peers).
+HIVEMIND_SIZE = "100MB"
 SENDER, RECEIVER = "bench-sender", "bench-receiver"
 
 
@@ -207,6 +214,23 @@ def interleaved(
     return rates, cpu
 
 
+def hivemind_rates(ctx: Context, numel: int, steps: int) -> tuple[list[float], list[float]]:
+    """hivemind's ``DecentralizedAverager`` between two peers (its own environment, made
+    under ``ctx.venvs`` when missing): MB/s of the tensor and CPU seconds a step."""
+    from benchmarks.peers.venvs import ensure
+
+    python = ensure("hivemind", ctx.venvs, ctx.work / "hivemind-venv.log")
+    out = ctx.work / "hivemind-tensor.json"
+    driver = Path(__file__).parent / "peers" / "hivemind_tensor.py"
+    with (ctx.work / "hivemind-tensor.log").open("wb") as log:
+        subprocess.run(
+            [str(python), str(driver), str(numel), str(steps), str(out)],
+            stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900, cwd=ctx.work,
+        )  # fmt: skip
+    got = json.loads(out.read_text())
+    return [4 * numel / t / 1e6 for t in got["seconds"]], list(got["cpu_s"])
+
+
 def gloo_rates(ctx: Context, numel: int, pushes: int) -> tuple[list[float], list[float]]:
     import torch
     import torch.distributed as dist
@@ -309,6 +333,11 @@ def measure(ctx: Context, size: str) -> Outcome:
         rates["gloo"], cpu["gloo"] = gloo_rates(ctx, numel, pushes)
     except Exception as err:  # gloo may be missing from a torch build
         figures["gloo_error"] = repr(err)
+    if size == HIVEMIND_SIZE:
+        try:
+            rates["hivemind"], cpu["hivemind"] = hivemind_rates(ctx, numel, pushes)
+        except Exception as err:  # no environment, no network to make one
+            figures["hivemind_error"] = repr(err)[:300]
     mb_s = {name: statistics.median(r) for name, r in rates.items()}
     ns_byte = {name: 1e9 * statistics.median(s) / nbytes for name, s in cpu.items()}
     for name in rates:
