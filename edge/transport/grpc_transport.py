@@ -13,11 +13,11 @@ from raw bytes (:mod:`edge.transport.wire`). Every refusal has its gRPC status a
 the handler (metrics and a rate-limited log line), none leaves a traceback.
 
 Both ends frame the chunks themselves (:func:`~edge.transport.wire.frames`, no serializer
-on ``Push``): a chunk leaves as one copy of its slice of the flat buffer, and arrives as a
-view of gRPC's bytes copied once into a payload buffer that is reused once the agent has
-let go of the previous message (:class:`~edge.transport.wire.PayloadBuffers`). The C
-allocator keeps the megabyte buffers gRPC and the frames go through in its heap
-(:mod:`edge.transport.allocator`).
+on ``Push``): a chunk leaves as one copy of its slice and arrives as a view of gRPC's bytes
+copied once into a reused payload buffer (:class:`~edge.transport.wire.PayloadBuffers`);
+the C allocator keeps gRPC's megabyte buffers in its heap (:mod:`edge.transport.allocator`).
+With ``bulk_bytes``, a large payload leaves the call for a data connection of its own, sent
+and received in place, resumed if cut (:mod:`edge.transport.bulk`).
 """
 
 from __future__ import annotations
