@@ -300,6 +300,7 @@ def receive_offered(
     else:
         assembler.begin(allocate)
     expected = listener.expect(identity)
+    context.add_callback(expected._arrived.set)  # a cancelled call stops the wait at once
     start = assembler.received
     try:
         answer = f"{listener.port} {expected.token.hex()} {start}"

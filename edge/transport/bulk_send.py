@@ -29,6 +29,25 @@ from protos import gossip_pb2
 #: before each resumption (the receiver must first notice the cut and let go of the edge).
 ATTEMPTS = 3
 RESUME_PAUSE_S = 0.25
+#: Longest wait for a data connection to open (a port a firewall drops), and how long a
+#: peer whose data port could not be reached gets its pushes over the call instead.
+CONNECT_TIMEOUT_S = 5.0
+UNREACHABLE_S = 60.0
+
+
+class DataPortUnreachable(ConnectionError):
+    """The data connection could not be opened (nothing of the payload was sent)."""
+
+
+#: Peers (gossip address, identity) whose data port could not be reached, until when.
+_unreachable: dict[tuple[str, str], float] = {}
+_unreachable_lock = threading.Lock()
+
+
+def reachable(address: str, peer: str) -> bool:
+    """Whether pushes to ``peer`` at ``address`` may be offered the bulk path now."""
+    with _unreachable_lock:
+        return _unreachable.get((address, peer), 0.0) < time.monotonic()
 
 
 def parse_answer(answer: str) -> tuple[int, bytes, int] | None:
@@ -55,8 +74,16 @@ def send_payload(
 ) -> None:
     """Connect to a receiver's data listener and send the token, then ``data`` from its own
     memory. With TLS the receiver's certificate must name ``peer``."""
-    sock = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
     try:
+        sock = socket.create_connection(
+            (host.strip("[]"), port), timeout=min(timeout_s, CONNECT_TIMEOUT_S)
+        )
+    except OSError as err:
+        raise DataPortUnreachable(
+            f"cannot open a data connection to {host}:{port}: {err}"
+        ) from None
+    try:
+        sock.settimeout(timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if context is not None:
             sock = context.wrap_socket(sock)
@@ -125,7 +152,7 @@ class BulkOffer:
             raise Rejected(
                 RejectCode.UNAVAILABLE,
                 f"data connection to {peer} failed: {type(err).__name__}: {str(err)[:160]}",
-                kind="bulk_failed",
+                kind="bulk_unreachable" if isinstance(err, DataPortUnreachable) else "bulk_failed",
             ) from None
         finally:
             self._answered.set()
@@ -136,16 +163,22 @@ def bulk_push(
     settle: Callable[[grpc.Future], gossip_pb2.PushAck],
     message: GossipMessage,
     *,
+    plain: Callable[[], grpc.Future],
     chunk_bytes: int,
     timeout_s: float,
-    host: str,
+    address: str,
     peer: str,
     context: ssl.SSLContext | None,
 ) -> gossip_pb2.PushAck:
     """One push on the bulk path, resumed (up to :data:`ATTEMPTS` in all) when its data
     connection was cut: the receiver keeps what arrived and answers the next offer of the
     same header with where to go on. ``call_for(offer)`` starts the call, ``settle(call)``
-    waits for its reply."""
+    waits for its reply. Where the data port cannot be reached (a firewall, a service that
+    forwards the gossip port alone), the push goes over the call (``plain()``), and so do
+    that peer's next pushes for :data:`UNREACHABLE_S`."""
+    if not reachable(address, peer):
+        return _over_the_call(plain, settle)
+    host = address.rpartition(":")[0]
     for attempt in range(ATTEMPTS):
         offer = BulkOffer(message, chunk_bytes, timeout_s)
         call = call_for(offer)
@@ -158,7 +191,26 @@ def bulk_push(
                 raise
             return settle(call)
         except (Rejected, grpc.RpcError) as err:
+            if isinstance(err, Rejected) and err.kind == "bulk_unreachable":
+                with _unreachable_lock:
+                    _unreachable[(address, peer)] = time.monotonic() + UNREACHABLE_S
+                return _over_the_call(plain, settle)
             if attempt + 1 == ATTEMPTS or not _resumable(err, attempt):
+                raise
+        time.sleep(RESUME_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _over_the_call(
+    plain: Callable[[], grpc.Future], settle: Callable[[grpc.Future], gossip_pb2.PushAck]
+) -> gossip_pb2.PushAck:
+    """The push over the call, again if the receiver still holds the edge for an offer
+    just given up."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return settle(plain())
+        except grpc.RpcError as err:
+            if attempt + 1 == ATTEMPTS or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
         time.sleep(RESUME_PAUSE_S * (attempt + 1))
     raise AssertionError("unreachable")

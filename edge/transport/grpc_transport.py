@@ -75,9 +75,8 @@ SECONDS_PER_BYTE = 1 / (64 << 10)
 
 
 def _internal(err: Exception) -> Rejected:
-    return Rejected(
-        RejectCode.INTERNAL, f"{type(err).__name__}: {str(err)[:200]}", kind="internal_error"
-    )
+    reason = f"{type(err).__name__}: {str(err)[:200]}"
+    return Rejected(RejectCode.INTERNAL, reason, kind="internal_error")
 
 
 class _GossipServer:
@@ -376,17 +375,18 @@ class GrpcTransport:
                     done(SendOutcome(False, nbytes, dropped=True))
                     return
             push, timeout, chunk = self._push(peer, address), self.send_timeout_s, self.chunk_bytes
+
+            def plain() -> grpc.Future:
+                return self._track(push.future(frames(message, chunk), timeout=timeout))
+
             if self.bulk_bytes is None or len(message.data) < max(self.bulk_bytes, 1):
-                reply = self._settle(
-                    self._track(push.future(frames(message, chunk), timeout=timeout))
-                )
+                reply = self._settle(plain())
             else:
                 reply = bulk_push(
                     lambda offer: self._track(push.future(
                         offer.requests(), timeout=timeout, metadata=((OFFER_KEY, "offer"),)
-                    )),
-                    self._settle, message, chunk_bytes=chunk, timeout_s=timeout,
-                    host=address.rpartition(":")[0], peer=peer, context=self._client_tls,
+                    )), self._settle, message, plain=plain, chunk_bytes=chunk, timeout_s=timeout,
+                    address=address, peer=peer, context=self._client_tls,
                 )  # fmt: skip
             ack = Ack(
                 reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.lineage,

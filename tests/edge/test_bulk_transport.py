@@ -334,3 +334,28 @@ def test_closing_the_transport_closes_its_data_listener() -> None:
     assert not listener._thread.is_alive()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port)).close()
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_data_port_that_cannot_be_reached_sends_the_push_over_the_call(secure: bool) -> None:
+    """As behind a service that forwards the gossip port alone: the offer is given up, the
+    push goes over the call, and so do that peer's next pushes (no second offer)."""
+    payload = np.random.default_rng(3).integers(0, 256, 2 * CHUNK_BYTES + 1, np.uint8)
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        closed_port = probe.getsockname()[1]  # nothing listens there once closed
+    sender = GrpcTransport("agent-0", security=credentials("agent-0") if secure else None,
+                           bulk_bytes=1024)  # fmt: skip
+    with receiver(secure) as (transport, taker, address):
+        assert transport._bulk is not None
+        transport._bulk.port = closed_port
+        try:
+            for _ in range(2):
+                outcome = send(sender, address, GossipMessage(header_of(payload.size), payload))
+                assert outcome.delivered, outcome.error
+        finally:
+            sender.close()
+    assert taker.delivered == [payload.tobytes()] * 2
+    kinds = [r.kind for r in taker.refusals]
+    assert kinds.count("bulk_no_connection") == 1  # the one offer, given up
+    assert set(kinds) <= {"bulk_no_connection", "busy_edge"}
+    assert not bulk_send.reachable(address, "agent-1")
