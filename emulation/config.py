@@ -97,6 +97,22 @@ class ContainerSettings(BaseModel):
     )
 
 
+class TransportSettings(BaseModel):
+    """``[transport]``: how agents with real gRPC (every mode but inproc and virtual) move
+    their payloads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bulk_bytes: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 40,
+        description="payloads of at least this many bytes leave the gRPC call for a data "
+        "connection of their own, on the same certificates (the bulk path: "
+        "docs/performance.md); unset: every payload over the call",
+    )
+
+
 class RaySettings(BaseModel):
     """``[ray]``: where and how ``mode = "ray"`` runs its agents as Ray actors."""
 
@@ -145,6 +161,7 @@ class RunConfig(AgentSettings):
     )
     containers: ContainerSettings = Field(default_factory=ContainerSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
+    transport: TransportSettings = Field(default_factory=TransportSettings)
     out: Path | None = None
 
     @field_validator("topology")

@@ -25,6 +25,7 @@ handshake in time is closed and counted as a refusal.
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import socket
 import ssl
@@ -39,6 +40,8 @@ from edge.security.tls import TlsCredentials
 from edge.transport.base import MessageHeader, RejectCode, Rejected
 from edge.transport.tlssocket import ssl_context, ssl_identity
 from edge.transport.wire import PushAssembler
+
+log = logging.getLogger(__name__)
 
 #: Metadata key of the offer (the sender's ``offer``) and of the answer (the receiver's
 #: ``PORT TOKEN`` hex, or ``chunks``: send the payload over the call as usual).
@@ -125,6 +128,8 @@ class BulkListener:
         self._lock = threading.Lock()
         self._expected: dict[bytes, Expected] = {}
         self.partials = Partials()
+        #: Pushes whose payload arrived whole over a data connection.
+        self.received = 0
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         host = host.strip("[]") or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -144,6 +149,16 @@ class BulkListener:
         """The push is over: its token is no longer valid."""
         with self._lock:
             self._expected.pop(expected.token, None)
+
+    def arrived(self, sender: str) -> None:
+        """A push's payload arrived whole over its data connection (the first one is
+        logged: the bulk path is in use, not only offered)."""
+        with self._lock:
+            self.received += 1
+            first = self.received == 1
+        if first:
+            log.info("pushes arrive over the bulk path (data port %d), first from %s",
+                     self.port, sender[:64])  # fmt: skip
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # wakes the thread in accept() (Linux)
@@ -322,6 +337,7 @@ def receive_offered(
                 )  # fmt: skip
 
             assembler.receive(fill)
+        listener.arrived(sender)
     except Rejected as err:
         if err.kind in RESUMABLE and assembler.received > start:
             listener.partials.keep(sender, assembler)  # the next offer resumes from here

@@ -241,8 +241,9 @@ def _run_agent(
     # The network may add its figures (a wireless link count, say) to every round record.
     stats = links.sink(telemetry)
     transport = GrpcTransport(
-        options.agent_id, listen=options.listen, shaper=shaper, security=security
-    )
+        options.agent_id, listen=options.listen, shaper=shaper, security=security,
+        bulk_bytes=config.transport.bulk_bytes,
+    )  # fmt: skip
     checkpoints = (
         CheckpointStore(options.checkpoint_dir, options.agent_id)
         if options.checkpoint_dir is not None
