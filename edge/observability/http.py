@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from edge.security.tls import TlsCredentials
+from edge.transport.ports import split_listen
 
 log = logging.getLogger("airgossip.http")
 
@@ -188,14 +189,7 @@ def json_route(produce: Callable[[], object]) -> Route:
 
 
 def _listening_socket(listen: str) -> socket.socket:
-    host, _, port_text = listen.rpartition(":")
-    host = host.strip("[]")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise OSError(f"cannot serve metrics on {listen}: expected host:port") from None
-    if not 0 <= port <= 65535:
-        raise OSError(f"cannot serve metrics on {listen}: port must be within 0..65535")
+    host, port = split_listen(listen, "serve metrics")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

@@ -10,20 +10,27 @@ class PortInUseError(OSError):
     """The address to listen on is taken (or cannot be bound)."""
 
 
+def split_listen(listen: str, doing: str = "listen") -> tuple[str, int]:
+    """``host:port`` (brackets of an IPv6 host removed) as host and port, or
+    :class:`PortInUseError` saying what is wrong: "cannot ``doing`` on ``listen``: ..."."""
+    host, _, port_text = listen.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise PortInUseError(f"cannot {doing} on {listen}: expected host:port") from None
+    if not 0 <= port <= 65535:
+        raise PortInUseError(f"cannot {doing} on {listen}: port must be within 0..65535")
+    return host.strip("[]"), port
+
+
 def ensure_bindable(listen: str) -> None:
     """Raise :class:`PortInUseError` with a plain reason if ``host:port`` cannot be bound.
 
     gRPC reports a failed bind only as a log line on stderr and a zero port; trying the
     address with a plain socket first gives the user one clear sentence instead.
     """
-    host, _, port_text = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise PortInUseError(f"cannot listen on {listen}: expected host:port") from None
-    if not 0 <= port <= 65535:
-        raise PortInUseError(f"cannot listen on {listen}: port must be within 0..65535")
+    host, port = split_listen(listen)
+    host = host or "0.0.0.0"
     if port == 0:
         return
     try:
