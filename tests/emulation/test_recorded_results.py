@@ -8,8 +8,9 @@ header gained the receiver, fleet and epoch: every message grew by those bytes, 
 bytes left out of the count, the old files still matched exactly). Timing fields are left
 out: the wall-clock time of a run and when it was launched (in the virtual mode,
 ``train_wall_s``, schema 1's ``wall_s``, is virtual time and is compared); so are the
-``schema_version`` and the ``[containers]``, ``[ray]`` and ``[privacy]`` settings, added since (at
-their defaults: none of these runs asks for privacy). Counts and strings compare exactly.
+``schema_version`` and the ``[containers]``, ``[ray]``, ``[privacy]`` and ``[transport]``
+settings, added since (at their defaults: none of these runs asks for privacy or the bulk
+path). Counts and strings compare exactly.
 Floats of float64 runs (consensus) compare to 1e-9 relative, which allows the last bits of a
 BLAS kernel chosen for another CPU and nothing else; float32 training (digits) goes through
 kernels that differ with the CPU's vector units and the thread count (measured: up to 2.1e-7
@@ -41,10 +42,11 @@ SCHEMA = "schema_version"
 def comparable(results: dict[str, Any], real_time: bool) -> dict[str, Any]:
     results = {k: v for k, v in results.items() if k not in (*TIMING, SCHEMA)}
     # Added after the recordings, used by none of their runs: how containers and Ray run
-    # agents, privacy.
+    # agents, privacy, the bulk path.
     results["config"].pop("containers", None)
     results["config"].pop("ray", None)
     assert results["config"].pop("privacy", {}).get("mechanism", "none") == "none"
+    assert results["config"].pop("transport", {}).get("bulk_bytes") is None
     if results["config"].get("wireless"):
         results["config"]["wireless"].pop("epoch_unix", None)
     if real_time:
