@@ -61,10 +61,6 @@ MAX_PARTIALS = 4
 PARTIAL_TTL_S = 60.0
 
 
-def bulk_refusal(code: RejectCode, reason: str, kind: str) -> Rejected:
-    return Rejected(code, reason, kind=kind)
-
-
 class Partials:
     """Cut pushes kept for their sender's next offer of the same header (bounded)."""
 
@@ -104,6 +100,10 @@ class Expected:
     def wait(self, timeout_s: float) -> socket.socket | None:
         self._arrived.wait(timeout_s)
         return self._sock
+
+    def wake(self) -> None:
+        """End the wait (the push's call ended, or the listener closed)."""
+        self._arrived.set()
 
 
 class BulkListener:
@@ -167,7 +167,7 @@ class BulkListener:
         with self._lock:
             waiting, self._expected = list(self._expected.values()), {}
         for expected in waiting:
-            expected._arrived.set()
+            expected.wake()
 
     def _accept(self) -> None:
         while True:
@@ -177,10 +177,13 @@ class BulkListener:
                 return  # closed
             if not self._handshakes.acquire(blocking=False):
                 conn.close()
-                self._refused(bulk_refusal(
-                    RejectCode.RESOURCE_EXHAUSTED, "too many data connections in handshake",
-                    "bulk_busy",
-                ))  # fmt: skip
+                self._refused(
+                    Rejected(
+                        RejectCode.RESOURCE_EXHAUSTED,
+                        "too many data connections in handshake",
+                        kind="bulk_busy",
+                    )
+                )
                 continue
             threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
 
@@ -189,11 +192,13 @@ class BulkListener:
             sock, identity, token = self._handshake(conn)
         except (OSError, ValueError) as err:
             conn.close()
-            self._refused(bulk_refusal(
-                RejectCode.PERMISSION_DENIED,
-                f"data connection refused: {type(err).__name__}: {str(err)[:120]}",
-                "bulk_handshake",
-            ))  # fmt: skip
+            self._refused(
+                Rejected(
+                    RejectCode.PERMISSION_DENIED,
+                    f"data connection refused: {type(err).__name__}: {str(err)[:120]}",
+                    kind="bulk_handshake",
+                )
+            )
             return
         finally:
             self._handshakes.release()
@@ -204,14 +209,16 @@ class BulkListener:
                 expected = None
         if expected is None:
             sock.close()
-            self._refused(bulk_refusal(
-                RejectCode.PERMISSION_DENIED,
-                "data connection with a token no push of this identity awaits",
-                "bulk_unknown_token",
-            ))  # fmt: skip
+            self._refused(
+                Rejected(
+                    RejectCode.PERMISSION_DENIED,
+                    "data connection with a token no push of this identity awaits",
+                    kind="bulk_unknown_token",
+                )
+            )
             return
         expected._sock = sock
-        expected._arrived.set()
+        expected.wake()
 
     def _handshake(self, conn: socket.socket) -> tuple[socket.socket, str | None, bytes]:
         conn.settimeout(self._timeout_s)
@@ -252,40 +259,42 @@ def receive_into(
         while True:
             left = time_left()
             if left <= 0:
-                raise bulk_refusal(
-                    RejectCode.DEADLINE_EXCEEDED, "the push ran past its time", "stream_deadline"
+                raise Rejected(
+                    RejectCode.DEADLINE_EXCEEDED,
+                    "the push ran past its time",
+                    kind="stream_deadline",
                 )
             sock.settimeout(min(progress_timeout_s, left))
             if got == total:
                 extra = sock.recv(1)
                 if extra:
-                    raise bulk_refusal(
+                    raise Rejected(
                         RejectCode.INVALID_ARGUMENT,
                         f"the data connection carries more than the {total} bytes announced",
-                        "bulk_oversized",
+                        kind="bulk_oversized",
                     )
                 return
             n = sock.recv_into(view[got - start : got - start + IO_BYTES])
             if not n:
-                raise bulk_refusal(
+                raise Rejected(
                     RejectCode.INVALID_ARGUMENT,
                     f"the data connection ended after {got} of the {total} bytes announced",
-                    "bulk_short",
+                    kind="bulk_short",
                 )
             got += n
             arrived(n)
             progress()
     except TimeoutError:
-        raise bulk_refusal(
+        raise Rejected(
             RejectCode.DEADLINE_EXCEEDED,
             f"the data connection stalled after {got} of {total} bytes",
-            "stream_stalled",
+            kind="stream_stalled",
         ) from None
     except (OSError, ssl.SSLError) as err:
-        raise bulk_refusal(
+        raise Rejected(
             RejectCode.INVALID_ARGUMENT,
             f"the data connection failed after {got} of {total} bytes: {type(err).__name__}",
-            "bulk_broken",
+            kind="bulk_broken",
         ) from None
 
 
@@ -315,7 +324,7 @@ def receive_offered(
     else:
         assembler.begin(allocate)
     expected = listener.expect(identity)
-    context.add_callback(expected._arrived.set)  # a cancelled call stops the wait at once
+    context.add_callback(expected.wake)  # a cancelled call stops the wait at once
     start = assembler.received
     try:
         answer = f"{listener.port} {expected.token.hex()} {start}"
@@ -323,10 +332,10 @@ def receive_offered(
         # Half the progress timeout: this refusal, not the watchdog's, says what is missing.
         sock = expected.wait(progress_timeout_s / 2)
         if sock is None:
-            raise bulk_refusal(
+            raise Rejected(
                 RejectCode.DEADLINE_EXCEEDED,
                 f"no data connection came for the push within {progress_timeout_s / 2:g} s",
-                "bulk_no_connection",
+                kind="bulk_no_connection",
             )
         with sock:
 

@@ -39,15 +39,23 @@ class DataPortUnreachable(ConnectionError):
     """The data connection could not be opened (nothing of the payload was sent)."""
 
 
-#: Peers (gossip address, identity) whose data port could not be reached, until when.
-_unreachable: dict[tuple[str, str], float] = {}
-_unreachable_lock = threading.Lock()
+class UnreachablePorts:
+    """The peers (gossip address, identity) whose data port one sender could not reach,
+    each until :data:`UNREACHABLE_S` after it failed: their pushes go over the call."""
 
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._until: dict[tuple[str, str], float] = {}
 
-def reachable(address: str, peer: str) -> bool:
-    """Whether pushes to ``peer`` at ``address`` may be offered the bulk path now."""
-    with _unreachable_lock:
-        return _unreachable.get((address, peer), 0.0) < time.monotonic()
+    def reachable(self, address: str, peer: str) -> bool:
+        """Whether pushes to ``peer`` at ``address`` may be offered the bulk path now."""
+        with self._lock:
+            return self._until.get((address, peer), 0.0) < self._clock()
+
+    def failed(self, address: str, peer: str) -> None:
+        with self._lock:
+            self._until[(address, peer)] = self._clock() + UNREACHABLE_S
 
 
 def parse_answer(answer: str) -> tuple[int, bytes, int] | None:
@@ -169,14 +177,15 @@ def bulk_push(
     address: str,
     peer: str,
     context: ssl.SSLContext | None,
+    unreachable: UnreachablePorts,
 ) -> gossip_pb2.PushAck:
     """One push on the bulk path, resumed (up to :data:`ATTEMPTS` in all) when its data
     connection was cut: the receiver keeps what arrived and answers the next offer of the
     same header with where to go on. ``call_for(offer)`` starts the call, ``settle(call)``
     waits for its reply. Where the data port cannot be reached (a firewall, a service that
     forwards the gossip port alone), the push goes over the call (``plain()``), and so do
-    that peer's next pushes for :data:`UNREACHABLE_S`."""
-    if not reachable(address, peer):
+    that peer's next pushes for :data:`UNREACHABLE_S` (kept in ``unreachable``)."""
+    if not unreachable.reachable(address, peer):
         return _over_the_call(plain, settle)
     host = address.rpartition(":")[0]
     for attempt in range(ATTEMPTS):
@@ -192,8 +201,7 @@ def bulk_push(
             return settle(call)
         except (Rejected, grpc.RpcError) as err:
             if isinstance(err, Rejected) and err.kind == "bulk_unreachable":
-                with _unreachable_lock:
-                    _unreachable[(address, peer)] = time.monotonic() + UNREACHABLE_S
+                unreachable.failed(address, peer)
                 return _over_the_call(plain, settle)
             if attempt + 1 == ATTEMPTS or not _resumable(err, attempt):
                 raise

@@ -16,8 +16,7 @@ Both ends frame the chunks themselves (:func:`~edge.transport.wire.frames`, no s
 on ``Push``): a chunk leaves as one copy of its slice and arrives as a view of gRPC's bytes
 copied once into a reused payload buffer (:class:`~edge.transport.wire.PayloadBuffers`);
 the C allocator keeps gRPC's megabyte buffers in its heap (:mod:`edge.transport.allocator`).
-With ``bulk_bytes``, a large payload leaves the call for a data connection of its own, sent
-and received in place, resumed if cut (:mod:`edge.transport.bulk`).
+With ``bulk_bytes`` a large payload takes a data connection of its own (:mod:`.bulk`).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from edge.transport.base import (
     SendOutcome,
 )
 from edge.transport.bulk import OFFER_KEY, BulkListener, receive_offered
-from edge.transport.bulk_send import bulk_push
+from edge.transport.bulk_send import UnreachablePorts, bulk_push
 from edge.transport.guard import (
     HealthService,
     StreamSlots,
@@ -75,8 +74,7 @@ SECONDS_PER_BYTE = 1 / (64 << 10)
 
 
 def _internal(err: Exception) -> Rejected:
-    reason = f"{type(err).__name__}: {str(err)[:200]}"
-    return Rejected(RejectCode.INTERNAL, reason, kind="internal_error")
+    return Rejected(RejectCode.INTERNAL, repr(err)[:240], kind="internal_error")
 
 
 class _GossipServer:
@@ -240,9 +238,9 @@ class GrpcTransport:
     progress_timeout_s:
         Longest an inbound push may go without a chunk (the first one included).
     bulk_bytes:
-        Payloads of at least this many bytes are offered the bulk path (a data connection
-        of their own, :mod:`edge.transport.bulk`), and a data listener serves peers' offers;
-        None: every payload goes over the gRPC call, and offers are answered ``chunks``.
+        Payloads of at least this many bytes are offered the bulk path (:mod:`.bulk`) and a
+        data listener serves peers' offers; None: every payload over the call, offers
+        answered ``chunks``.
     """
 
     def __init__(
@@ -268,6 +266,7 @@ class GrpcTransport:
         self.chunk_bytes = chunk_bytes
         self.bulk_bytes = bulk_bytes
         self._bulk: BulkListener | None = None
+        self.unreachable = UnreachablePorts()  # peers whose data port failed lately
         self._client_tls = ssl_context(security, server=False) if security and bulk_bytes else None
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
@@ -305,7 +304,16 @@ class GrpcTransport:
             ],
         )
         host = self.listen.rpartition(":")[0]
-        if self.bulk_bytes is not None:
+        ensure_bindable(self.listen)
+        try:
+            bound = add_port(server, self.listen, self.security)
+        except RuntimeError as err:
+            raise PortInUseError(f"cannot listen on {self.listen}: {err}") from err
+        if bound == 0:
+            raise PortInUseError(
+                f"cannot listen on {self.listen}: the port is in use or the address is not local"
+            )
+        if self.bulk_bytes is not None:  # once the gossip port is ours: nothing to undo
             self._bulk = BulkListener(host, self.security, handler.refused)
         gossip = _GossipServer(
             handler,
@@ -317,15 +325,6 @@ class GrpcTransport:
         )
         self._health = HealthService()
         server.add_generic_rpc_handlers((gossip.handler(), self._health.handler()))
-        ensure_bindable(self.listen)
-        try:
-            bound = add_port(server, self.listen, self.security)
-        except RuntimeError as err:
-            raise PortInUseError(f"cannot listen on {self.listen}: {err}") from err
-        if bound == 0:
-            raise PortInUseError(
-                f"cannot listen on {self.listen}: the port is in use or the address is not local"
-            )
         server.start()
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -387,6 +386,7 @@ class GrpcTransport:
                         offer.requests(), timeout=timeout, metadata=((OFFER_KEY, "offer"),)
                     )), self._settle, message, plain=plain, chunk_bytes=chunk, timeout_s=timeout,
                     address=address, peer=peer, context=self._client_tls,
+                    unreachable=self.unreachable,
                 )  # fmt: skip
             ack = Ack(
                 reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.lineage,

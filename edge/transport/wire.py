@@ -309,9 +309,7 @@ def frames(message: GossipMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[b
     if len(first):
         parts += [bytes((DATA_TAG,)), _varint(len(first)), first]
     yield b"".join(parts)
-    for offset in range(chunk_bytes, len(data), chunk_bytes):
-        piece = data[offset : offset + chunk_bytes]
-        yield b"".join((bytes((DATA_TAG,)), _varint(len(piece)), piece))
+    yield from data_frames(data[chunk_bytes:], chunk_bytes)
 
 
 def data_frames(data: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:

@@ -358,4 +358,4 @@ def test_a_data_port_that_cannot_be_reached_sends_the_push_over_the_call(secure:
     kinds = [r.kind for r in taker.refusals]
     assert kinds.count("bulk_no_connection") == 1  # the one offer, given up
     assert set(kinds) <= {"bulk_no_connection", "busy_edge"}
-    assert not bulk_send.reachable(address, "agent-1")
+    assert not sender.unreachable.reachable(address, "agent-1")
