@@ -63,30 +63,32 @@ def laplacian(pairs: np.ndarray) -> np.ndarray:
     return np.diag(a.sum(axis=1)) - a
 
 
+def _reach(pairs: np.ndarray, noise_multiplier: float, mask_multiplier: float) -> np.ndarray:
+    """``sqrt((Sigma^-1)_uu)`` for every agent ``u`` of ``pairs``, ``Sigma = sigma^2 I +
+    sigma_mask^2 L``: the Gaussian mechanism through which ``u``'s round reaches an observer
+    of every link that lacks these agents' noise and these pairs' secrets. Without
+    independent noise ``Sigma`` is singular (the messages' sum shows the updates' sum):
+    infinite."""
+    n = pairs.shape[0]
+    if noise_multiplier <= 0:
+        return np.full(n, np.inf)
+    cov = noise_multiplier**2 * np.eye(n) + mask_multiplier**2 * laplacian(pairs)
+    return np.sqrt(np.maximum(np.diag(np.linalg.inv(cov)), 0.0))
+
+
 def cancelling_sensitivities(
     pairs: np.ndarray, noise_multiplier: float, mask_multiplier: float
 ) -> np.ndarray:
     """``mu[u, v]``: the Gaussian mechanism through which agent ``u``'s round reaches a
     curious agent ``v`` that eavesdrops every link (``mu = 1 / effective noise multiplier``;
-    the diagonal is 0). ``v`` knows the masks it shares; no secret of another pair."""
+    the diagonal is 0). ``v`` knows its own noise and the masks it shares; no secret of
+    another pair: :func:`_reach` over the other agents and their pairs."""
     n = pairs.shape[0]
     mu = np.zeros((n, n))
-    if noise_multiplier <= 0 and mask_multiplier <= 0:
-        mu[:] = np.inf
-        np.fill_diagonal(mu, 0.0)
-        return mu
     for v in range(n):
         rest = [w for w in range(n) if w != v]
-        if not rest:
-            continue
-        lap = laplacian(pairs[np.ix_(rest, rest)])
-        cov = noise_multiplier**2 * np.eye(len(rest)) + mask_multiplier**2 * lap
-        try:
-            precision = np.linalg.inv(cov)
-        except np.linalg.LinAlgError:
-            precision = np.full_like(cov, np.inf)  # no independent noise: a singular view
-        for k, u in enumerate(rest):
-            mu[u, v] = math.sqrt(max(precision[k, k], 0.0))
+        if rest:
+            mu[rest, v] = _reach(pairs[np.ix_(rest, rest)], noise_multiplier, mask_multiplier)
     return mu
 
 
@@ -95,15 +97,8 @@ def eavesdropper_sensitivities(
 ) -> np.ndarray:
     """``mu[u]``: the Gaussian mechanism through which agent ``u``'s round reaches an
     observer of every link that knows no pair's secret and no agent's noise (DECOR's
-    eavesdropper): ``sqrt((Sigma^-1)_uu)``, ``Sigma = sigma^2 I + sigma_mask^2 L`` over
-    all agents. Without independent noise ``Sigma`` is singular (the sum of the messages
-    shows the sum of the updates): infinite."""
-    n = pairs.shape[0]
-    if noise_multiplier <= 0:
-        return np.full(n, np.inf)
-    cov = noise_multiplier**2 * np.eye(n) + mask_multiplier**2 * laplacian(pairs)
-    precision = np.linalg.inv(cov)
-    return np.sqrt(np.maximum(np.diag(precision), 0.0))
+    eavesdropper): :func:`_reach` over all agents."""
+    return _reach(pairs, noise_multiplier, mask_multiplier)
 
 
 def cancelling_noise_multiplier(

@@ -7,7 +7,7 @@ for what each mechanism guarantees and against whom.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,7 +28,8 @@ DEFAULT_MASK_RATIO = 1.0
 #: ``curious-agent``, any one agent of the fleet that also reads every link (it knows its
 #: own noise and the secrets of its own pairs); ``eavesdropper``, an observer of every link
 #: that is no agent (it knows no pair's secret and no agent's noise), as the coordinator.
-ADVERSARIES = ("curious-agent", "eavesdropper")
+Adversary = Literal["curious-agent", "eavesdropper"]
+ADVERSARIES: tuple[str, ...] = get_args(Adversary)
 
 
 class PrivacySettings(BaseModel):
@@ -60,7 +61,7 @@ class PrivacySettings(BaseModel):
         description="cancelling: std of each pairwise mask over max_grad_norm (default: "
         f"{DEFAULT_MASK_RATIO:g} times the independent noise)",
     )
-    adversary: Literal["curious-agent", "eavesdropper"] = Field(
+    adversary: Adversary = Field(
         "curious-agent",
         description="cancelling: whom epsilon is against: any one agent that also reads every "
         "link (knows its own masks), or an observer of every link that is no agent",
