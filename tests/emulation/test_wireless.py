@@ -272,8 +272,10 @@ def test_a_followed_agent_takes_a_peers_new_address_from_the_coordinator(
         stop.set()
 
 
-def test_fleets_above_256_agents_get_lambda2_from_the_sparse_solve() -> None:
-    from edge.topology import mixing_matrices, second_largest_eigenvalue
+def test_a_large_wireless_fleet_gets_lambda2_and_the_sparse_solve_agrees() -> None:
+    """Every wireless fleet reports its first graph's |lambda2| (dense up to DENSE_LIMIT
+    agents, sparse above), and the sparse solve agrees with the dense one on such a graph."""
+    from edge.topology import mixing_matrices, second_largest_eigenvalue, sparse_mixing_matrices
     from emulation.networks import network_for
 
     config = load_config(None, {"mode": "virtual", "agents": 300, "rounds": 2,
@@ -285,3 +287,6 @@ def test_fleets_above_256_agents_get_lambda2_from_the_sparse_solve() -> None:
     assert lambda2 is not None
     assert lambda2 == pytest.approx(second_largest_eigenvalue(mixing_matrices(graph)), abs=1e-6)
     assert 0.0 < lambda2 < 1.0
+    assert second_largest_eigenvalue(sparse_mixing_matrices(graph)) == pytest.approx(
+        lambda2, abs=1e-6
+    )
