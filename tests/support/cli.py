@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -50,14 +49,14 @@ def assert_tcp_carried_every_message(out: Path, results: dict[str, Any]) -> None
     ``out``. A push may still fail in transport, rarely (its last segment resent past the
     receiver's exit at the end of the run, say): one, or at most 1% of those sent, and
     counted in ``results`` as lost."""
-    finals = [
-        json.loads(path.read_text().splitlines()[-1])
-        for path in sorted((out / "agents").glob("*.jsonl"))
-    ]
-    assert finals and all(record["final"] for record in finals)
-    assert sum(record["messages_dropped"] for record in finals) == 0
-    failed = sum(record["messages_failed"] for record in finals)
-    sent = sum(record["messages_sent"] for record in finals)
+    from edge.observability.stats import read_records
+
+    agents = out / "agents"
+    finals = [read_records(agents, path.stem)[-1] for path in sorted(agents.glob("*.jsonl"))]
+    assert finals and all(record.final for record in finals)
+    assert sum(record.counters.messages_dropped for record in finals) == 0
+    failed = sum(record.counters.messages_failed for record in finals)
+    sent = sum(record.counters.messages_sent for record in finals)
     warnings = [
         line for path in sorted((out / "logs").glob("*.log"))
         for line in path.read_text().splitlines() if " WARNING " in line
