@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -208,7 +209,11 @@ class RunResults(_Figures):
         return data
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        """Write ``path`` whole or not at all (a temporary file renamed over it): whoever
+        waits for the file never reads it half written."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
 
     @classmethod
     def read(cls, path: Path) -> RunResults:
