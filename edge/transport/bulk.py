@@ -6,12 +6,16 @@ call keeps everything but the payload's bytes: the sender offers the bulk path i
 call's metadata (:data:`OFFER_KEY`) and streams the header alone; the receiver checks it
 (identity, ``admit``, sizes) exactly as for any push, takes the payload buffer, and answers
 in the call's initial metadata with the port of its data listener and a one-time token.
-The sender connects, sends the token and then the payload straight from the flat buffer
-(``sendall`` of the tensor's own memory), and ends its request stream; the receiver reads
+The sender connects (or takes the data connection its last push to that receiver left
+open), sends the token, the payload straight from the flat buffer (``sendall`` of the
+tensor's own memory) and the token again, and ends its request stream; the receiver reads
 it in with ``recv_into`` into the buffer already allocated (no other copy, memory bounded
-by the payload), checks that exactly the announced bytes came, and only then delivers the
-message and acknowledges it on the gRPC call: a refusal is the call's status, as ever, and
-a push whose data ended short, ran over or stalled is refused whole, never absorbed. What
+by the payload), checks that exactly the announced bytes came, closed by the token, and
+only then delivers the message and acknowledges it on the gRPC call: a refusal is the
+call's status, as ever, and a push whose data ended short, ran over or stalled is refused
+whole, never absorbed. A connection that carried a push whole stays open for the same
+sender's next push (:meth:`BulkListener.keep`): one TLS handshake per pair of agents, not
+per push. What
 a cut push received is kept (:class:`Partials`) and the sender's next offer of the same
 header goes on from there (:func:`edge.transport.bulk_send.bulk_push`).
 
@@ -59,6 +63,11 @@ RESUMABLE = frozenset({"bulk_short", "bulk_broken", "stream_stalled"})
 #: Cut pushes kept at once (one per sender; the oldest goes), and how long each.
 MAX_PARTIALS = 4
 PARTIAL_TTL_S = 60.0
+#: Data connections kept open between pushes at once (more are closed after their push),
+#: and how long one is kept without a push (longer than a sender keeps it: see
+#: :data:`edge.transport.bulk_send.IDLE_S`).
+MAX_IDLE = 64
+IDLE_S = 60.0
 
 
 class Partials:
@@ -131,6 +140,8 @@ class BulkListener:
         #: Pushes whose payload arrived whole over a data connection.
         self.received = 0
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._idle: set[socket.socket] = set()
+        self._closed = False
         host = host.strip("[]") or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._server = socket.create_server((host, 0), family=family)
@@ -160,14 +171,32 @@ class BulkListener:
             log.info("pushes arrive over the bulk path (data port %d), first from %s",
                      self.port, sender[:64])  # fmt: skip
 
+    def keep(self, sock: socket.socket, identity: str | None) -> None:
+        """A connection whose push arrived whole: kept open for that sender's next push
+        (its next token read by a thread of its own, at most :data:`IDLE_S`), or closed
+        when :data:`MAX_IDLE` are kept already."""
+        with self._lock:
+            kept = not self._closed and len(self._idle) < MAX_IDLE
+            if kept:
+                self._idle.add(sock)
+        if not kept:
+            sock.close()
+            return
+        threading.Thread(target=self._await_token, args=(sock, identity), daemon=True).start()
+
     def close(self) -> None:
         with contextlib.suppress(OSError):  # wakes the thread in accept() (Linux)
             self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         with self._lock:
+            self._closed = True
             waiting, self._expected = list(self._expected.values()), {}
+            idle, self._idle = list(self._idle), set()
         for expected in waiting:
             expected.wake()
+        for sock in idle:  # wakes their threads in recv()
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _accept(self) -> None:
         while True:
@@ -202,6 +231,23 @@ class BulkListener:
             return
         finally:
             self._handshakes.release()
+        self._hand_over(sock, identity, token)
+
+    def _await_token(self, sock: socket.socket, identity: str | None) -> None:
+        """A kept connection's next push: its token, handed to the push that awaits it."""
+        try:
+            sock.settimeout(IDLE_S)
+            token = _read_token(sock)
+        except (OSError, ValueError):  # closed by its sender, idle too long, or bent
+            token = None
+        with self._lock:
+            self._idle.discard(sock)
+        if token is None:
+            sock.close()
+            return
+        self._hand_over(sock, identity, token)
+
+    def _hand_over(self, sock: socket.socket, identity: str | None, token: bytes) -> None:
         with self._lock:
             expected = self._expected.pop(token, None)
             if expected is not None and expected.identity not in (None, identity):
@@ -228,14 +274,18 @@ class BulkListener:
             identity = ssl_identity(sock)
             if identity is None:
                 raise ValueError("the client certificate names no airgossip identity")
-        token = bytearray(TOKEN_BYTES)
-        got = 0
-        while got < TOKEN_BYTES:
-            n = sock.recv_into(memoryview(token)[got:])
-            if not n:
-                raise ValueError("the connection ended before its token")
-            got += n
-        return sock, identity, bytes(token)
+        return sock, identity, _read_token(sock)
+
+
+def _read_token(sock: socket.socket) -> bytes:
+    token = bytearray(TOKEN_BYTES)
+    got = 0
+    while got < TOKEN_BYTES:
+        n = sock.recv_into(memoryview(token)[got:])
+        if not n:
+            raise ValueError("the connection ended before its token")
+        got += n
+    return bytes(token)
 
 
 def receive_into(
@@ -243,16 +293,19 @@ def receive_into(
     view: memoryview,
     arrived: Callable[[int], None],
     *,
+    end: bytes,
     start: int = 0,
     progress_timeout_s: float,
     progress: Callable[[], None],
     time_left: Callable[[], float],
 ) -> None:
-    """Read exactly ``len(view)`` bytes into ``view``, then the end of the stream, calling
-    ``arrived(n)`` as bytes land (``start``: where the view begins in the payload).
+    """Read exactly ``len(view)`` bytes into ``view``, then ``end`` (the push's token
+    again: the push is over, the connection may carry the next), calling ``arrived(n)`` as
+    bytes land (``start``: where the view begins in the payload).
 
-    Raises :class:`Rejected` for a stream that ends short, carries more than announced or
-    stalls (no bytes for ``progress_timeout_s``, or past the push's deadline).
+    Raises :class:`Rejected` for a stream that ends short, carries more than announced (the
+    bytes after the payload are not ``end``) or stalls (no bytes for
+    ``progress_timeout_s``, or past the push's deadline).
     """
     total, got = start + len(view), start
     try:
@@ -266,11 +319,11 @@ def receive_into(
                 )
             sock.settimeout(min(progress_timeout_s, left))
             if got == total:
-                extra = sock.recv(1)
-                if extra:
+                if _read_exactly(sock, len(end)) != end:
                     raise Rejected(
                         RejectCode.INVALID_ARGUMENT,
-                        f"the data connection carries more than the {total} bytes announced",
+                        f"the data connection carries more than the {total} bytes announced "
+                        "(or does not close them with the push's token)",
                         kind="bulk_oversized",
                     )
                 return
@@ -296,6 +349,17 @@ def receive_into(
             f"the data connection failed after {got} of {total} bytes: {type(err).__name__}",
             kind="bulk_broken",
         ) from None
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes, or fewer where the stream ends first."""
+    data = b""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def receive_offered(
@@ -337,15 +401,21 @@ def receive_offered(
                 f"no data connection came for the push within {progress_timeout_s / 2:g} s",
                 kind="bulk_no_connection",
             )
-        with sock:
+        expected._sock = None  # ours now: closed below unless the push arrives whole
+        try:
 
             def fill(view: memoryview, arrived: Callable[[int], None]) -> None:
                 receive_into(
-                    sock, view, arrived, start=start, progress_timeout_s=progress_timeout_s,
-                    progress=progress, time_left=time_left,
+                    sock, view, arrived, end=expected.token, start=start,
+                    progress_timeout_s=progress_timeout_s, progress=progress,
+                    time_left=time_left,
                 )  # fmt: skip
 
             assembler.receive(fill)
+        except BaseException:
+            sock.close()
+            raise
+        listener.keep(sock, identity)
         listener.arrived(sender)
     except Rejected as err:
         if err.kind in RESUMABLE and assembler.received > start:

@@ -43,7 +43,7 @@ from edge.transport.base import (
     SendOutcome,
 )
 from edge.transport.bulk import OFFER_KEY, BulkListener, receive_offered
-from edge.transport.bulk_send import UnreachablePorts, bulk_push
+from edge.transport.bulk_send import DataPorts, bulk_push
 from edge.transport.guard import (
     HealthService,
     StreamSlots,
@@ -258,15 +258,14 @@ class GrpcTransport:
         bulk_bytes: int | None = None,
     ) -> None:
         settle_allocator()  # before gRPC's threads start allocating
-        self.agent_id = agent_id
-        self.listen = listen
+        self.agent_id, self.listen = agent_id, listen
         self.security = security
         self.shaper = shaper
         self.send_timeout_s = send_timeout_s
         self.chunk_bytes = chunk_bytes
         self.bulk_bytes = bulk_bytes
         self._bulk: BulkListener | None = None
-        self.unreachable = UnreachablePorts()  # peers whose data port failed lately
+        self.data_ports = DataPorts()  # data connections kept, peers whose port failed
         self._client_tls = ssl_context(security, server=False) if security and bulk_bytes else None
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
@@ -386,7 +385,7 @@ class GrpcTransport:
                         offer.requests(), timeout=timeout, metadata=((OFFER_KEY, "offer"),)
                     )), self._settle, message, plain=plain, chunk_bytes=chunk, timeout_s=timeout,
                     address=address, peer=peer, context=self._client_tls,
-                    unreachable=self.unreachable,
+                    ports=self.data_ports,
                 )  # fmt: skip
             ack = Ack(
                 reply.last_seq, reply.base_seq, reply.absorbed, reply.round, reply.lineage,
@@ -436,6 +435,7 @@ class GrpcTransport:
         self._watchdog.close()
         if self._bulk is not None:
             self._bulk.close()
+        self.data_ports.close()
         # Pushes still in flight (a slow link, a peer that froze) are cancelled, not awaited.
         self._closing.set()
         with self._lock:

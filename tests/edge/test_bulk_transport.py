@@ -358,4 +358,46 @@ def test_a_data_port_that_cannot_be_reached_sends_the_push_over_the_call(secure:
     kinds = [r.kind for r in taker.refusals]
     assert kinds.count("bulk_no_connection") == 1  # the one offer, given up
     assert set(kinds) <= {"bulk_no_connection", "busy_edge"}
-    assert not sender.unreachable.reachable(address, "agent-1")
+    assert not sender.data_ports.reachable(address, "agent-1")
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_pushes_to_one_receiver_share_one_data_connection_and_open_another_when_it_closed(
+    secure: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data connection stays open after an acknowledged push, and the next push to the
+    same receiver goes over it (one TLS handshake, not one a push); once the receiver has
+    closed it (as after its idle time), the next push notices and opens a new one."""
+    payload = np.random.default_rng(4).integers(0, 256, 2 * CHUNK_BYTES + 7, np.uint8)
+    opened: list[int] = []
+    real = bulk_send._connect
+
+    def counted(host: str, port: int, **kw: object) -> socket.socket:
+        opened.append(port)
+        return real(host, port, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bulk_send, "_connect", counted)
+    sender = GrpcTransport("agent-0", security=credentials("agent-0") if secure else None,
+                           bulk_bytes=1024)  # fmt: skip
+    with receiver(secure) as (transport, taker, address):
+        listener = transport._bulk
+        assert listener is not None
+        try:
+            for _ in range(3):
+                outcome = send(sender, address, GossipMessage(header_of(payload.size), payload))
+                assert outcome.delivered, outcome.error
+            assert len(opened) == 1 and len(listener._idle) == 1
+            for kept in list(listener._idle):  # the receiver lets it go
+                kept.shutdown(socket.SHUT_RDWR)
+            for _ in range(60):
+                if not listener._idle:
+                    break
+                threading.Event().wait(0.05)
+            outcome = send(sender, address, GossipMessage(header_of(payload.size), payload))
+            assert outcome.delivered, outcome.error
+        finally:
+            sender.close()
+    assert len(opened) == 2
+    assert taker.delivered == [payload.tobytes()] * 4
+    assert taker.refusals == []
+    assert listener.received == 4
