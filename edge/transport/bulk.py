@@ -15,9 +15,8 @@ only then delivers the message and acknowledges it on the gRPC call: a refusal i
 call's status, as ever, and a push whose data ended short, ran over or stalled is refused
 whole, never absorbed. A connection that carried a push whole stays open for the same
 sender's next push (:meth:`BulkListener.keep`): one TLS handshake per pair of agents, not
-per push. What
-a cut push received is kept (:class:`Partials`) and the sender's next offer of the same
-header goes on from there (:func:`edge.transport.bulk_send.bulk_push`).
+per push. What a cut push received is kept (:class:`Partials`) and the sender's next offer
+of the same header goes on from there (:func:`edge.transport.bulk_send.bulk_push`).
 
 The data connection is authenticated as the call is: with TLS by mutual TLS on the same
 certificates (Python's :mod:`ssl`), its identity that of the call; in plaintext
