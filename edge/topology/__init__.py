@@ -2,9 +2,11 @@
 
 from edge.topology.assignment import Assignment, assignments_for_graph, transition
 from edge.topology.graphs import (
+    SPARSE_LIMIT,
     TOPOLOGIES,
     Graph,
     TopologyError,
+    adjacency_edges,
     build_graph,
     is_strongly_connected,
 )
@@ -30,6 +32,7 @@ from edge.topology.switching import (
 )
 
 __all__ = [
+    "SPARSE_LIMIT",
     "TOPOLOGIES",
     "Assignment",
     "FleetFigures",
@@ -38,6 +41,7 @@ __all__ = [
     "SwitchingSettings",
     "TopologyError",
     "TopologySwitcher",
+    "adjacency_edges",
     "assignments_for_graph",
     "build_graph",
     "column_stochastic",

@@ -2,6 +2,10 @@
 
 ``adjacency[i, j]`` is True when node ``i`` sends to node ``j``. A time-varying graph is a
 periodic sequence of such matrices (its phases); round ``r`` uses phase ``r % period``.
+
+Above :data:`SPARSE_LIMIT` nodes the sparse topologies (rings, exponential graphs, edge
+lists) are built as SciPy sparse boolean arrays (CSR) instead: a dense phase of 100,000
+nodes is 10 GB. :meth:`Graph.edges` gives the edges of either form as index arrays.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
+from scipy.sparse import csr_array, issparse
 
 TOPOLOGIES = (
     "complete",
@@ -21,6 +27,14 @@ TOPOLOGIES = (
     "erdos-renyi",
     "edges",
 )
+
+
+#: Graphs on more nodes than this are built sparse where the topology is sparse (every one but
+#: ``complete`` and ``erdos-renyi``); up to it they stay dense, as they always were.
+SPARSE_LIMIT = 16_384
+
+#: A phase: a dense ``(n, n)`` boolean array, or a sparse boolean CSR array of that shape.
+Adjacency: TypeAlias = np.ndarray | csr_array
 
 
 class TopologyError(ValueError):
@@ -36,11 +50,17 @@ class Graph:
     name:
         Topology name it was built from.
     phases:
-        One ``(n, n)`` boolean adjacency matrix per phase; no self loops.
+        One ``(n, n)`` boolean adjacency matrix per phase (dense, or sparse CSR for large
+        sparse topologies); no self loops.
     """
 
     name: str
-    phases: tuple[np.ndarray, ...]
+    phases: tuple[Adjacency, ...]
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the phases are sparse arrays."""
+        return bool(issparse(self.phases[0]))
 
     @property
     def n(self) -> int:
@@ -50,29 +70,72 @@ class Graph:
     def period(self) -> int:
         return len(self.phases)
 
-    def phase(self, round_index: int) -> np.ndarray:
+    def phase(self, round_index: int) -> Adjacency:
         return self.phases[round_index % self.period]
 
+    def edges(self, round_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(senders, receivers)`` of a phase's edges, ordered by sender then receiver."""
+        return adjacency_edges(self.phase(round_index))
+
     def out_neighbours(self, node: int, round_index: int = 0) -> list[int]:
-        return [int(j) for j in np.flatnonzero(self.phase(round_index)[node])]
+        a = self.phase(round_index)
+        if issparse(a):
+            rows = csr_array(a)
+            return [int(j) for j in sorted(rows.indices[rows.indptr[node] : rows.indptr[node + 1]])]
+        return [int(j) for j in np.flatnonzero(a[node])]
 
     def in_neighbours(self, node: int, round_index: int = 0) -> list[int]:
-        return [int(i) for i in np.flatnonzero(self.phase(round_index)[:, node])]
+        a = self.phase(round_index)
+        if issparse(a):
+            senders, receivers = adjacency_edges(a)
+            return [int(i) for i in senders[receivers == node]]
+        return [int(i) for i in np.flatnonzero(a[:, node])]
 
     @property
     def is_undirected(self) -> bool:
         """True when every phase is symmetric (each edge exists both ways)."""
+        if self.sparse:
+            return all(csr_array(a != a.T).count_nonzero() == 0 for a in self.phases)
         return all(bool((a == a.T).all()) for a in self.phases)
 
-    def union(self) -> np.ndarray:
+    def union(self) -> Adjacency:
         """Adjacency of the union of all phases."""
+        if self.sparse:
+            total = self.phases[0]
+            for a in self.phases[1:]:
+                total = total + a
+            return csr_array(total.astype(bool))
         out = np.zeros_like(self.phases[0])
         for a in self.phases:
             out |= a
         return out
 
     def edge_count(self) -> int:
+        if self.sparse:
+            return int(sum(csr_array(a).count_nonzero() for a in self.phases))
         return int(sum(int(a.sum()) for a in self.phases))
+
+
+def adjacency_edges(adjacency: Adjacency) -> tuple[np.ndarray, np.ndarray]:
+    """``(senders, receivers)`` of a dense or sparse adjacency, ordered by sender then
+    receiver (the order ``np.nonzero`` gives a dense one)."""
+    if not issparse(adjacency):
+        senders, receivers = np.nonzero(adjacency)
+        return senders, receivers
+    coo = csr_array(adjacency).tocoo()
+    keep = coo.data != 0
+    senders, receivers = coo.row[keep].astype(np.int64), coo.col[keep].astype(np.int64)
+    order = np.lexsort((receivers, senders))
+    return senders[order], receivers[order]
+
+
+def _sparse(n: int, senders: np.ndarray, receivers: np.ndarray) -> csr_array:
+    """A sparse boolean adjacency from edges (duplicates merged, self loops dropped)."""
+    keep = senders != receivers
+    data = np.ones(int(keep.sum()), dtype=bool)
+    a = csr_array((data, (senders[keep], receivers[keep])), shape=(n, n), dtype=bool)
+    a.sum_duplicates()
+    return a
 
 
 def is_strongly_connected(adjacency: np.ndarray) -> bool:
@@ -154,6 +217,29 @@ def _erdos_renyi(n: int, p: float | None, seed: int) -> np.ndarray:
     )
 
 
+def _sparse_phases(name: str, n: int) -> tuple[csr_array, ...]:
+    """``name``'s phases as sparse arrays (the rings and exponential graphs): the same
+    edges as the dense builders give."""
+    nodes = np.arange(n, dtype=np.int64)
+    if name == "ring":
+        hops = [[1, -1]]
+    elif name == "directed-ring":
+        hops = [[1]]
+    elif name == "exponential":
+        hops = [_exponential_hops(n)]
+    else:  # one-peer-exponential
+        hops = [[hop] for hop in _exponential_hops(n)] or [[]]
+    phases = []
+    for phase_hops in hops:
+        senders = np.concatenate([nodes for _ in phase_hops] or [nodes[:0]])
+        receivers = np.concatenate([(nodes + h) % n for h in phase_hops] or [nodes[:0]])
+        phases.append(_sparse(n, senders, receivers))
+    return tuple(phases)
+
+
+_SPARSE_TOPOLOGIES = ("ring", "directed-ring", "exponential", "one-peer-exponential")
+
+
 def _from_edges(n: int, edges: Sequence[tuple[int, int]]) -> np.ndarray:
     a = _empty(n)
     for edge in edges:
@@ -201,7 +287,7 @@ def build_graph(
     """
     if n < 1:
         raise TopologyError(f"a topology needs at least 1 node, got {n}")
-    builders: dict[str, Callable[[], tuple[np.ndarray, ...]]] = {
+    builders: dict[str, Callable[[], tuple[Adjacency, ...]]] = {
         "complete": lambda: (_complete(n),),
         "ring": lambda: (_ring(n),),
         "directed-ring": lambda: (_directed_ring(n),),
@@ -214,7 +300,10 @@ def build_graph(
         raise TopologyError(f"unknown topology '{name}'; choose one of: {', '.join(TOPOLOGIES)}")
     if name == "edges" and not edges:
         raise TopologyError("topology 'edges' needs an edge list (e.g. edges = [[0, 1], [1, 0]])")
-    graph = Graph(name=name, phases=builders[name]())
+    if n > SPARSE_LIMIT and name in _SPARSE_TOPOLOGIES:
+        graph = Graph(name=name, phases=_sparse_phases(name, n))
+    else:
+        graph = Graph(name=name, phases=builders[name]())
     if require_strongly_connected and not is_strongly_connected(graph.union()):
         raise TopologyError(
             f"topology '{name}' on {n} nodes is not strongly connected: "

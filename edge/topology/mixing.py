@@ -16,7 +16,7 @@ import numpy as np
 from scipy.sparse import csc_array, csr_array
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigs
 
-from edge.topology.graphs import Graph
+from edge.topology.graphs import Adjacency, Graph, adjacency_edges
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,13 @@ def metropolis_hastings(adjacency: np.ndarray) -> np.ndarray:
 
 
 def mixing_matrices(graph: Graph, scheme: str = "column-stochastic") -> tuple[np.ndarray, ...]:
-    """The mixing matrix of every phase of ``graph`` under a weighting scheme."""
+    """The mixing matrix of every phase of ``graph`` under a weighting scheme (dense, even
+    for a graph held sparse)."""
+    phases = [csr_array(a).toarray() if graph.sparse else a for a in graph.phases]
     if scheme == "column-stochastic":
-        return tuple(column_stochastic(a) for a in graph.phases)
+        return tuple(column_stochastic(a) for a in phases)
     if scheme == "metropolis-hastings":
-        return tuple(metropolis_hastings(a) for a in graph.phases)
+        return tuple(metropolis_hastings(a) for a in phases)
     raise ValueError(f"unknown weighting scheme '{scheme}'")
 
 
@@ -103,9 +105,9 @@ def sparse_mixing_matrices(
     return tuple(_sparse_mixing(a, scheme) for a in graph.phases)
 
 
-def _sparse_mixing(adjacency: np.ndarray, scheme: str) -> csc_array:
+def _sparse_mixing(adjacency: Adjacency, scheme: str) -> csc_array:
     n = adjacency.shape[0]
-    senders, receivers = np.nonzero(adjacency)  # edge i -> j: W[j, i]
+    senders, receivers = adjacency_edges(adjacency)  # edge i -> j: W[j, i]
     diagonal = np.arange(n)
     if scheme == "column-stochastic":
         share = 1.0 / (np.bincount(senders, minlength=n) + 1.0)
@@ -113,7 +115,7 @@ def _sparse_mixing(adjacency: np.ndarray, scheme: str) -> csc_array:
         cols = np.concatenate([senders, diagonal])
         data = np.concatenate([share[senders], share])
     else:
-        if not (adjacency == adjacency.T).all():
+        if not Graph("", (adjacency,)).is_undirected:
             raise ValueError("Metropolis-Hastings weights need an undirected graph")
         degree = np.bincount(senders, minlength=n)
         weight = 1.0 / (1.0 + np.maximum(degree[senders], degree[receivers]))
