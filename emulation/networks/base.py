@@ -132,6 +132,20 @@ class LinkRuntime(ABC):
         whose graph never changes leaves the agent's assignment alone)."""
 
 
+class BatchedDrops(Protocol):
+    """A network's drop verdicts for many messages at once (for batched fleets)."""
+
+    def link_keys(self, ids: list[str], senders: np.ndarray, receivers: np.ndarray
+                  ) -> np.ndarray:  # fmt: skip
+        """A key per directed link (node indices into ``ids``), computed once per graph."""
+        ...
+
+    def dropped(self, keys: np.ndarray, round_index: int, indexes: np.ndarray) -> np.ndarray:
+        """Whether each message is lost: ``keys[k]``'s link, message ``indexes[k]`` on that
+        link (counted from 0 by its sender), sent in ``round_index``."""
+        ...
+
+
 class Network(ABC):
     """One kind of link between agents; built from a :class:`RunConfig` by
     :func:`emulation.networks.network_for`."""
@@ -174,6 +188,11 @@ class Network(ABC):
     @abstractmethod
     def describe(self) -> str:
         """One line for consoles and plot titles (``exponential · loss 0.1``)."""
+
+    def message_drops(self) -> BatchedDrops | None:
+        """Every message's drop verdict for whole arrays of messages, equal to the in-agent
+        shaper's (None: this network decides message by message only)."""
+        return None
 
     def launch(self, now_unix: float) -> RunConfig:
         """Launch the run at ``now_unix``: a network that runs on the wall clock fixes its

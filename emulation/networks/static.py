@@ -32,6 +32,7 @@ from edge.topology import (
 from edge.transport.base import LinkVerdict
 from emulation.config import ConfigError
 from emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
+from emulation.networks.link_draws import BernoulliDrops
 from emulation.results import ResolvedFigures
 
 
@@ -250,6 +251,14 @@ class StaticNetwork(Network):
             bandwidth_bps=settings.bandwidth_mbps * 1e6,
         )
         return BernoulliLinkShaper(spec, seed=self.config.seed)
+
+    def message_drops(self) -> BernoulliDrops | None:
+        """The shaper's drops in batch, where its spec is the same on every link (always,
+        as :meth:`shaper` builds it)."""
+        shaper = self.shaper()
+        if shaper.links:
+            return None
+        return BernoulliDrops(shaper.seed, shaper.default.loss)
 
     def runtime(
         self, ids: list[str], clock: Clock | None = None, *, journal: bool = False
