@@ -1,5 +1,6 @@
 """``inproc`` mode: every agent in this process, driven in lock step over the in-memory
-transport; deterministic for a seed."""
+transport; deterministic for a seed. Consensus by push-sum on a static graph runs batched
+(:mod:`.batched`: the same figures, array operations over all agents at once)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from emulation.fleets.base import (
     fleet_progress,
     group_records,
 )
+from emulation.fleets.batched import BatchedPushSum, batched_refusal
 from emulation.networks import LinkRuntime, Network
 from emulation.privacy import privacy_context, run_keyring
 
@@ -30,14 +32,27 @@ class InProcessFleet(FleetBase):
 
     After :meth:`run` the agents stay in :attr:`agents` (closed, their algorithms, tasks and
     assignments readable) for checks that need more than the records.
+
+    ``batched``: run consensus by push-sum on a static graph as array operations over all
+    agents (:class:`~emulation.fleets.batched.BatchedPushSum`; no :class:`Agent` objects are
+    built, :attr:`agents` stays empty). None (the default): wherever it applies and nothing
+    asks for the agents (:attr:`after_build`); False: never; True: required.
     """
 
     mode = "inproc"
     summary = "all agents in this process in lock step, deterministic"
     in_process = True
 
-    def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        network: Network,
+        launch: Launch | None = None,
+        *,
+        batched: bool | None = None,
+    ) -> None:
         super().__init__(config, network, launch)
+        self.batched = batched
         self.sink = MemoryStatsSink()
         self.agents: list[Agent] = []
         self.round = 0
@@ -60,6 +75,11 @@ class InProcessFleet(FleetBase):
         return None
 
     def run(self) -> None:
+        if self.batched is not False:
+            batch = self._batch()
+            if batch is not None:
+                self._run_batched(batch)
+                return
         config, runtime = self.config, self._runtime
         network = InMemoryNetwork()
         sink = runtime.sink(self.sink)
@@ -103,13 +123,36 @@ class InProcessFleet(FleetBase):
                     for agent in agents:
                         agent.set_assignment(switched[agent.agent_id])
                 self.round = round_index
-                self._report_progress(agents)
+                self._report_progress([a.agent_id for a in agents])
         finally:
             torch.set_grad_enabled(grad)
             for agent in agents:
                 agent.close()
 
-    def _report_progress(self, agents: list[Agent]) -> None:
+    def _batch(self) -> BatchedPushSum | None:
+        """The batched fleet of this run, where it applies (see the class docstring)."""
+        network = self.network
+        graph = network.first_graph()
+        refusal = batched_refusal(self.config, network, graph)
+        if refusal is None and self.after_build is not None:
+            refusal = "the agents are asked for (after_build)"
+        if refusal is not None:
+            if self.batched:
+                raise ValueError(f"this run cannot be batched: {refusal}")
+            return None
+        ids = agent_ids(self.config.agents)
+        return BatchedPushSum(self.config, network, graph, ids, self._runtime.sink(self.sink))
+
+    def _run_batched(self, batch: BatchedPushSum) -> None:
+        batch.begin()
+        for round_index in range(1, self.config.rounds + 1):
+            if self.stopping.is_set():
+                break
+            batch.round(round_index)
+            self.round = round_index
+            self._report_progress(batch.ids)
+
+    def _report_progress(self, ids: list[str]) -> None:
         records = self.sink.records
         for record in records[self._seen :]:
             if "accuracy" in record.metrics:
@@ -120,12 +163,12 @@ class InProcessFleet(FleetBase):
         # The counts of the agents' latest records, which the summary is made of too.
         states = [
             AgentProgress(
-                self.round, final, self._accuracy.get(a.agent_id),
-                self._counters.get(a.agent_id, Counters()),
+                self.round, final, self._accuracy.get(agent_id),
+                self._counters.get(agent_id, Counters()),
             )
-            for a in agents
+            for agent_id in ids
         ]  # fmt: skip
-        self.keeper.update(fleet_progress(self.config, states, len(agents)))
+        self.keeper.update(fleet_progress(self.config, states, len(ids)))
 
     def records(self) -> dict[str, list[RoundRecord]]:
         return group_records(self.sink.records)
@@ -138,11 +181,14 @@ class InProcessFleet(FleetBase):
         return self._runtime
 
 
-def run_in_process(config: RunConfig) -> dict[str, list[RoundRecord]]:
+def run_in_process(
+    config: RunConfig, *, batched: bool | None = None
+) -> dict[str, list[RoundRecord]]:
     """Run ``config``'s fleet in lock step in this process (no output folder, no results
-    file) and return every agent's records: for notebooks, tests and benchmarks."""
+    file) and return every agent's records: for notebooks, tests and benchmarks
+    (``batched``: as :class:`InProcessFleet` takes it)."""
     from emulation.networks import network_for
 
-    fleet = InProcessFleet(config, network_for(config))
+    fleet = InProcessFleet(config, network_for(config), batched=batched)
     fleet.run()
     return fleet.records()

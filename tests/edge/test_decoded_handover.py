@@ -28,7 +28,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, handover: bool, **settings: Any) -> li
         "mode": "inproc", "agents": 6, "rounds": 5, "topology": "exponential",
         "network": {"loss": 0.2}, **settings,
     })  # fmt: skip
-    records = run_in_process(config)
+    records = run_in_process(config, batched=False)  # the per-agent message path
     assert (seen["handed"] > 0) == handover
     return [
         (r.agent_id, r.round, r.counters, r.metrics, None if r.estimate is None

@@ -1,0 +1,280 @@
+"""Push-sum consensus of a whole in-process fleet as array operations over every agent.
+
+The lock-step driver (:mod:`.inproc`) runs each agent's :class:`~edge.agent.Agent`: per
+message, its share, encoding, link verdict, decoding, checks and acknowledgement, about
+100 us of Python. For the one workload where none of that varies between agents (the
+``consensus`` task, ``push-sum`` without compression, on a static graph) the whole round is
+a handful of array operations instead: :class:`BatchedPushSum` keeps every agent's ``(x, y)``
+as rows of one array and every edge's running sum as rows of another, and decides every
+message's fate with its network's own verdicts in batch (:meth:`Network.message_drops`;
+the static network's are its shaper's draws, :mod:`emulation.networks.link_draws`).
+
+It is the per-agent code's arithmetic, not an approximation of it. With acknowledgements
+inline, as the in-memory transport gives them, a delivered message hands over its edge's
+whole running sum and the edge starts again from zero; a dropped one leaves the sum to grow
+until the next message lands (:class:`~edge.algorithms.push_sum.PushSum`). Receivers add
+what arrives in the order the agents push (by index), so the estimates equal the per-agent
+path's to the last bits of a fused multiply-add; drops and counts are exactly the same
+(tests/emulation/test_batched_fleet.py). Each agent's round records are written as its
+agent would write them: counters, weight, estimate.
+
+:func:`batched_refusal` says when it applies; the in-process fleet picks it by itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.sparse import csr_array
+
+from edge.agent.build import fleet_digest
+from edge.agent.sending import Sender, gossip_message
+from edge.algorithms import Payload
+from edge.algorithms.base import SEQ_SLACK
+from edge.algorithms.push_sum import STARVED_WEIGHT
+from edge.config.settings import resolve_codec
+from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from edge.tasks import TaskContext, load_task
+from edge.tasks.consensus import ConsensusOptions, consensus_vector
+from edge.tasks.options import parse_options
+from edge.topology import Graph
+from edge.transport.wire import wire_bytes
+from emulation.config import RunConfig
+from emulation.networks import Network
+from emulation.networks.base import BatchedDrops
+
+#: The epoch of a static graph's assignments (``assignments_for_graph``'s first).
+STATIC_EPOCH = 1
+#: Edges updated per block: bounds the temporaries to a few tens of MB.
+BLOCK_EDGES = 1 << 16
+
+
+def batched_refusal(config: RunConfig, network: Network, graph: Graph | None = None) -> str | None:
+    """Why ``config`` cannot run batched (None: it can). Batched runs are the ``consensus``
+    task with ``push-sum``, lossless codec, float64, no options or privacy, on a network
+    whose links decide drops in batch (:meth:`Network.message_drops`: the static one) and
+    whose graph never changes and has one phase, for at most ``SEQ_SLACK`` rounds (an
+    edge's sequence numbers then never wrap)."""
+    settings = [
+        (network.message_drops() is not None, "the links decide drops one by one"),
+        (not network.time_varying and not network.round_driven, "the graph changes"),
+        (config.task.name == "consensus", "the task is not consensus"),
+        (config.algorithm == "push-sum", "the algorithm is not push-sum"),
+        (config.compression == "none", "messages are compressed"),
+        (config.precision in ("auto", "float64"), "the gossip precision is not float64"),
+        (not config.algorithm_options, "the algorithm has options"),
+        (not config.privacy.enabled, "privacy is on"),
+        (config.rounds <= SEQ_SLACK, f"more than {SEQ_SLACK} rounds"),
+        (network.scheme == "column-stochastic", "the weights are not column-stochastic"),
+        (graph is None or graph.period == 1, "the graph has more than one phase"),
+    ]
+    reasons = [why for ok, why in settings if not ok]
+    return "; ".join(reasons) or None
+
+
+@dataclass
+class _Edges:
+    """The graph's edges, sender-major: who, the share, the link's key."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    weight: np.ndarray
+    keys: np.ndarray
+    #: ``inbox @ v`` sums ``v`` over each receiver's in-edges in sender order.
+    inbox: csr_array
+
+
+class BatchedPushSum:
+    """Every agent of an in-process consensus fleet in arrays (see the module docstring).
+
+    Parameters
+    ----------
+    config:
+        The run (``batched_refusal(config, network, graph)`` must be None).
+    network:
+        Its network (the drops of its links).
+    graph:
+        The gossip graph.
+    ids:
+        Agent ids, in index order.
+    sink:
+        Where each agent's round records go.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        network: Network,
+        graph: Graph,
+        ids: list[str],
+        sink: StatsSink | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        refusal = batched_refusal(config, network, graph)
+        if refusal is not None:
+            raise ValueError(f"this run cannot be batched: {refusal}")
+        self.config, self.ids, self.sink, self.clock = config, ids, sink, clock
+        n = self.n = len(ids)
+        drops = network.message_drops()
+        assert drops is not None  # batched_refusal said so
+        self.drops: BatchedDrops = drops
+        options = parse_options(ConsensusOptions, config.task.options, "consensus")
+        self.x = np.stack([consensus_vector(config.seed, i, options).numpy() for i in range(n)])
+        self.y = np.ones(n)
+        src, dst = graph.edges(0)
+        degree = np.bincount(src, minlength=n)
+        # Column-stochastic weights, as the dense and sparse mixing matrices both give them.
+        share = 1.0 / (degree + 1.0)
+        m = src.shape[0]
+        inbox = csr_array(
+            (np.ones(m), (dst, np.arange(m))), shape=(n, m)
+        )  # columns within a row stay in sender order (src is sorted)
+        self.edges = _Edges(src, dst, share[src], drops.link_keys(ids, src, dst), inbox)
+        self.self_weight = share
+        # What a starved agent keeps: its self weight plus its shares, summed as the agent's
+        # hold_back sums them (self weight + (0 + share + share ...)).
+        self.keep = np.array([_kept(s, int(d)) for s, d in zip(share, degree, strict=True)])
+        self.sigma_x = np.zeros((m, self.x.shape[1]))
+        self.sigma_y = np.zeros(m)
+        self.sent = np.zeros(m, dtype=np.int64)  # messages on the edge so far (shaper index)
+        self.seq = np.zeros(m, dtype=np.int64)
+        self.base = np.zeros(m, dtype=np.int64)  # the latest acknowledged seq
+        self.counters = np.zeros((n, 4), dtype=np.int64)  # sent, bytes, dropped, received
+        self.sizes = _WireSizes(config, ids, self.x.shape[1])
+        self.started = clock()
+
+    def begin(self) -> None:
+        """Report round 0 (the initial state), as every agent does."""
+        self.started = self.clock()
+        self.report(0)
+
+    def round(self, round_index: int) -> None:
+        """Every agent's push, then every agent's mix."""
+        e = self.edges
+        starved = self.y < STARVED_WEIGHT
+        giving = ~starved[e.src]
+        # share: every edge's running sum takes its share of the sender's (x, y)
+        for lo in range(0, e.src.shape[0], BLOCK_EDGES):
+            hi = min(lo + BLOCK_EDGES, e.src.shape[0])
+            live = giving[lo:hi]
+            w = np.where(live, e.weight[lo:hi], 0.0)
+            block = self.sigma_x[lo:hi]
+            block += self.x[e.src[lo:hi]] * w[:, None]
+            self.sigma_y[lo:hi] += np.where(live, w * self.y[e.src[lo:hi]], 0.0)
+        kept = np.where(starved, self.keep, self.self_weight)
+        self.x *= kept[:, None]
+        self.y *= kept
+        # messages: every edge of the phase; a starved sender's only where it owes weight
+        active = np.flatnonzero(giving | (self.sigma_y != 0.0))
+        index = self.sent[active]
+        self.sent[active] += 1
+        self.seq[active] += 1
+        dropped = self.drops.dropped(e.keys[active], round_index, index)
+        src = e.src[active]
+        nbytes = self.sizes.of(src, e.dst[active], round_index, self.seq[active],
+                               self.base[active])  # fmt: skip
+        n = self.n
+        self.counters[:, 0] += np.bincount(src, minlength=n)
+        self.counters[:, 1] += np.bincount(src, weights=nbytes, minlength=n).astype(np.int64)
+        self.counters[:, 2] += np.bincount(src[dropped], minlength=n)
+        delivered = active[~dropped]
+        self.counters[:, 3] += np.bincount(e.dst[delivered], minlength=n)
+        # deliveries: each receiver adds the running sums that reached it, in sender order;
+        # the acknowledgement moves the edge's base to this message, its sum back to zero
+        mask = np.zeros(e.src.shape[0], dtype=bool)
+        mask[delivered] = True
+        pending_x = e.inbox @ np.where(mask[:, None], self.sigma_x, 0.0)
+        pending_y = e.inbox @ np.where(mask, self.sigma_y, 0.0)
+        self.sigma_x[delivered] = 0.0
+        self.sigma_y[delivered] = 0.0
+        self.base[delivered] = self.seq[delivered]
+        # mix
+        self.x += pending_x
+        self.y += pending_y
+        if round_index % self.config.eval_every == 0 or round_index == self.config.rounds:
+            self.report(round_index)
+
+    def report(self, round_index: int) -> list[RoundRecord]:
+        """Every agent's record of ``round_index``, handed to the sink."""
+        estimates = self.x / self.y[:, None]
+        wall = self.clock() - self.started
+        final = round_index == self.config.rounds
+        seed, records = self.config.seed, []
+        for i, agent_id in enumerate(self.ids):
+            sent, nbytes, dropped, received = (int(v) for v in self.counters[i])
+            counters = Counters(bytes_sent=nbytes, messages_sent=sent, messages_dropped=dropped,
+                                messages_received=received)  # fmt: skip
+            record = RoundRecord(
+                agent_id=agent_id, round=round_index, wall_s=wall, metrics={},
+                scalars={"weight": float(self.y[i])}, final=final,
+                estimate=probe_estimate(estimates[i], seed), counters=counters,
+            )  # fmt: skip
+            if self.sink is not None:
+                self.sink.record(record)
+            records.append(record)
+        return records
+
+
+def _kept(self_weight: float, degree: int) -> float:
+    held = 0.0
+    for _ in range(degree):
+        held += self_weight
+    return self_weight + held
+
+
+class _WireSizes:
+    """Bytes each message takes on the wire (:func:`wire_bytes`), by what decides them: the
+    ids' lengths and the bit lengths of round, seq and base."""
+
+    def __init__(self, config: RunConfig, ids: list[str], dim: int) -> None:
+        settings = config.agent_settings()
+        task = load_task("consensus", TaskContext(0, len(ids), config.seed, torch.device("cpu"),
+                                                  settings.task.options))  # fmt: skip
+        digest = fleet_digest(task, task.initial_parameters())
+        codec = resolve_codec(settings, torch.float64)
+        self.ids = ids
+        self.lengths = np.array([len(i.encode()) for i in ids], dtype=np.int64)
+        self.vector = torch.zeros(dim, dtype=torch.float64)
+        self.encoded = codec.encode(self.vector)
+        self.digest, self.codec = digest, codec
+        self.known: dict[tuple[int, ...], int] = {}
+
+    def of(self, src: np.ndarray, dst: np.ndarray, round_index: int, seq: np.ndarray,
+           base: np.ndarray) -> np.ndarray:  # fmt: skip
+        """Every message's bytes (``seq``, ``base`` are below 2**32)."""
+        key = np.stack([self.lengths[src], self.lengths[dst], _bits(seq), _bits(base)])
+        unique, first, inverse = np.unique(key, axis=1, return_index=True, return_inverse=True)
+        sizes = np.empty(unique.shape[1], dtype=np.int64)
+        for k in range(unique.shape[1]):
+            at = int(first[k])
+            sizes[k] = self._size(int(src[at]), int(dst[at]), round_index, int(seq[at]),
+                                  int(base[at]))  # fmt: skip
+        out: np.ndarray = sizes[inverse.reshape(-1)]
+        return out
+
+    def _size(self, i: int, j: int, round_index: int, seq: int, base: int) -> int:
+        key = (len(self.ids[i]), len(self.ids[j]), round_index.bit_length(), seq.bit_length(),
+               base.bit_length())  # fmt: skip
+        size = self.known.get(key)
+        if size is None:
+            sender = Sender(self.ids[i], "push-sum", self.digest, "", self.codec)
+            payload = Payload(self.vector, {"y": 1.0}, seq, base, encoded=self.encoded)
+            message = gossip_message(sender, round_index, self.ids[j], payload,
+                                     epoch=STATIC_EPOCH, lineage=0)  # fmt: skip
+            size = self.known[key] = wire_bytes(message)
+        return size
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each non-negative value below 2**32."""
+    v = values.astype(np.uint64)
+    bits = np.zeros(v.shape, dtype=np.int64)
+    for shift in (16, 8, 4, 2, 1):
+        big = v >= np.uint64(1 << shift)
+        bits[big] += shift
+        v = np.where(big, v >> np.uint64(shift), v)
+    return bits + (v > 0)
