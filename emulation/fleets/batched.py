@@ -238,6 +238,8 @@ class _WireSizes:
         codec = resolve_codec(settings, torch.float64)
         self.ids = ids
         self.lengths = np.array([len(i.encode()) for i in ids], dtype=np.int64)
+        if self.lengths.max() >= 1 << 12:
+            raise ValueError("agent ids of 4,096 bytes or more")
         self.vector = torch.zeros(dim, dtype=torch.float64)
         self.encoded = codec.encode(self.vector)
         self.digest, self.codec = digest, codec
@@ -246,11 +248,11 @@ class _WireSizes:
     def of(self, src: np.ndarray, dst: np.ndarray, round_index: int, seq: np.ndarray,
            base: np.ndarray) -> np.ndarray:  # fmt: skip
         """Every message's bytes (``seq``, ``base`` are below 2**32)."""
-        key = np.stack([self.lengths[src], self.lengths[dst], _bits(seq), _bits(base)])
-        unique, first, inverse = np.unique(key, axis=1, return_index=True, return_inverse=True)
-        sizes = np.empty(unique.shape[1], dtype=np.int64)
-        for k in range(unique.shape[1]):
-            at = int(first[k])
+        # one integer per message from what decides its size (each part below 2**12)
+        key = self.lengths[src] << 36 | self.lengths[dst] << 24 | _bits(seq) << 12 | _bits(base)
+        unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        sizes = np.empty(unique.shape[0], dtype=np.int64)
+        for k, at in enumerate(first.tolist()):
             sizes[k] = self._size(int(src[at]), int(dst[at]), round_index, int(seq[at]),
                                   int(base[at]))  # fmt: skip
         out: np.ndarray = sizes[inverse.reshape(-1)]
