@@ -185,10 +185,14 @@ class BatchedPushSum:
         self.counters[:, 3] += np.bincount(e.dst[delivered], minlength=n)
         # deliveries: each receiver adds the running sums that reached it, in sender order;
         # the acknowledgement moves the edge's base to this message, its sum back to zero
-        mask = np.zeros(e.src.shape[0], dtype=bool)
-        mask[delivered] = True
-        pending_x = e.inbox @ np.where(mask[:, None], self.sigma_x, 0.0)
-        pending_y = e.inbox @ np.where(mask, self.sigma_y, 0.0)
+        # (a dropped edge's entry weighs 0: it adds +0.0, which changes no sum, and no
+        # edges-by-dimension temporary is made)
+        landed = np.zeros(e.src.shape[0])
+        landed[delivered] = 1.0
+        inbox = csr_array((landed[e.inbox.indices], e.inbox.indices, e.inbox.indptr),
+                          shape=e.inbox.shape)  # fmt: skip
+        pending_x = inbox @ self.sigma_x
+        pending_y = inbox @ self.sigma_y
         self.sigma_x[delivered] = 0.0
         self.sigma_y[delivered] = 0.0
         self.base[delivered] = self.seq[delivered]

@@ -16,9 +16,10 @@ def inproc_fleet(**settings: Any) -> InProcessFleet:
     (algorithms, tasks, assignments) for checks that need more than the records.
 
     ``[network]`` defaults as in a scenario (10% loss): give ``network={"loss": 0.0}`` for
-    lossless links.
+    lossless links. The fleet takes the per-agent path even where a batched run would do
+    (``batched=False``): its agents are what a check reads.
     """
     config = load_config(None, {"mode": "inproc", **settings})
-    fleet = InProcessFleet(config, preflight(config).network)
+    fleet = InProcessFleet(config, preflight(config).network, batched=False)
     fleet.run()
     return fleet
