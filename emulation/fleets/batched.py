@@ -41,7 +41,7 @@ from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_est
 from edge.tasks import TaskContext, load_task
 from edge.tasks.consensus import ConsensusOptions, consensus_vector
 from edge.tasks.options import parse_options
-from edge.topology import Graph
+from edge.topology import Graph, adjacency_edges
 from edge.transport.wire import wire_bytes
 from emulation.config import RunConfig
 from emulation.networks import Network
@@ -53,11 +53,11 @@ STATIC_EPOCH = 1
 BLOCK_EDGES = 1 << 16
 
 
-def batched_refusal(config: RunConfig, network: Network, graph: Graph | None = None) -> str | None:
+def batched_refusal(config: RunConfig, network: Network) -> str | None:
     """Why ``config`` cannot run batched (None: it can). Batched runs are the ``consensus``
     task with ``push-sum``, lossless codec, float64, no options or privacy, on a network
     whose links decide drops in batch (:meth:`Network.message_drops`: the static one) and
-    whose graph never changes and has one phase, for at most ``SEQ_SLACK`` rounds (an
+    whose graph never changes (a periodic one is fine), for at most ``SEQ_SLACK`` rounds (an
     edge's sequence numbers then never wrap)."""
     settings = [
         (network.message_drops() is not None, "the links decide drops one by one"),
@@ -70,19 +70,40 @@ def batched_refusal(config: RunConfig, network: Network, graph: Graph | None = N
         (not config.privacy.enabled, "privacy is on"),
         (config.rounds <= SEQ_SLACK, f"more than {SEQ_SLACK} rounds"),
         (network.scheme == "column-stochastic", "the weights are not column-stochastic"),
-        (graph is None or graph.period == 1, "the graph has more than one phase"),
     ]
     reasons = [why for ok, why in settings if not ok]
     return "; ".join(reasons) or None
 
 
 @dataclass
+class _Phase:
+    """One phase of the graph: its edges among all, and every node's weights."""
+
+    on: np.ndarray  # which edges (of _Edges) the phase has
+    share: np.ndarray  # each node's share per out-edge, and its self weight
+    #: What a starved node keeps: its self weight plus its shares, summed as the agent's
+    #: hold_back sums them (self weight + (0 + share + share ...)).
+    keep: np.ndarray
+
+
+def _phase(graph: Graph, round_index: int, n: int, union_keys: np.ndarray) -> _Phase:
+    src, dst = graph.edges(round_index)
+    on = np.zeros(union_keys.shape[0], dtype=bool)
+    on[np.searchsorted(union_keys, src * n + dst)] = True
+    degree = np.bincount(src, minlength=n)
+    # Column-stochastic weights, as the dense and sparse mixing matrices both give them.
+    share = 1.0 / (degree + 1.0)
+    kept = {int(d): _kept(1.0 / (d + 1.0), int(d)) for d in np.unique(degree)}
+    keep = np.array([kept[int(d)] for d in degree]) if n else np.ones(0)
+    return _Phase(on, share, keep)
+
+
+@dataclass
 class _Edges:
-    """The graph's edges, sender-major: who, the share, the link's key."""
+    """The edges of every phase, sender-major: who, and the link's key."""
 
     src: np.ndarray
     dst: np.ndarray
-    weight: np.ndarray
     keys: np.ndarray
     #: ``inbox @ v`` sums ``v`` over each receiver's in-edges in sender order.
     inbox: csr_array
@@ -94,7 +115,7 @@ class BatchedPushSum:
     Parameters
     ----------
     config:
-        The run (``batched_refusal(config, network, graph)`` must be None).
+        The run (``batched_refusal(config, network)`` must be None).
     network:
         Its network (the drops of its links).
     graph:
@@ -114,7 +135,7 @@ class BatchedPushSum:
         sink: StatsSink | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        refusal = batched_refusal(config, network, graph)
+        refusal = batched_refusal(config, network)
         if refusal is not None:
             raise ValueError(f"this run cannot be batched: {refusal}")
         self.config, self.ids, self.sink, self.clock = config, ids, sink, clock
@@ -125,19 +146,14 @@ class BatchedPushSum:
         options = parse_options(ConsensusOptions, config.task.options, "consensus")
         self.x = np.stack([consensus_vector(config.seed, i, options).numpy() for i in range(n)])
         self.y = np.ones(n)
-        src, dst = graph.edges(0)
-        degree = np.bincount(src, minlength=n)
-        # Column-stochastic weights, as the dense and sparse mixing matrices both give them.
-        share = 1.0 / (degree + 1.0)
+        # Every edge of any phase, sender-major; each phase marks its own.
+        src, dst = adjacency_edges(graph.union())
         m = src.shape[0]
         inbox = csr_array(
             (np.ones(m), (dst, np.arange(m))), shape=(n, m)
         )  # columns within a row stay in sender order (src is sorted)
-        self.edges = _Edges(src, dst, share[src], drops.link_keys(ids, src, dst), inbox)
-        self.self_weight = share
-        # What a starved agent keeps: its self weight plus its shares, summed as the agent's
-        # hold_back sums them (self weight + (0 + share + share ...)).
-        self.keep = np.array([_kept(s, int(d)) for s, d in zip(share, degree, strict=True)])
+        self.edges = _Edges(src, dst, drops.link_keys(ids, src, dst), inbox)
+        self.phases = [_phase(graph, r, n, src * n + dst) for r in range(graph.period)]
         self.sigma_x = np.zeros((m, self.x.shape[1]))
         self.sigma_y = np.zeros(m)
         self.sent = np.zeros(m, dtype=np.int64)  # messages on the edge so far (shaper index)
@@ -155,20 +171,22 @@ class BatchedPushSum:
     def round(self, round_index: int) -> None:
         """Every agent's push, then every agent's mix."""
         e = self.edges
+        phase = self.phases[round_index % len(self.phases)]
         starved = self.y < STARVED_WEIGHT
-        giving = ~starved[e.src]
-        # share: every edge's running sum takes its share of the sender's (x, y)
+        giving = phase.on & ~starved[e.src]
+        weight = np.where(giving, phase.share[e.src], 0.0)
+        # share: every edge of the phase takes its share of the sender's (x, y)
         for lo in range(0, e.src.shape[0], BLOCK_EDGES):
             hi = min(lo + BLOCK_EDGES, e.src.shape[0])
-            live = giving[lo:hi]
-            w = np.where(live, e.weight[lo:hi], 0.0)
+            w, senders = weight[lo:hi], e.src[lo:hi]
             block = self.sigma_x[lo:hi]
-            block += self.x[e.src[lo:hi]] * w[:, None]
-            self.sigma_y[lo:hi] += np.where(live, w * self.y[e.src[lo:hi]], 0.0)
-        kept = np.where(starved, self.keep, self.self_weight)
+            block += self.x[senders] * w[:, None]
+            self.sigma_y[lo:hi] += w * self.y[senders]
+        kept = np.where(starved, phase.keep, phase.share)
         self.x *= kept[:, None]
         self.y *= kept
-        # messages: every edge of the phase; a starved sender's only where it owes weight
+        # messages: every edge of the phase, and any edge that still owes weight (off this
+        # phase, or its sender starved)
         active = np.flatnonzero(giving | (self.sigma_y != 0.0))
         index = self.sent[active]
         self.sent[active] += 1

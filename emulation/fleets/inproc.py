@@ -132,15 +132,14 @@ class InProcessFleet(FleetBase):
     def _batch(self) -> BatchedPushSum | None:
         """The batched fleet of this run, where it applies (see the class docstring)."""
         network = self.network
-        graph = network.first_graph()
-        refusal = batched_refusal(self.config, network, graph)
+        refusal = batched_refusal(self.config, network)
         if refusal is None and self.after_build is not None:
             refusal = "the agents are asked for (after_build)"
         if refusal is not None:
             if self.batched:
                 raise ValueError(f"this run cannot be batched: {refusal}")
             return None
-        ids = agent_ids(self.config.agents)
+        ids, graph = agent_ids(self.config.agents), network.first_graph()
         return BatchedPushSum(self.config, network, graph, ids, self._runtime.sink(self.sink))
 
     def _run_batched(self, batch: BatchedPushSum) -> None:

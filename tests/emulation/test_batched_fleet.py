@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge.algorithms.push_sum import STARVED_WEIGHT
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord
 from emulation.config import RunConfig, load_config
@@ -105,7 +106,7 @@ def test_batched_drops_equal_the_shapers_verdicts() -> None:
     assert not BernoulliDrops(seed=9, loss=0.0).dropped(keys, 1, index).any()
 
 
-@pytest.mark.parametrize("topology", ["exponential", "ring"])
+@pytest.mark.parametrize("topology", ["exponential", "ring", "one-peer-exponential"])
 @pytest.mark.parametrize("loss", [0.1, 0.3])
 def test_batched_and_per_agent_runs_agree(
     monkeypatch: pytest.MonkeyPatch, topology: str, loss: float
@@ -151,7 +152,7 @@ def test_the_fleet_batches_where_it_applies_and_only_there() -> None:
     assert fleet.agents == [] and len(fleet.records()) == AGENTS  # batched: no Agent built
     for other in (
         {"compression": "qsgd:4", "algorithm": "quantized-push-sum"},
-        {"topology": "one-peer-exponential"},
+        {"precision": "float32"},
         {"task": {"name": "separable"}},
     ):
         config = consensus(network={"loss": 0.1}, rounds=3, **other)
@@ -165,3 +166,20 @@ def test_the_fleet_batches_where_it_applies_and_only_there() -> None:
     fleet.after_build = lambda agents: None  # a harness that wants the agents gets them
     fleet.run()
     assert len(fleet.agents) == AGENTS
+
+
+def test_starved_agents_hold_their_shares_back_the_same_way() -> None:
+    # At 95% loss on a directed ring, weights sink below STARVED_WEIGHT: such an agent keeps
+    # its shares home and only flushes what its edge owes.
+    config = consensus(agents=4, rounds=300, topology="directed-ring", network={"loss": 0.95})
+    agents = run_in_process(config, batched=False)
+    batched = run_in_process(config, batched=True)
+    starved = 0
+    for agent_id, records in agents.items():
+        for mine, theirs in zip(records, batched[agent_id], strict=True):
+            assert theirs.counters == mine.counters
+            assert mine.estimate is not None and theirs.estimate is not None
+            np.testing.assert_allclose(theirs.estimate, mine.estimate, rtol=RELATIVE, atol=0)
+            assert theirs.scalars["weight"] == pytest.approx(mine.scalars["weight"], rel=RELATIVE)
+            starved += mine.scalars["weight"] < STARVED_WEIGHT
+    assert starved > 10
