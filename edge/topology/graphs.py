@@ -3,9 +3,9 @@
 ``adjacency[i, j]`` is True when node ``i`` sends to node ``j``. A time-varying graph is a
 periodic sequence of such matrices (its phases); round ``r`` uses phase ``r % period``.
 
-Above :data:`SPARSE_LIMIT` nodes the sparse topologies (rings, exponential graphs, edge
-lists) are built as SciPy sparse boolean arrays (CSR) instead: a dense phase of 100,000
-nodes is 10 GB. :meth:`Graph.edges` gives the edges of either form as index arrays.
+Above :data:`SPARSE_LIMIT` nodes the rings and exponential graphs are built as SciPy sparse
+boolean arrays (CSR) instead: a dense phase of 100,000 nodes is 10 GB. :meth:`Graph.edges`
+gives the edges of either form as index arrays.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ TOPOLOGIES = (
 )
 
 
-#: Graphs on more nodes than this are built sparse where the topology is sparse (every one but
-#: ``complete`` and ``erdos-renyi``); up to it they stay dense, as they always were.
-SPARSE_LIMIT = 16_384
+#: Rings and exponential graphs on more nodes than this are built sparse; up to it, and every
+#: other topology at any size, they stay dense as they always were. Callers that index the
+#: phases as dense arrays (privacy plans, attacks, the coordinator's policies) keep working
+#: up to here; above it a dense phase is 4.3 GB or more, which none of them could hold anyway.
+SPARSE_LIMIT = 65_536
 
 #: A phase: a dense ``(n, n)`` boolean array, or a sparse boolean CSR array of that shape.
 Adjacency: TypeAlias = np.ndarray | csr_array

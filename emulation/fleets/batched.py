@@ -147,7 +147,7 @@ class BatchedPushSum:
         self.x = np.stack([consensus_vector(config.seed, i, options).numpy() for i in range(n)])
         self.y = np.ones(n)
         # Every edge of any phase, sender-major; each phase marks its own.
-        src, dst = adjacency_edges(graph.union())
+        src, dst = adjacency_edges(graph.union() if graph.period > 1 else graph.phases[0])
         m = src.shape[0]
         inbox = csr_array(
             (np.ones(m), (dst, np.arange(m))), shape=(n, m)
