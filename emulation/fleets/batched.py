@@ -53,15 +53,24 @@ STATIC_EPOCH = 1
 BLOCK_EDGES = 1 << 16
 
 
-def batched_refusal(config: RunConfig, network: Network) -> str | None:
+def batched_refusal(config: RunConfig, network: Network, *, per_message: bool = False
+                    ) -> str | None:  # fmt: skip
     """Why ``config`` cannot run batched (None: it can). Batched runs are the ``consensus``
     task with ``push-sum``, lossless codec, float64, no options or privacy, on a network
     whose links decide drops in batch (:meth:`Network.message_drops`: the static one) and
     whose graph never changes (a periodic one is fine), for at most ``SEQ_SLACK`` rounds (an
-    edge's sequence numbers then never wrap)."""
-    settings = [
-        (network.message_drops() is not None, "the links decide drops one by one"),
-        (not network.time_varying and not network.round_driven, "the graph changes"),
+    edge's sequence numbers then never wrap). ``per_message``: the workload alone, whatever
+    the network (links asked message by message, a graph that changes), as the virtual
+    clock's fast path takes it (:mod:`.virtual_fast`)."""
+    settings = (
+        []
+        if per_message
+        else [
+            (network.message_drops() is not None, "the links decide drops one by one"),
+            (not network.time_varying and not network.round_driven, "the graph changes"),
+        ]
+    )
+    settings += [
         (config.task.name == "consensus", "the task is not consensus"),
         (config.algorithm == "push-sum", "the algorithm is not push-sum"),
         (config.compression == "none", "messages are compressed"),
@@ -160,7 +169,7 @@ class BatchedPushSum:
         self.seq = np.zeros(m, dtype=np.int64)
         self.base = np.zeros(m, dtype=np.int64)  # the latest acknowledged seq
         self.counters = np.zeros((n, 4), dtype=np.int64)  # sent, bytes, dropped, received
-        self.sizes = _WireSizes(config, ids, self.x.shape[1])
+        self.sizes = wire_sizes(config, ids, self.x.shape[1])
         self.started = clock()
 
     def begin(self) -> None:
@@ -248,6 +257,11 @@ def _kept(self_weight: float, degree: int) -> float:
     return self_weight + held
 
 
+def wire_sizes(config: RunConfig, ids: list[str], dim: int) -> _WireSizes:
+    """The wire sizes of a consensus fleet's push-sum messages (vectors of ``dim``)."""
+    return _WireSizes(config, ids, dim)
+
+
 class _WireSizes:
     """Bytes each message takes on the wire (:func:`wire_bytes`), by what decides them: the
     ids' lengths and the bit lengths of round, seq and base."""
@@ -281,14 +295,18 @@ class _WireSizes:
         return out
 
     def _size(self, i: int, j: int, round_index: int, seq: int, base: int) -> int:
+        return self.message(i, j, round_index, seq, base, STATIC_EPOCH)
+
+    def message(self, i: int, j: int, round_index: int, seq: int, base: int, epoch: int) -> int:
+        """The bytes of one message from agent ``i`` to ``j`` (assignment ``epoch``)."""
         key = (len(self.ids[i]), len(self.ids[j]), round_index.bit_length(), seq.bit_length(),
-               base.bit_length())  # fmt: skip
+               base.bit_length(), epoch.bit_length())  # fmt: skip
         size = self.known.get(key)
         if size is None:
             sender = Sender(self.ids[i], "push-sum", self.digest, "", self.codec)
             payload = Payload(self.vector, {"y": 1.0}, seq, base, encoded=self.encoded)
             message = gossip_message(sender, round_index, self.ids[j], payload,
-                                     epoch=STATIC_EPOCH, lineage=0)  # fmt: skip
+                                     epoch=epoch, lineage=0)  # fmt: skip
             size = self.known[key] = wire_bytes(message)
         return size
 

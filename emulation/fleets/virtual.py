@@ -23,7 +23,8 @@ import torch
 
 from edge.agent import Agent, build_agent
 from edge.config.identity import agent_ids
-from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
+from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord, StatsSink
+from edge.topology import Assignment
 from edge.transport.base import (
     GossipMessage,
     InboundHandler,
@@ -43,6 +44,7 @@ from emulation.fleets.base import (
     fleet_progress,
     group_records,
 )
+from emulation.fleets.virtual_fast import VirtualPushSum, fast_refusal
 from emulation.networks import LinkRuntime, Network
 from emulation.privacy import privacy_context, run_keyring
 
@@ -148,14 +150,31 @@ class VirtualTransport:
 
 class VirtualFleet:
     """All agents in this process, on a virtual clock: deterministic for a seed, as fast as
-    the agents' own work allows (nothing sleeps)."""
+    the agents' own work allows (nothing sleeps).
+
+    ``fast``: run push-sum consensus without :class:`Agent` objects
+    (:class:`~emulation.fleets.virtual_fast.VirtualPushSum`: the same events, verdicts and
+    figures). None: wherever :func:`~emulation.fleets.virtual_fast.fast_refusal` allows;
+    True: insist (``ValueError`` naming why not); False: always the agents themselves."""
 
     mode: ClassVar[str] = "virtual"
     summary: ClassVar[str] = "all agents in this process as discrete events on a virtual clock"
     in_process: ClassVar[bool] = True
     serves_metrics: ClassVar[bool] = False
 
-    def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        network: Network,
+        launch: Launch | None = None,
+        *,
+        fast: bool | None = None,
+    ) -> None:
+        refusal = fast_refusal(config, network) if fast is not False else "not asked"
+        if fast and refusal is not None:
+            raise ValueError(f"this run cannot take the fast path: {refusal}")
+        self.fast = refusal is None
+        self._fast: VirtualPushSum | None = None
         self.config = config
         self.network = network
         self.keeper = ProgressKeeper(config, launch.on_progress if launch else None)
@@ -192,6 +211,9 @@ class VirtualFleet:
         settings = config.agent_settings()
         directory: dict[str, InboundHandler] = {}
         sink = self.links.sink(self.sink)
+        if self.fast:
+            self._run_fast(sink)
+            return
         keys = run_keyring(config, self.ids)
         for i, agent_id in enumerate(self.ids):
             transport = VirtualTransport(
@@ -225,6 +247,23 @@ class VirtualFleet:
                 agent.close()
             gc.collect()
 
+    def _run_fast(self, sink: StatsSink | None) -> None:
+        self._fast = fast = VirtualPushSum(
+            self.config, self.ids, loop=self.loop, shaper=self.links.shaper,
+            compute_s=self.compute_s, sink=sink, round_done=self._round_done,
+        )  # fmt: skip
+        self._peers = {agent_id: f"virtual://{agent_id}" for agent_id in self.ids}
+        self._update_graph()
+        fast.begin()
+        collecting = gc.isenabled()
+        gc.disable()  # as in run(): reference counting frees what the loop makes
+        try:
+            self.loop.run(until=lambda: self._stop)
+        finally:
+            if collecting:
+                gc.enable()
+            gc.collect()
+
     def stop(self) -> None:
         self._stop = True
 
@@ -243,12 +282,11 @@ class VirtualFleet:
 
     # -- phases as events -------------------------------------------------------------------------
     def _update_graph(self) -> None:
-        if self._finished == len(self.agents) and self.agents:
+        if self._finished == len(self.ids) and self.ids:
             return
         now = self.loop.now
         assignments = self.links.assignments(now, self._peers)
-        for agent in self.agents:
-            agent.set_assignment(assignments[agent.agent_id])
+        self._assign(assignments)
         change = self.links.next_change_s(now)
         if change is not None:
             self.loop.at(change, self._update_graph)
@@ -282,17 +320,21 @@ class VirtualFleet:
     def _finish_round(self, agent: Agent, round_index: int) -> None:
         self._waiting.pop(agent.agent_id, None)
         agent.mix(round_index)
-        if agent.report_due(round_index):
-            self._reported.setdefault(round_index, []).append(agent.report(round_index))
-        self._finished_round[round_index] += 1
+        record = agent.report(round_index) if agent.report_due(round_index) else None
         if round_index < self.config.rounds:
             self.loop.at(self.loop.now, self._start_round, agent, round_index + 1)
-        else:
+        self._round_done(round_index, record)
+
+    def _round_done(self, round_index: int, record: RoundRecord | None) -> None:
+        """An agent finished ``round_index`` (``record``: its report, if the round is
+        reported): the slowest round advances when every agent has finished it."""
+        if record is not None:
+            self._reported.setdefault(round_index, []).append(record)
+        self._finished_round[round_index] += 1
+        if round_index >= self.config.rounds:
             self._finished += 1
-        slowest = self._slowest
-        while slowest < self.config.rounds and self._finished_round[slowest + 1] == len(
-            self.agents
-        ):
+        slowest, n = self._slowest, len(self.ids)
+        while slowest < self.config.rounds and self._finished_round[slowest + 1] == n:
             slowest += 1
         if slowest > self._slowest:
             for done in range(self._slowest + 1, slowest + 1):
@@ -306,8 +348,14 @@ class VirtualFleet:
         reported = self._reported.pop(round_index, [])
         switched = self.links.after_round(round_index, reported, self._peers)
         if switched is not None:
-            for agent in self.agents:
-                agent.set_assignment(switched[agent.agent_id])
+            self._assign(switched)
+
+    def _assign(self, assignments: dict[str, Assignment]) -> None:
+        if self._fast is not None:
+            self._fast.assign(assignments)
+            return
+        for agent in self.agents:
+            agent.set_assignment(assignments[agent.agent_id])
 
     def _report_progress(self) -> None:
         slowest, final = self._slowest, self._slowest == self.config.rounds
@@ -318,8 +366,8 @@ class VirtualFleet:
         # The counts of the agents' latest records, which the summary is made of too: a
         # push still in flight when its sender reported its last round is in neither.
         states = [
-            AgentProgress(slowest, final, None, self._counters.get(a.agent_id, Counters()))
-            for a in self.agents
+            AgentProgress(slowest, final, None, self._counters.get(agent_id, Counters()))
+            for agent_id in self.ids
         ]
-        progress = fleet_progress(self.config, states, len(self.agents))
+        progress = fleet_progress(self.config, states, len(self.ids))
         self.keeper.update(dataclasses.replace(progress, emulated_s=self.loop.now))

@@ -1,0 +1,378 @@
+"""Push-sum consensus on the virtual clock without :class:`~edge.agent.Agent` objects.
+
+:class:`~emulation.fleets.virtual.VirtualFleet` runs every agent's phases as events; per
+message the agent shares, encodes, the link shaper decides, the receiver admits, decodes,
+checks and absorbs, and the acknowledgement comes back: about 100 us of Python, most of it
+the agents' own. For the workload of :func:`~emulation.fleets.batched.batched_refusal`
+(``consensus``, ``push-sum`` without compression, float64, no options or privacy) none of
+that varies between agents, so :class:`VirtualPushSum` keeps every agent's ``(x, y)`` and
+pending mass as rows of arrays and every edge's running sum, sequence numbers and the
+receiver's view of it in lists by edge, and runs the same events in the same order at the
+same virtual times: the link shaper is asked the same questions (sender, receiver, round,
+message index, wire bytes as the encoded message would take), so every verdict, delay and
+virtual time is the per-agent path's. What an agent decides (ready peers, shares held back
+for refusing peers and when starved, who it still hears after a graph change, when its wait
+is over) follows the agent's code rule by rule on the same Python floats; only the vector
+arithmetic is numpy's instead of torch's (a running sum's ``+= x * w`` may differ in the
+last bit where torch fuses the multiply-add). tests/emulation/test_virtual_fast.py checks
+drops, counters and times exactly, estimates within 1e-9.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from edge.agent.admission import FORMER_ROUNDS
+from edge.agent.agent import PATIENCE_ROUNDS
+from edge.algorithms.base import SEQ_SLACK
+from edge.algorithms.push_sum import STARVED_WEIGHT
+from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from edge.tasks.consensus import ConsensusOptions, consensus_vector
+from edge.tasks.options import parse_options
+from edge.topology import Assignment
+from edge.transport.base import LinkShaper
+from emulation.config import RunConfig
+from emulation.fleets.batched import batched_refusal, wire_sizes
+from emulation.networks import Network
+
+
+class _Loop(Protocol):
+    """The event loop (:class:`~emulation.fleets.virtual.EventLoop`)."""
+
+    now: float
+
+    def at(self, time_s: float, callback: Callable[..., None], *args: Any) -> None: ...
+
+
+#: What the fleet hears of a finished round: ``(round, the agent's record or None)``.
+RoundDone = Callable[[int, RoundRecord | None], None]
+
+
+def fast_refusal(config: RunConfig, network: Network) -> str | None:
+    """Why ``config`` cannot run on :class:`VirtualPushSum` (None: it can): the batched
+    workload (:func:`~emulation.fleets.batched.batched_refusal`, whatever the network
+    decides per message) on a network whose graph changes with time only (one that
+    switches by round hands agents new assignments between rounds)."""
+    reasons = []
+    refusal = batched_refusal(config, network, per_message=True)
+    if refusal is not None:
+        reasons.append(refusal)
+    if network.round_driven:
+        reasons.append("the graph switches by round")
+    return "; ".join(reasons) or None
+
+
+class _Edge:
+    """One directed edge: the sender's running sum and the receiver's view of it."""
+
+    __slots__ = (
+        "acked",
+        "base",
+        "count",
+        "dst",
+        "in_base",
+        "inflight",
+        "last_seq",
+        "peer",
+        "rho_x",
+        "rho_y",
+        "sent",
+        "seq",
+        "sigma_x",
+        "sigma_y",
+        "src",
+    )  # fmt: skip
+
+    def __init__(self, src: int, dst: int, peer: str, dim: int) -> None:
+        self.src, self.dst, self.peer = src, dst, peer
+        self.sigma_x = np.zeros(dim)
+        self.sigma_y = 0.0
+        self.seq = self.base = self.acked = 0
+        #: The latest message: (seq, what it carried); None once acknowledged or cleared.
+        self.sent: tuple[int, np.ndarray, float] | None = None
+        self.count = 0  # messages so far (the shaper's message index)
+        self.inflight = False
+        self.rho_x: np.ndarray | None = None  # None: the receiver holds no in-edge yet
+        self.rho_y = 0.0
+        self.last_seq = self.in_base = 0
+
+
+class _Agent:
+    """One agent's bookkeeping besides its row of the arrays."""
+
+    __slots__ = (
+        "agent_id",
+        "counters",
+        "epoch",
+        "former",
+        "heard",
+        "hears",
+        "incoming",
+        "index",
+        "inflight",
+        "out",
+        "pending_y",
+        "refusing",
+        "round",
+        "self_w",
+        "weights",
+        "y",
+    )  # fmt: skip
+
+    def __init__(self, index: int, agent_id: str) -> None:
+        self.index, self.agent_id = index, agent_id
+        self.round = 0
+        self.y, self.pending_y = 1.0, 0.0
+        self.out: dict[int, _Edge] = {}  # in the order the agent's out-edges were made
+        self.epoch = 0
+        self.self_w = 1.0
+        self.weights: dict[int, float] = {}
+        self.incoming: tuple[int, ...] = ()
+        self.hears: frozenset[int] = frozenset()
+        self.former: dict[int, int] = {}
+        self.heard: dict[int, int] = {}
+        self.refusing: set[int] = set()
+        self.inflight = 0
+        # bytes, sent, dropped, failed, received, rejected
+        self.counters = [0, 0, 0, 0, 0, 0]
+
+
+class VirtualPushSum:
+    """The agents of a :class:`~emulation.fleets.virtual.VirtualFleet` as arrays (see the
+    module docstring), on the fleet's event loop, link shaper and sink; every finished
+    round goes to ``round_done`` (the fleet's bookkeeping of the slowest round)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        ids: list[str],
+        *,
+        loop: _Loop,
+        shaper: LinkShaper | None,
+        compute_s: float,
+        sink: StatsSink | None,
+        round_done: RoundDone,
+    ) -> None:
+        self.config, self.ids, self.loop, self.sink = config, ids, loop, sink
+        self.compute_s, self.round_done = compute_s, round_done
+        self.index = {agent_id: i for i, agent_id in enumerate(self.ids)}
+        n = len(self.ids)
+        options = parse_options(ConsensusOptions, config.task.options, "consensus")
+        self.x = np.stack([consensus_vector(config.seed, i, options).numpy() for i in range(n)])
+        self.dim = self.x.shape[1]
+        self.pending_x = np.zeros_like(self.x)
+        self.agents = [_Agent(i, agent_id) for i, agent_id in enumerate(self.ids)]
+        settings = config.agent_settings()
+        self.rounds, self.staleness = config.rounds, settings.staleness
+        self.timeout, self.eval_every = settings.wait_timeout_s, settings.eval_every
+        self.seed = settings.seed
+        self.shaper = shaper
+        self.sizes = wire_sizes(config, self.ids, self.dim)
+        self.waiting: dict[int, int] = {}
+
+    # -- what the fleet calls ---------------------------------------------------------------------
+    def assign(self, assignments: dict[str, Assignment]) -> None:
+        """Install every agent's assignment (as :meth:`Agent.set_assignment` does)."""
+        index = self.index
+        for a in self.agents:
+            assignment = assignments[a.agent_id]
+            phase = assignment.phase(0)
+            incoming = frozenset(index[p] for p in phase.in_neighbours)
+            for p in a.hears - incoming:
+                a.former[p] = a.round
+            for p in incoming:
+                a.former.pop(p, None)
+            a.hears, a.incoming = incoming, tuple(incoming)
+            a.epoch, a.self_w = assignment.epoch, phase.self_weight
+            a.weights = {index[p]: w for p, w in phase.out_weights.items()}
+
+    def begin(self) -> None:
+        for a in self.agents:
+            self.report(a, 0)
+            self.loop.at(0.0, self._start_round, a, 1)
+
+    # -- phases as events -------------------------------------------------------------------------
+    def _start_round(self, a: _Agent, round_index: int) -> None:
+        self.loop.at(self.loop.now + self.compute_s, self._push, a, round_index)
+
+    def _push(self, a: _Agent, round_index: int) -> None:
+        a.round = round_index
+        i, loop, ids = a.index, self.loop, self.ids
+        weights, self_w = a.weights, a.self_w
+        if a.refusing:  # hold_back(probe=True): their shares stay home, they stay in the phase
+            held = [w for p, w in weights.items() if p in a.refusing]
+            if held:
+                weights = {p: 0.0 if p in a.refusing else w for p, w in weights.items()}
+                self_w = self_w + sum(held)
+        if a.y < STARVED_WEIGHT and weights:  # every share stays home
+            self_w = self_w + sum(weights.values())
+            weights = {}
+        # share
+        x, y = self.x[i], a.y
+        for p, w in weights.items():
+            edge = a.out.get(p)
+            if edge is None:
+                edge = a.out[p] = _Edge(i, p, ids[p], self.dim)
+            edge.sigma_x += x * w
+            edge.sigma_y += w * y
+        x *= self_w
+        a.y = y * self_w
+        sending = []
+        for p, edge in a.out.items():
+            if edge.inflight:
+                continue
+            if p not in weights and edge.sigma_y == 0.0:
+                continue
+            decoded = edge.sigma_x.copy()
+            edge.sent = None
+            if edge.seq - edge.acked < SEQ_SLACK:
+                edge.seq += 1
+                edge.sent = (edge.seq, decoded, edge.sigma_y)
+            sending.append((edge, decoded, edge.sigma_y, edge.seq, edge.base))
+        for edge, *_ in sending:
+            edge.inflight = True
+        a.inflight += len(sending)
+        now, size = loop.now, self.sizes.message
+        plan = self.shaper.plan if self.shaper is not None else None
+        for edge, decoded, sigma_y, seq, base in sending:
+            index = edge.count
+            edge.count = index + 1
+            nbytes = size(i, edge.dst, round_index, seq, base, a.epoch)
+            drop, delay = False, 0.0
+            if plan is not None:
+                verdict = plan(a.agent_id, edge.peer, round_index, index, nbytes)
+                drop, delay = verdict.drop, verdict.delay_s
+            if drop:
+                loop.at(now + delay, self._dropped, edge, nbytes)
+            else:
+                loop.at(now + delay, self._deliver, edge, round_index, seq, base, decoded,
+                        sigma_y, nbytes)  # fmt: skip
+        if self.timeout <= 0:
+            self._finish_round(a, round_index)
+            return
+        self.waiting[i] = round_index
+        loop.at(now + self.timeout, self._timeout, a, round_index)
+        self._check(a)
+
+    def _dropped(self, edge: _Edge, nbytes: int) -> None:
+        a = self.agents[edge.src]
+        edge.inflight = False
+        a.inflight -= 1
+        c = a.counters
+        c[0] += nbytes
+        c[1] += 1
+        c[2] += 1
+        self._check(a)
+
+    def _deliver(self, edge: _Edge, round_index: int, seq: int, base: int,
+                 vector: np.ndarray, y: float, nbytes: int) -> None:  # fmt: skip
+        sender, receiver = self.agents[edge.src], self.agents[edge.dst]
+        i = edge.src
+        heard = i in receiver.hears
+        if not heard:
+            left = receiver.former.get(i)
+            heard = left is not None and receiver.round - left <= FORMER_ROUNDS
+        if not heard or not (0 < y < float("inf")):  # not an in-neighbour; a weight refused
+            receiver.counters[5] += 1
+            self._refused(sender, edge, nbytes)
+            return
+        # PushSum.receive, on the receiver's view of the edge
+        held = edge.rho_x is not None
+        last, held_base = (edge.last_seq, edge.in_base) if held else (0, 0)
+        ack_last = last
+        if seq > last:
+            if base != held_base and (not held or base != last):
+                raise RuntimeError(f"message {seq} on {sender.agent_id}->{edge.peer} cannot be "
+                                   "placed: the batched bookkeeping went astray")  # fmt: skip
+            j = edge.dst
+            if base == held_base:
+                pending_x = self.pending_x[j] + vector
+                if edge.rho_x is not None:
+                    pending_x -= edge.rho_x
+                pending_y = receiver.pending_y + (y - (edge.rho_y if held else 0.0))
+            else:
+                pending_x, pending_y = self.pending_x[j] + vector, receiver.pending_y + y
+            if not pending_y < receiver.pending_y:
+                self.pending_x[j] = pending_x
+                receiver.pending_y = pending_y
+                edge.rho_x, edge.rho_y = vector, y
+                edge.last_seq, edge.in_base = seq, base
+                ack_last = seq
+        receiver.counters[4] += 1
+        if round_index > receiver.heard.get(i, 0):
+            receiver.heard[i] = round_index
+        # the sender takes the acknowledgement (PushSum.on_ack)
+        edge.inflight = False
+        sender.inflight -= 1
+        c = sender.counters
+        c[0] += nbytes
+        c[1] += 1
+        edge.acked = max(edge.acked, ack_last)
+        sent = edge.sent
+        if sent is not None and sent[0] == ack_last:
+            edge.sent = None
+            if ack_last > edge.base:  # measure from what the receiver now holds
+                edge.sigma_x -= sent[1]
+                edge.sigma_y -= sent[2]
+                edge.base = ack_last
+        sender.refusing.discard(edge.dst)
+        self._check(sender)
+        self._check(receiver)
+
+    def _refused(self, sender: _Agent, edge: _Edge, nbytes: int) -> None:
+        edge.inflight = False
+        sender.inflight -= 1
+        c = sender.counters
+        c[0] += nbytes
+        c[1] += 1
+        c[3] += 1
+        sender.refusing.add(edge.dst)
+        self._check(sender)
+        self._check(self.agents[edge.dst])
+
+    def _check(self, a: _Agent) -> None:
+        round_index = self.waiting.get(a.index)
+        if round_index is None or a.inflight:
+            return
+        last = round_index >= self.rounds
+        need = round_index - (0 if last else self.staleness)
+        oldest, heard = need - PATIENCE_ROUNDS, a.heard
+        for p in a.incoming:
+            if oldest <= heard.get(p, 0) < need:
+                return
+        self._finish_round(a, round_index)
+
+    def _timeout(self, a: _Agent, round_index: int) -> None:
+        if self.waiting.get(a.index) == round_index:
+            self._finish_round(a, round_index)
+
+    def _finish_round(self, a: _Agent, round_index: int) -> None:
+        i = a.index
+        self.waiting.pop(i, None)
+        self.x[i] += self.pending_x[i]
+        a.y += a.pending_y
+        self.pending_x[i] = 0.0
+        a.pending_y = 0.0
+        report = round_index % self.eval_every == 0 or round_index == self.rounds
+        record = self.report(a, round_index) if report else None
+        if round_index < self.rounds:
+            self.loop.at(self.loop.now, self._start_round, a, round_index + 1)
+        self.round_done(round_index, record)
+
+    def report(self, a: _Agent, round_index: int) -> RoundRecord:
+        bytes_sent, sent, dropped, failed, received, rejected = a.counters
+        counters = Counters(bytes_sent=bytes_sent, messages_sent=sent, messages_dropped=dropped,
+                            messages_failed=failed, messages_received=received,
+                            messages_rejected=rejected)  # fmt: skip
+        estimate = self.x[a.index] / a.y
+        record = RoundRecord(
+            agent_id=a.agent_id, round=round_index, wall_s=self.loop.now, metrics={},
+            scalars={"weight": a.y}, final=round_index == self.rounds,
+            estimate=probe_estimate(estimate, self.seed), counters=counters,
+        )  # fmt: skip
+        if self.sink is not None:
+            self.sink.record(record)
+        return record
