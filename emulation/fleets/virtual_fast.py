@@ -77,17 +77,19 @@ class _Edge:
         "inflight",
         "last_seq",
         "peer",
+        "receiver",
         "rho_x",
         "rho_y",
+        "sender",
         "sent",
         "seq",
         "sigma_x",
         "sigma_y",
-        "src",
     )  # fmt: skip
 
-    def __init__(self, src: int, dst: int, peer: str, dim: int) -> None:
-        self.src, self.dst, self.peer = src, dst, peer
+    def __init__(self, sender: _Agent, receiver: _Agent, peer: str, dim: int) -> None:
+        self.sender, self.receiver, self.peer = sender, receiver, peer
+        self.dst = receiver.index
         self.sigma_x = np.zeros(dim)
         self.sigma_y = 0.0
         self.seq = self.base = self.acked = 0
@@ -114,11 +116,13 @@ class _Agent:
         "index",
         "inflight",
         "out",
+        "pending_x",
         "pending_y",
         "refusing",
         "round",
         "self_w",
         "weights",
+        "x",
         "y",
     )  # fmt: skip
 
@@ -126,6 +130,8 @@ class _Agent:
         self.index, self.agent_id = index, agent_id
         self.round = 0
         self.y, self.pending_y = 1.0, 0.0
+        #: Its rows of the fleet's arrays (views: updated in place).
+        self.x = self.pending_x = np.zeros(0)
         self.out: dict[int, _Edge] = {}  # in the order the agent's out-edges were made
         self.epoch = 0
         self.self_w = 1.0
@@ -165,6 +171,8 @@ class VirtualPushSum:
         self.dim = self.x.shape[1]
         self.pending_x = np.zeros_like(self.x)
         self.agents = [_Agent(i, agent_id) for i, agent_id in enumerate(self.ids)]
+        for a in self.agents:
+            a.x, a.pending_x = self.x[a.index], self.pending_x[a.index]
         settings = config.agent_settings()
         self.rounds, self.staleness = config.rounds, settings.staleness
         self.timeout, self.eval_every = settings.wait_timeout_s, settings.eval_every
@@ -211,11 +219,11 @@ class VirtualPushSum:
             self_w = self_w + sum(weights.values())
             weights = {}
         # share
-        x, y = self.x[i], a.y
+        x, y = a.x, a.y
         for p, w in weights.items():
             edge = a.out.get(p)
             if edge is None:
-                edge = a.out[p] = _Edge(i, p, ids[p], self.dim)
+                edge = a.out[p] = _Edge(a, self.agents[p], ids[p], self.dim)
             edge.sigma_x += x * w
             edge.sigma_y += w * y
         x *= self_w
@@ -258,7 +266,7 @@ class VirtualPushSum:
         self._check(a)
 
     def _dropped(self, edge: _Edge, nbytes: int) -> None:
-        a = self.agents[edge.src]
+        a = edge.sender
         edge.inflight = False
         a.inflight -= 1
         c = a.counters
@@ -269,8 +277,8 @@ class VirtualPushSum:
 
     def _deliver(self, edge: _Edge, round_index: int, seq: int, base: int,
                  vector: np.ndarray, y: float, nbytes: int) -> None:  # fmt: skip
-        sender, receiver = self.agents[edge.src], self.agents[edge.dst]
-        i = edge.src
+        sender, receiver = edge.sender, edge.receiver
+        i = sender.index
         heard = i in receiver.hears
         if not heard:
             left = receiver.former.get(i)
@@ -287,16 +295,15 @@ class VirtualPushSum:
             if base != held_base and (not held or base != last):
                 raise RuntimeError(f"message {seq} on {sender.agent_id}->{edge.peer} cannot be "
                                    "placed: the batched bookkeeping went astray")  # fmt: skip
-            j = edge.dst
             if base == held_base:
-                pending_x = self.pending_x[j] + vector
+                pending_x = receiver.pending_x + vector
                 if edge.rho_x is not None:
                     pending_x -= edge.rho_x
                 pending_y = receiver.pending_y + (y - (edge.rho_y if held else 0.0))
             else:
-                pending_x, pending_y = self.pending_x[j] + vector, receiver.pending_y + y
+                pending_x, pending_y = receiver.pending_x + vector, receiver.pending_y + y
             if not pending_y < receiver.pending_y:
-                self.pending_x[j] = pending_x
+                receiver.pending_x[:] = pending_x
                 receiver.pending_y = pending_y
                 edge.rho_x, edge.rho_y = vector, y
                 edge.last_seq, edge.in_base = seq, base
@@ -331,7 +338,7 @@ class VirtualPushSum:
         c[3] += 1
         sender.refusing.add(edge.dst)
         self._check(sender)
-        self._check(self.agents[edge.dst])
+        self._check(edge.receiver)
 
     def _check(self, a: _Agent) -> None:
         round_index = self.waiting.get(a.index)
@@ -352,9 +359,9 @@ class VirtualPushSum:
     def _finish_round(self, a: _Agent, round_index: int) -> None:
         i = a.index
         self.waiting.pop(i, None)
-        self.x[i] += self.pending_x[i]
+        a.x += a.pending_x
         a.y += a.pending_y
-        self.pending_x[i] = 0.0
+        a.pending_x[:] = 0.0
         a.pending_y = 0.0
         report = round_index % self.eval_every == 0 or round_index == self.rounds
         record = self.report(a, round_index) if report else None
@@ -367,7 +374,7 @@ class VirtualPushSum:
         counters = Counters(bytes_sent=bytes_sent, messages_sent=sent, messages_dropped=dropped,
                             messages_failed=failed, messages_received=received,
                             messages_rejected=rejected)  # fmt: skip
-        estimate = self.x[a.index] / a.y
+        estimate = a.x / a.y
         record = RoundRecord(
             agent_id=a.agent_id, round=round_index, wall_s=self.loop.now, metrics={},
             scalars={"weight": a.y}, final=round_index == self.rounds,
