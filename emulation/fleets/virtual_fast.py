@@ -265,15 +265,20 @@ class VirtualPushSum:
         loop.at(now + self.timeout, self._timeout, a, round_index)
         self._check(a)
 
-    def _dropped(self, edge: _Edge, nbytes: int) -> None:
-        a = edge.sender
+    @staticmethod
+    def _settle(edge: _Edge, nbytes: int, outcome: int) -> None:
+        """A message on ``edge`` ended without delivery: counted as sent, and as
+        ``outcome`` (2: dropped, 3: failed, the sender's counter columns)."""
         edge.inflight = False
-        a.inflight -= 1
-        c = a.counters
+        edge.sender.inflight -= 1
+        c = edge.sender.counters
         c[0] += nbytes
         c[1] += 1
-        c[2] += 1
-        self._check(a)
+        c[outcome] += 1
+
+    def _dropped(self, edge: _Edge, nbytes: int) -> None:
+        self._settle(edge, nbytes, 2)
+        self._check(edge.sender)
 
     def _deliver(self, edge: _Edge, round_index: int, seq: int, base: int,
                  vector: np.ndarray, y: float, nbytes: int) -> None:  # fmt: skip
@@ -330,12 +335,7 @@ class VirtualPushSum:
         self._check(receiver)
 
     def _refused(self, sender: _Agent, edge: _Edge, nbytes: int) -> None:
-        edge.inflight = False
-        sender.inflight -= 1
-        c = sender.counters
-        c[0] += nbytes
-        c[1] += 1
-        c[3] += 1
+        self._settle(edge, nbytes, 3)
         sender.refusing.add(edge.dst)
         self._check(sender)
         self._check(edge.receiver)
