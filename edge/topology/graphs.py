@@ -162,45 +162,39 @@ def _complete(n: int) -> np.ndarray:
     return a
 
 
-def _ring(n: int) -> np.ndarray:
-    a = _empty(n)
-    nodes = np.arange(n)
-    a[nodes, (nodes + 1) % n] = a[nodes, (nodes - 1) % n] = True
-    np.fill_diagonal(a, False)
-    return a
-
-
-def _directed_ring(n: int) -> np.ndarray:
-    a = _empty(n)
-    nodes = np.arange(n)
-    a[nodes, (nodes + 1) % n] = True
-    np.fill_diagonal(a, False)
-    return a
-
-
 def _exponential_hops(n: int) -> list[int]:
     """Hops 1, 2, 4, ... smaller than n (the directed exponential graph of SGP)."""
     return [2**k for k in range(max(1, math.ceil(math.log2(n))))] if n > 1 else []
 
 
-def _exponential(n: int) -> np.ndarray:
-    a = _empty(n)
-    nodes = np.arange(n)
-    for hop in _exponential_hops(n):
-        a[nodes, (nodes + hop) % n] = True
-    np.fill_diagonal(a, False)
-    return a
+def _hop_phases(name: str, n: int) -> list[list[int]]:
+    """The rings' and exponential graphs' phases as hops: node ``i`` sends to ``i + hop``."""
+    if name == "ring":
+        return [[1, -1]]
+    if name == "directed-ring":
+        return [[1]]
+    if name == "exponential":
+        return [_exponential_hops(n)]
+    return [[hop] for hop in _exponential_hops(n)] or [[]]  # one-peer-exponential
 
 
-def _one_peer_exponential(n: int) -> tuple[np.ndarray, ...]:
-    phases = []
-    nodes = np.arange(n)
-    for hop in _exponential_hops(n):
+def _circulant(name: str, n: int) -> tuple[Adjacency, ...]:
+    """``name``'s phases from its hops: dense, or sparse above :data:`SPARSE_LIMIT` nodes
+    (self loops dropped either way)."""
+    nodes = np.arange(n, dtype=np.int64)
+    phases: list[Adjacency] = []
+    for hops in _hop_phases(name, n):
+        if n > SPARSE_LIMIT:
+            senders = np.concatenate([nodes for _ in hops] or [nodes[:0]])
+            receivers = np.concatenate([(nodes + h) % n for h in hops] or [nodes[:0]])
+            phases.append(_sparse(n, senders, receivers))
+            continue
         a = _empty(n)
-        a[nodes, (nodes + hop) % n] = True
+        for hop in hops:
+            a[nodes, (nodes + hop) % n] = True
         np.fill_diagonal(a, False)
         phases.append(a)
-    return tuple(phases) or (_empty(n),)
+    return tuple(phases)
 
 
 def _erdos_renyi(n: int, p: float | None, seed: int) -> np.ndarray:
@@ -217,29 +211,6 @@ def _erdos_renyi(n: int, p: float | None, seed: int) -> np.ndarray:
     raise TopologyError(
         f"no strongly connected erdos-renyi graph with n={n}, p={p} in 1000 draws; raise p"
     )
-
-
-def _sparse_phases(name: str, n: int) -> tuple[csr_array, ...]:
-    """``name``'s phases as sparse arrays (the rings and exponential graphs): the same
-    edges as the dense builders give."""
-    nodes = np.arange(n, dtype=np.int64)
-    if name == "ring":
-        hops = [[1, -1]]
-    elif name == "directed-ring":
-        hops = [[1]]
-    elif name == "exponential":
-        hops = [_exponential_hops(n)]
-    else:  # one-peer-exponential
-        hops = [[hop] for hop in _exponential_hops(n)] or [[]]
-    phases = []
-    for phase_hops in hops:
-        senders = np.concatenate([nodes for _ in phase_hops] or [nodes[:0]])
-        receivers = np.concatenate([(nodes + h) % n for h in phase_hops] or [nodes[:0]])
-        phases.append(_sparse(n, senders, receivers))
-    return tuple(phases)
-
-
-_SPARSE_TOPOLOGIES = ("ring", "directed-ring", "exponential", "one-peer-exponential")
 
 
 def _from_edges(n: int, edges: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -291,10 +262,10 @@ def build_graph(
         raise TopologyError(f"a topology needs at least 1 node, got {n}")
     builders: dict[str, Callable[[], tuple[Adjacency, ...]]] = {
         "complete": lambda: (_complete(n),),
-        "ring": lambda: (_ring(n),),
-        "directed-ring": lambda: (_directed_ring(n),),
-        "exponential": lambda: (_exponential(n),),
-        "one-peer-exponential": lambda: _one_peer_exponential(n),
+        "ring": lambda: _circulant("ring", n),
+        "directed-ring": lambda: _circulant("directed-ring", n),
+        "exponential": lambda: _circulant("exponential", n),
+        "one-peer-exponential": lambda: _circulant("one-peer-exponential", n),
         "erdos-renyi": lambda: (_erdos_renyi(n, p, seed),),
         "edges": lambda: (_from_edges(n, edges or []),),
     }
@@ -302,10 +273,7 @@ def build_graph(
         raise TopologyError(f"unknown topology '{name}'; choose one of: {', '.join(TOPOLOGIES)}")
     if name == "edges" and not edges:
         raise TopologyError("topology 'edges' needs an edge list (e.g. edges = [[0, 1], [1, 0]])")
-    if n > SPARSE_LIMIT and name in _SPARSE_TOPOLOGIES:
-        graph = Graph(name=name, phases=_sparse_phases(name, n))
-    else:
-        graph = Graph(name=name, phases=builders[name]())
+    graph = Graph(name=name, phases=builders[name]())
     if require_strongly_connected and not is_strongly_connected(graph.union()):
         raise TopologyError(
             f"topology '{name}' on {n} nodes is not strongly connected: "
