@@ -53,24 +53,13 @@ STATIC_EPOCH = 1
 BLOCK_EDGES = 1 << 16
 
 
-def batched_refusal(config: RunConfig, network: Network, *, per_message: bool = False
-                    ) -> str | None:  # fmt: skip
-    """Why ``config`` cannot run batched (None: it can). Batched runs are the ``consensus``
-    task with ``push-sum``, lossless codec, float64, no options or privacy, on a network
-    whose links decide drops in batch (:meth:`Network.message_drops`: the static one) and
-    whose graph never changes (a periodic one is fine), for at most ``SEQ_SLACK`` rounds (an
-    edge's sequence numbers then never wrap). ``per_message``: the workload alone, whatever
-    the network (links asked message by message, a graph that changes), as the virtual
-    clock's fast path takes it (:mod:`.virtual_fast`)."""
-    settings = (
-        []
-        if per_message
-        else [
-            (network.message_drops() is not None, "the links decide drops one by one"),
-            (not network.time_varying and not network.round_driven, "the graph changes"),
-        ]
-    )
-    settings += [
+def workload_refusals(config: RunConfig, network: Network) -> list[str]:
+    """Why ``config``'s workload is not the one the fast paths take (empty: it is): the
+    ``consensus`` task with ``push-sum``, lossless codec, float64, no options or privacy,
+    column-stochastic weights, at most ``SEQ_SLACK`` rounds (an edge's sequence numbers
+    then never wrap). Both :func:`batched_refusal` and the virtual clock's
+    :func:`~emulation.fleets.virtual_fast.fast_refusal` start from it."""
+    settings = [
         (config.task.name == "consensus", "the task is not consensus"),
         (config.algorithm == "push-sum", "the algorithm is not push-sum"),
         (config.compression == "none", "messages are compressed"),
@@ -80,7 +69,19 @@ def batched_refusal(config: RunConfig, network: Network, *, per_message: bool = 
         (config.rounds <= SEQ_SLACK, f"more than {SEQ_SLACK} rounds"),
         (network.scheme == "column-stochastic", "the weights are not column-stochastic"),
     ]
-    reasons = [why for ok, why in settings if not ok]
+    return [why for ok, why in settings if not ok]
+
+
+def batched_refusal(config: RunConfig, network: Network) -> str | None:
+    """Why ``config`` cannot run batched (None: it can): the workload of
+    :func:`workload_refusals` on a network whose links decide drops in batch
+    (:meth:`Network.message_drops`: the static one) and whose graph never changes (a
+    periodic one is fine)."""
+    settings = [
+        (network.message_drops() is not None, "the links decide drops one by one"),
+        (not network.time_varying and not network.round_driven, "the graph changes"),
+    ]
+    reasons = [why for ok, why in settings if not ok] + workload_refusals(config, network)
     return "; ".join(reasons) or None
 
 
@@ -169,7 +170,7 @@ class BatchedPushSum:
         self.seq = np.zeros(m, dtype=np.int64)
         self.base = np.zeros(m, dtype=np.int64)  # the latest acknowledged seq
         self.counters = np.zeros((n, 4), dtype=np.int64)  # sent, bytes, dropped, received
-        self.sizes = wire_sizes(config, ids, self.x.shape[1])
+        self.sizes = WireSizes(config, ids, self.x.shape[1])
         self.started = clock()
 
     def begin(self) -> None:
@@ -257,14 +258,10 @@ def _kept(self_weight: float, degree: int) -> float:
     return self_weight + held
 
 
-def wire_sizes(config: RunConfig, ids: list[str], dim: int) -> _WireSizes:
-    """The wire sizes of a consensus fleet's push-sum messages (vectors of ``dim``)."""
-    return _WireSizes(config, ids, dim)
-
-
-class _WireSizes:
-    """Bytes each message takes on the wire (:func:`wire_bytes`), by what decides them: the
-    ids' lengths and the bit lengths of round, seq and base."""
+class WireSizes:
+    """Bytes each of a consensus fleet's push-sum messages (vectors of ``dim``) takes on the
+    wire (:func:`wire_bytes`), by what decides them: the ids' lengths and the bit lengths of
+    round, seq, base and epoch."""
 
     def __init__(self, config: RunConfig, ids: list[str], dim: int) -> None:
         settings = config.agent_settings()
@@ -289,13 +286,10 @@ class _WireSizes:
         unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         sizes = np.empty(unique.shape[0], dtype=np.int64)
         for k, at in enumerate(first.tolist()):
-            sizes[k] = self._size(int(src[at]), int(dst[at]), round_index, int(seq[at]),
-                                  int(base[at]))  # fmt: skip
+            sizes[k] = self.message(int(src[at]), int(dst[at]), round_index, int(seq[at]),
+                                    int(base[at]), STATIC_EPOCH)  # fmt: skip
         out: np.ndarray = sizes[inverse.reshape(-1)]
         return out
-
-    def _size(self, i: int, j: int, round_index: int, seq: int, base: int) -> int:
-        return self.message(i, j, round_index, seq, base, STATIC_EPOCH)
 
     def message(self, i: int, j: int, round_index: int, seq: int, base: int, epoch: int) -> int:
         """The bytes of one message from agent ``i`` to ``j`` (assignment ``epoch``)."""

@@ -3,7 +3,7 @@
 :class:`~emulation.fleets.virtual.VirtualFleet` runs every agent's phases as events; per
 message the agent shares, encodes, the link shaper decides, the receiver admits, decodes,
 checks and absorbs, and the acknowledgement comes back: about 100 us of Python, most of it
-the agents' own. For the workload of :func:`~emulation.fleets.batched.batched_refusal`
+the agents' own. For the workload of :func:`~emulation.fleets.batched.workload_refusals`
 (``consensus``, ``push-sum`` without compression, float64, no options or privacy) none of
 that varies between agents, so :class:`VirtualPushSum` keeps every agent's ``(x, y)`` and
 pending mass as rows of arrays and every edge's running sum, sequence numbers and the
@@ -35,7 +35,7 @@ from edge.tasks.options import parse_options
 from edge.topology import Assignment
 from edge.transport.base import LinkShaper
 from emulation.config import RunConfig
-from emulation.fleets.batched import batched_refusal, wire_sizes
+from emulation.fleets.batched import WireSizes, workload_refusals
 from emulation.networks import Network
 
 
@@ -53,13 +53,10 @@ RoundDone = Callable[[int, RoundRecord | None], None]
 
 def fast_refusal(config: RunConfig, network: Network) -> str | None:
     """Why ``config`` cannot run on :class:`VirtualPushSum` (None: it can): the batched
-    workload (:func:`~emulation.fleets.batched.batched_refusal`, whatever the network
+    workload (:func:`~emulation.fleets.batched.workload_refusals`, whatever the network
     decides per message) on a network whose graph changes with time only (one that
     switches by round hands agents new assignments between rounds)."""
-    reasons = []
-    refusal = batched_refusal(config, network, per_message=True)
-    if refusal is not None:
-        reasons.append(refusal)
+    reasons = workload_refusals(config, network)
     if network.round_driven:
         reasons.append("the graph switches by round")
     return "; ".join(reasons) or None
@@ -178,7 +175,7 @@ class VirtualPushSum:
         self.timeout, self.eval_every = settings.wait_timeout_s, settings.eval_every
         self.seed = settings.seed
         self.shaper = shaper
-        self.sizes = wire_sizes(config, self.ids, self.dim)
+        self.sizes = WireSizes(config, self.ids, self.dim)
         self.waiting: dict[int, int] = {}
 
     # -- what the fleet calls ---------------------------------------------------------------------
