@@ -277,14 +277,10 @@ class BulkListener:
 
 
 def _read_token(sock: socket.socket) -> bytes:
-    token = bytearray(TOKEN_BYTES)
-    got = 0
-    while got < TOKEN_BYTES:
-        n = sock.recv_into(memoryview(token)[got:])
-        if not n:
-            raise ValueError("the connection ended before its token")
-        got += n
-    return bytes(token)
+    token = _read_exactly(sock, TOKEN_BYTES)
+    if len(token) < TOKEN_BYTES:
+        raise ValueError("the connection ended before its token")
+    return token
 
 
 def receive_into(
