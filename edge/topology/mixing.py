@@ -126,10 +126,14 @@ def _sparse_mixing(adjacency: Adjacency, scheme: str) -> csc_array:
     return csc_array((data, (rows, cols)), shape=(n, n))
 
 
-def mixing_lambda2(graph: Graph, scheme: str = "column-stochastic") -> float:
+def mixing_lambda2(
+    graph: Graph, scheme: str = "column-stochastic", *, dense_limit: int = DENSE_LIMIT
+) -> float:
     """:func:`second_largest_eigenvalue` of ``graph``'s mixing weights, dense up to
-    :data:`DENSE_LIMIT` nodes and sparse above it (never an n x n array there)."""
-    if graph.n <= DENSE_LIMIT:
+    ``dense_limit`` nodes and sparse above it (never an n x n array there). A caller whose
+    graphs have few edges a node passes a lower limit: an iterative solve of a sparse graph
+    of a few hundred nodes takes milliseconds where the dense one takes a second or more."""
+    if graph.n <= dense_limit:
         return second_largest_eigenvalue(mixing_matrices(graph, scheme))
     return second_largest_eigenvalue(sparse_mixing_matrices(graph, scheme))
 

@@ -15,7 +15,7 @@ from emulation.channel.model import ChannelModel
 from emulation.config import ConfigError, load_config, read_scenario
 from emulation.fleets import run_fleet
 from emulation.networks.shaper import WirelessLinkShaper
-from emulation.networks.wireless import WirelessLinks, WirelessRun
+from emulation.networks.wireless import LAMBDA2_DENSE_LIMIT, WirelessLinks, WirelessRun
 from emulation.scenario import WirelessSettings, preset_names, scenario_path
 
 
@@ -273,8 +273,9 @@ def test_a_followed_agent_takes_a_peers_new_address_from_the_coordinator(
 
 
 def test_a_large_wireless_fleet_gets_lambda2_and_the_sparse_solve_agrees() -> None:
-    """Every wireless fleet reports its first graph's |lambda2| (dense up to DENSE_LIMIT
-    agents, sparse above), and the sparse solve agrees with the dense one on such a graph."""
+    """Every wireless fleet reports its first graph's |lambda2| (dense up to
+    LAMBDA2_DENSE_LIMIT agents, sparse above: 300 agents are solved sparsely), and it agrees
+    with the dense solve on such a graph."""
     from edge.topology import mixing_matrices, second_largest_eigenvalue, sparse_mixing_matrices
     from emulation.networks import network_for
 
@@ -282,6 +283,7 @@ def test_a_large_wireless_fleet_gets_lambda2_and_the_sparse_solve_agrees() -> No
                                 "task": {"name": "consensus"}},
                          base=read_scenario(scenario_path("lte-urban")))  # fmt: skip
     network = network_for(config)
+    assert config.agents > LAMBDA2_DENSE_LIMIT
     graph = network.first_graph()
     lambda2 = network.resolved(graph).lambda2
     assert lambda2 is not None
