@@ -20,8 +20,16 @@ FIGURES = ("distance_m", "rx_dbm", "sinr_db", "rate_bps", "per", "residual", "ba
            "goodput_bps", "latency_s")  # fmt: skip
 
 
-def _chunk_loss(exists: bool, bad: bool, residual: float, nbytes: int, packet_bytes: int,
-                loss_good: float, loss_bad: float) -> float:  # fmt: skip
+def chunk_loss_probability(
+    exists: bool,
+    bad: bool,
+    residual: float,
+    nbytes: int,
+    packet_bytes: int,
+    loss_good: float,
+    loss_bad: float,
+) -> float:
+    """Probability that a chunk of ``nbytes`` is lost on a link with these figures."""
     if not exists:
         return 1.0
     state_loss = loss_bad if bad else loss_good
@@ -81,8 +89,9 @@ class LinkState:
     def chunk_loss_at(self, link: Any, nbytes: int, packet_bytes: int) -> float:
         if not self.exists[link]:
             return 1.0
-        return _chunk_loss(True, bool(self.bad[link]), float(self.residual[link]), nbytes,
-                           packet_bytes, self.loss_good, self.loss_bad)  # fmt: skip
+        return chunk_loss_probability(True, bool(self.bad[link]), float(self.residual[link]),
+                                      nbytes, packet_bytes, self.loss_good,
+                                      self.loss_bad)  # fmt: skip
 
     def hears_of(self, i: int) -> np.ndarray:
         """The nodes node ``i`` hears (itself included), as a boolean row."""
@@ -173,8 +182,9 @@ class SparseLinkState:
     def chunk_loss_at(self, link: int, nbytes: int, packet_bytes: int) -> float:
         if not self.has(link):
             return 1.0
-        return _chunk_loss(True, bool(self.bad[link]), float(self.residual[link]), nbytes,
-                           packet_bytes, self.loss_good, self.loss_bad)  # fmt: skip
+        return chunk_loss_probability(True, bool(self.bad[link]), float(self.residual[link]),
+                                      nbytes, packet_bytes, self.loss_good,
+                                      self.loss_bad)  # fmt: skip
 
     def hears_of(self, i: int) -> np.ndarray:
         """The nodes node ``i`` hears (itself included), as indices."""

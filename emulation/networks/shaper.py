@@ -26,6 +26,7 @@ import numpy as np
 from edge.config.seeds import keyed_hash, splitmix64, to_unit
 from edge.transport.base import LinkVerdict
 from emulation.channel.model import AnyLinkState, ChannelBase
+from emulation.channel.state import chunk_loss_probability
 from emulation.scenario import WirelessSettings
 
 _UNIT = NormalDist()
@@ -93,6 +94,49 @@ class AirtimeLedger:
             self._until[sender] = until
             if self._on_air_at is not None:
                 self._on_air[sender] = until > self._on_air_at
+
+
+#: A link's figures in one step, as Python values: its handle in the state, whether it
+#: exists, latency (s), burst state, residual loss, goodput (b/s; 0 where it does not exist).
+_Figures = tuple[Any, bool, float, bool, float, float]
+#: Steps whose link figures a shaper keeps (a transfer rarely spans more than two).
+_KEEP_VIEWS = 4
+
+
+class _StepLinks:
+    """One step's link state and the figures of the links asked in it, read once each: a
+    step holds many messages per link (lte-urban: about ten), and each would otherwise
+    index the state's arrays five times. The values are the state's own, converted as the
+    state's accessors convert them."""
+
+    __slots__ = ("figures", "state")
+
+    def __init__(self, state: AnyLinkState) -> None:
+        self.state = state
+        self.figures: dict[int, _Figures] = {}
+
+    def link(self, i: int, j: int, pair: int) -> _Figures:
+        """Link i->j's figures (``pair``: ``i * n + j``, the key they are kept by)."""
+        figures = self.figures.get(pair)
+        if figures is None:
+            st = self.state
+            handle = st.link(i, j)
+            latency = st.latency(handle, i, j)
+            if st.has(handle):
+                figures = (handle, True, latency, bool(st.bad[handle]),
+                           float(st.residual[handle]), float(st.goodput_bps[handle]))  # fmt: skip
+            else:
+                figures = (handle, False, latency, False, 0.0, 0.0)
+            self.figures[pair] = figures
+        return figures
+
+    def chunk_loss(self, figures: _Figures, nbytes: int, packet_bytes: int) -> float:
+        """As the state's ``chunk_loss_at`` of the link."""
+        if not figures[1]:
+            return 1.0
+        st = self.state
+        return chunk_loss_probability(True, figures[3], figures[4], nbytes, packet_bytes,
+                                      st.loss_good, st.loss_bad)  # fmt: skip
 
 
 @dataclass
@@ -176,8 +220,8 @@ class WirelessLinkShaper:
         self.counters: dict[tuple[int, int], LinkCounters] = {}
         self.journal: list[PlannedMessage] | None = [] if journal else None
         self._lock = threading.Lock()
-        self._link_hash: dict[tuple[int, int], int] = {}
-        self._recent: tuple[int, AnyLinkState] | None = None
+        self._link_hash: dict[int, int] = {}  # by i * n + j
+        self._views: dict[int, _StepLinks] = {}
 
     def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
         """Decide the fate of one message starting now on sender->receiver."""
@@ -204,13 +248,14 @@ class WirelessLinkShaper:
 
     def _plan(self, i: int, j: int, index: int, nbytes: int, start: float) -> tuple[bool, float]:
         cfg, model = self.settings, self.model
-        link = self._link_hash.get((i, j))
+        pair = i * model.n + j
+        link = self._link_hash.get(pair)
         if link is None:
-            link = self._link_hash[(i, j)] = keyed_hash(model.seed, i, j)
+            link = self._link_hash[pair] = keyed_hash(model.seed, i, j)
         step = model.step_of(start)
-        state = self._state(step)
-        handle = state.link(i, j)
-        latency = state.latency(handle, i, j)
+        view = self._view(step)
+        figures = view.link(i, j, pair)
+        latency = figures[2]
         message_hash = keyed_hash(step, index, start=link)
         if cfg.jitter_ms > 0:
             u = _uniform(message_hash, _JITTER)
@@ -227,40 +272,40 @@ class WirelessLinkShaper:
         for c, size in enumerate(sizes):
             chunk_step = model.step_of(t)
             if chunk_step == step:
-                st, on, h = state, handle, message_hash
+                v, on, h = view, figures, message_hash
             else:
-                st = self._state(chunk_step)
-                on = st.link(i, j)
+                v = self._view(chunk_step)
+                on = v.link(i, j, pair)
                 h = keyed_hash(chunk_step, index, start=link)
-            loss = st.chunk_loss_at(on, size, cfg.packet_bytes)
+            loss = v.chunk_loss(on, size, cfg.packet_bytes)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
                 # anything) and learns of the loss a retransmission timeout later.
-                if st.has(on) and st.goodput_bps[on] > 0:
-                    t, _ = self._transfer(i, j, t, size, (chunk_step, st, on))
+                if on[1] and on[5] > 0:
+                    t, _ = self._transfer(i, j, t, size, (chunk_step, v, on))
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
-            t, broken = self._transfer(i, j, t, size, (chunk_step, st, on))
+            t, broken = self._transfer(i, j, t, size, (chunk_step, v, on))
             if broken:
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
         return False, t - start
 
-    def _state(self, step: int) -> AnyLinkState:
-        """The model's state of ``step``, remembering the last one (most messages in a
-        step ask for the same)."""
-        recent = self._recent
-        if recent is not None and recent[0] == step:
-            return recent[1]
-        state = self.model.state(step)
-        self._recent = (step, state)
-        return state
+    def _view(self, step: int) -> _StepLinks:
+        """The model's state of ``step`` with the figures of the links asked in it so far
+        (a few recent steps are kept: most messages in a step ask for the same)."""
+        view = self._views.get(step)
+        if view is None:
+            view = self._views[step] = _StepLinks(self.model.state(step))
+            if len(self._views) > _KEEP_VIEWS:
+                del self._views[next(iter(self._views))]
+        return view
 
     def _transfer(
-        self, i: int, j: int, t: float, nbytes: int, known: tuple[int, AnyLinkState, Any]
+        self, i: int, j: int, t: float, nbytes: int, known: tuple[int, _StepLinks, _Figures]
     ) -> tuple[float, bool]:
         """Move ``nbytes`` over i->j from time ``t``, step by step at each step's rate and
         airtime share; return the end time and whether the transfer broke (the link went
         out of range, or it stalled in a fade for more than ``max_stall_s``). ``known`` is
-        ``(step, its state, the link's handle in it)`` the caller already looked up."""
+        ``(step, its links, the link's figures in it)`` the caller already looked up."""
         model, dt, cfg = self.model, self.model.step_s, self.settings
         shared_air, ledger = cfg.shared_air, self.ledger
         remaining = nbytes * 8.0
@@ -268,17 +313,17 @@ class WirelessLinkShaper:
         while remaining > 0:
             step = model.step_of(t)
             if step == known[0]:
-                st, link = known[1], known[2]
+                view, figures = known[1], known[2]
             else:
-                st = self._state(step)
-                link = st.link(i, j)
-            if not st.has(link):
+                view = self._view(step)
+                figures = view.link(i, j, i * model.n + j)
+            if not figures[1]:
                 return t, True
             end = (step + 1) * dt
-            rate = float(st.goodput_bps[link])
+            rate = figures[5]
             free = 1.0
             if rate > 0 and shared_air:
-                free = 1.0 - ledger.utilisation(step, st.hears_of(i), dt, t)
+                free = 1.0 - ledger.utilisation(step, view.state.hears_of(i), dt, t)
             if rate <= 0 or free <= 1e-6:
                 stall_from = t if stall_from is None else stall_from
                 if end - stall_from > cfg.max_stall_s:
