@@ -99,8 +99,12 @@ class AirtimeLedger:
 #: A link's figures in one step, as Python values: its handle in the state, whether it
 #: exists, latency (s), burst state, residual loss, goodput (b/s; 0 where it does not exist).
 _Figures = tuple[Any, bool, float, bool, float, float]
-#: Steps whose link figures a shaper keeps (a transfer rarely spans more than two).
-_KEEP_VIEWS = 4
+#: Steps a shaper keeps (their states and link figures). Messages start in time order, but a
+#: transfer runs into the next step while later messages still start in the step before:
+#: keeping only the latest step asked for made a shaper alternate between two, and a model
+#: that caches two steps replayed the whole run from step 0 when the third came back (at
+#: 10,000 agents, three replays of half a minute a step before round 1 ended).
+_KEEP_VIEWS = 3
 
 
 class _StepLinks:
@@ -291,12 +295,13 @@ class WirelessLinkShaper:
 
     def _view(self, step: int) -> _StepLinks:
         """The model's state of ``step`` with the figures of the links asked in it so far
-        (a few recent steps are kept: most messages in a step ask for the same)."""
+        (the latest :data:`_KEEP_VIEWS` steps asked for are kept, the earliest dropped first:
+        most messages in a step ask for the same)."""
         view = self._views.get(step)
         if view is None:
             view = self._views[step] = _StepLinks(self.model.state(step))
             if len(self._views) > _KEEP_VIEWS:
-                del self._views[next(iter(self._views))]
+                del self._views[min(self._views)]
         return view
 
     def _transfer(
