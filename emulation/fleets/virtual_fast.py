@@ -297,15 +297,17 @@ class VirtualPushSum:
             if base != held_base and (not held or base != last):
                 raise RuntimeError(f"message {seq} on {sender.agent_id}->{edge.peer} cannot be "
                                    "placed: the batched bookkeeping went astray")  # fmt: skip
-            if base == held_base:
-                pending_x = receiver.pending_x + vector
-                if edge.rho_x is not None:
-                    pending_x -= edge.rho_x
+            # Whether the message is taken depends on the weights alone: the vector is
+            # updated in place only then, with the agent's operations in its order.
+            replaces = base == held_base
+            if replaces:
                 pending_y = receiver.pending_y + (y - (edge.rho_y if held else 0.0))
             else:
-                pending_x, pending_y = receiver.pending_x + vector, receiver.pending_y + y
+                pending_y = receiver.pending_y + y
             if not pending_y < receiver.pending_y:
-                receiver.pending_x[:] = pending_x
+                receiver.pending_x += vector
+                if replaces and edge.rho_x is not None:
+                    receiver.pending_x -= edge.rho_x
                 receiver.pending_y = pending_y
                 edge.rho_x, edge.rho_y = vector, y
                 edge.last_seq, edge.in_base = seq, base
