@@ -253,8 +253,12 @@ class SparseChannelModel(ChannelBase):
                 if s.burst is not None:
                     kept["b"].append(s.burst[block, side][k])
             del loss, sigma, faded
-        cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in kept.items()}
-        del kept
+        # One figure at a time, its blocks let go as it is joined (not every figure twice).
+        cat: dict[str, np.ndarray] = {}
+        for name in list(kept):
+            blocks = kept.pop(name)
+            cat[name] = np.concatenate(blocks) if blocks else np.zeros(0)
+            del blocks
         src, dst, rx, distance = cat["src"], cat["dst"], cat["rx"], cat["d"]
         h_rows = np.concatenate([*heard[0], np.arange(n, dtype=np.int32)])
         h_cols = np.concatenate([*heard[1], np.arange(n, dtype=np.int32)])
