@@ -99,12 +99,14 @@ class AirtimeLedger:
 #: A link's figures in one step, as Python values: its handle in the state, whether it
 #: exists, latency (s), burst state, residual loss, goodput (b/s; 0 where it does not exist).
 _Figures = tuple[Any, bool, float, bool, float, float]
-#: Steps a shaper keeps (their states and link figures). Messages start in time order, but a
-#: transfer runs into the next step while later messages still start in the step before:
-#: keeping only the latest step asked for made a shaper alternate between two, and a model
-#: that caches two steps replayed the whole run from step 0 when the third came back (at
-#: 10,000 agents, three replays of half a minute a step before round 1 ended).
-_KEEP_VIEWS = 3
+#: Steps before the latest message's start step that a shaper still keeps (their states and
+#: link figures); every step from there on is kept. Messages start in time order, but a
+#: transfer runs into the steps after its start (up to ``max_stall_s`` in a fade) while later
+#: messages still start in the step before: a shaper that kept only the latest step it asked
+#: for alternated between two, and a model that caches two steps replayed the whole run from
+#: step 0 when an older one came back (at 10,000 agents, three replays of half a minute a step
+#: before round 1 ended).
+_KEEP_BEHIND = 1
 
 
 class _StepLinks:
@@ -226,6 +228,7 @@ class WirelessLinkShaper:
         self._lock = threading.Lock()
         self._link_hash: dict[int, int] = {}  # by i * n + j
         self._views: dict[int, _StepLinks] = {}
+        self._start_step = 0  # the step of the latest message's start
 
     def plan(self, sender: str, receiver: str, round: int, index: int, nbytes: int) -> LinkVerdict:
         """Decide the fate of one message starting now on sender->receiver."""
@@ -256,7 +259,7 @@ class WirelessLinkShaper:
         link = self._link_hash.get(pair)
         if link is None:
             link = self._link_hash[pair] = keyed_hash(model.seed, i, j)
-        step = model.step_of(start)
+        step = self._start_step = model.step_of(start)
         view = self._view(step)
         figures = view.link(i, j, pair)
         latency = figures[2]
@@ -295,13 +298,14 @@ class WirelessLinkShaper:
 
     def _view(self, step: int) -> _StepLinks:
         """The model's state of ``step`` with the figures of the links asked in it so far
-        (the latest :data:`_KEEP_VIEWS` steps asked for are kept, the earliest dropped first:
-        most messages in a step ask for the same)."""
+        (kept from :data:`_KEEP_BEHIND` steps before the latest start on: most messages in
+        a step ask for the same)."""
         view = self._views.get(step)
         if view is None:
             view = self._views[step] = _StepLinks(self.model.state(step))
-            if len(self._views) > _KEEP_VIEWS:
-                del self._views[min(self._views)]
+            floor = self._start_step - _KEEP_BEHIND
+            for old in [s for s in self._views if s < floor]:
+                del self._views[old]
         return view
 
     def _transfer(

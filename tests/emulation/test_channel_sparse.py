@@ -132,3 +132,36 @@ def test_the_ledger_reads_only_a_senders_carrier_sense_domain() -> None:
         assert ledger.utilisation(0, heard, step_s, float(now)) == min(1.0, expected)
         dense = ledger.utilisation(0, row, step_s, float(now))
         assert dense == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_shaper_asks_the_model_for_each_step_once() -> None:
+    """Messages in time order whose transfers run into the next step: the shaper keeps the
+    steps it may still be asked for, so the model (two steps cached) computes each step once
+    and never replays from step 0; the verdicts equal those over a model that keeps every
+    step."""
+    from emulation.networks.shaper import WirelessLinkShaper
+
+    s = settings(step_s=0.1)
+    model = SparseChannelModel(s, 40, 3, cache_steps=2)
+    now = [0.0]
+    shaper = WirelessLinkShaper(model, [f"a{i}" for i in range(40)], lambda: now[0])
+    computed: list[int] = []
+    advance = model._advance
+
+    def counting(step: int) -> Any:
+        computed.append(step)
+        return advance(step)
+
+    model._advance = counting  # type: ignore[method-assign]
+    starts = np.sort(np.random.default_rng(1).random(400)) * 0.6
+    verdicts = []
+    for k, start in enumerate(starts):
+        now[0] = float(start)
+        verdicts.append(shaper.plan(f"a{k % 40}", f"a{(k * 7 + 1) % 40}", 1, k, 200_000))
+    assert computed == sorted(set(computed))  # each step once, in order
+    assert any(v.delay_s > 0.05 for v in verdicts)  # some transfers crossed a step
+    roomy = SparseChannelModel(s, 40, 3, cache_steps=100)
+    again = WirelessLinkShaper(roomy, [f"a{i}" for i in range(40)], lambda: now[0])
+    for k, start in enumerate(starts):
+        now[0] = float(start)
+        assert again.plan(f"a{k % 40}", f"a{(k * 7 + 1) % 40}", 1, k, 200_000) == verdicts[k]
