@@ -58,6 +58,9 @@ EPSILONS = (1.0, 3.0, 8.0)
 #: Whom the cancelling mechanism's epsilon is against, as the check compares them.
 ADVERSARIES = ("curious-agent", "eavesdropper")
 MECHANISMS = ("dp-sgd", "network-dp", "cancelling", "central")
+#: Rounds of gossip per private step in the check beside the paper's one: enough for gossip
+#: to average the masks out of every model before the next gradient (docs/privacy.md).
+GOSSIP_ROUNDS = 8
 PRIVATE_TASK = {"name": "digits", "lr": LR, "lr_decay_at": 1.0}
 
 
@@ -70,10 +73,13 @@ class Cell:
     extra: dict[str, Any]
 
 
-def _run(loss: float, privacy: dict[str, Any] | None, task: dict[str, Any]) -> Cell:
+def _run(loss: float, privacy: dict[str, Any] | None, task: dict[str, Any], *,
+         seed: int = 0) -> Cell:  # fmt: skip
+    """One run of ``ROUNDS`` private steps (times the privacy's ``gossip_rounds`` rounds)."""
+    rounds = ROUNDS * (privacy or {}).get("gossip_rounds", 1)
     settings: dict[str, Any] = {
-        "agents": AGENTS, "topology": "exponential", "rounds": ROUNDS, "mode": "inproc",
-        "eval_every": ROUNDS, "network": {"loss": loss}, "task": task, "seed": 0,
+        "agents": AGENTS, "topology": "exponential", "rounds": rounds, "mode": "inproc",
+        "eval_every": rounds, "network": {"loss": loss}, "task": task, "seed": seed,
     }  # fmt: skip
     if privacy is not None:
         settings["privacy"] = privacy
@@ -96,10 +102,13 @@ def _run(loss: float, privacy: dict[str, Any] | None, task: dict[str, Any]) -> C
                 results.final.privacy_epsilon, seconds, extra)  # fmt: skip
 
 
-def _private(mechanism: str, epsilon: float, adversary: str | None = None) -> dict[str, Any]:
+def _private(mechanism: str, epsilon: float, adversary: str | None = None,
+             gossip_rounds: int = 1) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {"mechanism": mechanism, "target_epsilon": epsilon, "delta": 1e-5}
     if adversary is not None:
         out["adversary"] = adversary
+    if gossip_rounds != 1:
+        out["gossip_rounds"] = gossip_rounds
     return out
 
 
@@ -134,12 +143,13 @@ def table(quick: bool) -> tuple[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Cancelling masks (epsilon against ``adversary``) and central DP at one epsilon and
-    one loss rate."""
+    """Cancelling masks (epsilon against ``adversary``) and central DP at one epsilon, one
+    loss rate and one number of gossip rounds per private step."""
 
     epsilon: float
     loss: float
     adversary: str
+    gossip_rounds: int
     cancelling: Cell
     central: Cell
 
@@ -152,33 +162,39 @@ class Comparison:
         return self.cancelling.accuracy - self.central.accuracy
 
 
-def check(quick: bool, losses: tuple[float, ...] = (0.0,)) -> list[Comparison]:
-    """Cancelling masks against central DP at every epsilon and loss rate, epsilon against
-    each adversary (one central run serves both)."""
+def check(quick: bool, losses: tuple[float, ...] = (0.0,),
+          gossip_rounds: tuple[int, ...] = (1, GOSSIP_ROUNDS)) -> list[Comparison]:  # fmt: skip
+    """Cancelling masks against central DP at every epsilon, loss rate and number of gossip
+    rounds per private step (the same for both), epsilon against each adversary (one central
+    run serves both)."""
     epsilons = EPSILONS[-1:] if quick else EPSILONS
     out = []
-    for loss in losses:
-        for e in epsilons:
-            central = _run(loss, _private("central", e), PRIVATE_TASK)
-            for adversary in ADVERSARIES:
-                cancelling = _run(loss, _private("cancelling", e, adversary), PRIVATE_TASK)
-                out.append(Comparison(e, loss, adversary, cancelling, central))
+    for k in gossip_rounds:
+        for loss in losses:
+            for e in epsilons:
+                central = _run(loss, _private("central", e, gossip_rounds=k), PRIVATE_TASK)
+                for adversary in ADVERSARIES:
+                    privacy = _private("cancelling", e, adversary, gossip_rounds=k)
+                    cancelling = _run(loss, privacy, PRIVATE_TASK)
+                    out.append(Comparison(e, loss, adversary, k, cancelling, central))
     return out
 
 
 def check_table(comparisons: list[Comparison]) -> str:
-    rows = ["| loss | ε | ε against | cancelling | central | gap (average model) | "
-            "gap (agents' mean) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| rounds a step | loss | ε | ε against | cancelling | central | "
+            "gap (average model) | gap (agents' mean) |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in comparisons:
         cells = f"{_cell(c.cancelling)} | {_cell(c.central)}"
         gaps = f"{c.gap_average:+.3f} | {c.gap_agents:+.3f}"
-        rows.append(f"| {c.loss:.0%} | {c.epsilon:g} | {c.adversary} | {cells} | {gaps} |")
+        rows.append(f"| {c.gossip_rounds} | {c.loss:.0%} | {c.epsilon:g} | {c.adversary} | "
+                    f"{cells} | {gaps} |")  # fmt: skip
     return "\n".join(rows)
 
 
 def check_figures(comparisons: list[Comparison]) -> dict[str, Any]:
     return {
-        f"{c.loss:g} {c.epsilon:g} {c.adversary}": {
+        f"{c.gossip_rounds} {c.loss:g} {c.epsilon:g} {c.adversary}": {
             "cancelling": c.cancelling.__dict__, "central": c.central.__dict__,
             "gap_average_model": c.gap_average, "gap_agents_mean": c.gap_agents,
         }
@@ -186,7 +202,7 @@ def check_figures(comparisons: list[Comparison]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def noise_table() -> str:
+def noise_table(gossip_rounds: tuple[int, ...] = (1, GOSSIP_ROUNDS)) -> str:
     """The noise each accounting resolves at every epsilon (no training), and what a curious
     agent spends at the noise calibrated against the eavesdropper."""
     from edge.privacy.accounting import OpacusLedger
@@ -198,44 +214,52 @@ def noise_table() -> str:
     fleet = FleetGraph.of(build_graph("exponential", AGENTS), ids, "column-stochastic",
                           static=True)  # fmt: skip
     pairs = pair_graph(fleet.adjacency)
-    rows = ["| ε | central: curator's σ (per agent) | ε against | independent σ | "
-            "effective σ | a curious agent spends |", "|---|---|---|---|---|---|"]  # fmt: skip
-    for e in EPSILONS:
-        central = resolve_noise(PrivacySettings(**_private("central", e)), rounds=ROUNDS,
-                                num_agents=AGENTS, graph=None)  # fmt: skip
-        for adversary in ADVERSARIES:
-            plan = resolve_noise(PrivacySettings(**_private("cancelling", e, adversary)),
-                                 rounds=ROUNDS, num_agents=AGENTS, graph=fleet)  # fmt: skip
-            curious = cancelling_noise_multiplier(pairs, plan.noise_multiplier,
-                                                  plan.mask_multiplier)  # fmt: skip
-            ledger = OpacusLedger(curious, 1.0, 1e-5, "rdp", "cancelling")
-            ledger.step(ROUNDS)
-            rows.append(
-                f"| {e:g} | {central.accounted_multiplier:.3g} ({central.noise_multiplier:.3g})"
-                f" | {adversary} | {plan.noise_multiplier:.3g} | "
-                f"{plan.accounted_multiplier:.3g} | {ledger.epsilon():.3g} |"
-            )
+    rows = ["| rounds a step | ε | central: curator's σ (per agent) | ε against | "
+            "independent σ | masks | effective σ | a curious agent spends |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for k in gossip_rounds:
+        for e in EPSILONS:
+            central = resolve_noise(PrivacySettings(**_private("central", e)), rounds=ROUNDS,
+                                    num_agents=AGENTS, graph=None)  # fmt: skip
+            for adversary in ADVERSARIES:
+                settings = PrivacySettings(**_private("cancelling", e, adversary, k))
+                plan = resolve_noise(settings, rounds=ROUNDS * k, num_agents=AGENTS,
+                                     graph=fleet)  # fmt: skip
+                curious = cancelling_noise_multiplier(pairs, plan.noise_multiplier,
+                                                      plan.mask_multiplier)  # fmt: skip
+                ledger = OpacusLedger(curious, 1.0, 1e-5, "rdp", "cancelling")
+                ledger.step(ROUNDS)
+                rows.append(
+                    f"| {k} | {e:g} | {central.accounted_multiplier:.3g} "
+                    f"({central.noise_multiplier:.3g}) | {adversary} | "
+                    f"{plan.noise_multiplier:.3g} | {plan.mask_multiplier:.3g} | "
+                    f"{plan.accounted_multiplier:.3g} | {ledger.epsilon():.3g} |"
+                )
     return "\n".join(rows)
 
 
-def mask_ratios(ratios: tuple[float, ...], adversary: str, loss: float = 0.0) -> str:
+def mask_ratios(ratios: tuple[float, ...], adversary: str, loss: float = 0.0,
+                gossip_rounds: int = 1) -> str:  # fmt: skip
     """Cancelling masks of ``ratio`` times the independent noise, epsilon against
-    ``adversary``, at every epsilon: the independent noise each ratio needs and what it
-    reaches (larger masks need less independent noise, and gossip must average them out)."""
+    ``adversary``, at every epsilon and ``gossip_rounds`` rounds a step: the independent noise
+    each ratio needs and what it reaches beside central DP with the same rounds (larger masks
+    need less independent noise, and gossip must average them out)."""
     from edge.privacy.accounting import opacus_noise_multiplier
     from edge.privacy.graph import cancelling_noise_multiplier
 
     pairs = pair_graph(build_graph("exponential", AGENTS).phases[0])
-    rows = ["| ε | masks / independent noise | independent noise | masks | cancelling |",
-            "|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| ε | masks / independent noise | independent noise | masks | cancelling | "
+            "central | gap (average model) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for e in EPSILONS:
         wanted = opacus_noise_multiplier(e, 1e-5, 1.0, ROUNDS, "rdp", "cancelling")
+        central = _run(loss, _private("central", e, gossip_rounds=gossip_rounds), PRIVATE_TASK)
         for ratio in ratios:
             sigma = wanted / cancelling_noise_multiplier(pairs, 1.0, ratio, adversary)
-            privacy = {**_private("cancelling", e, adversary), "mask_multiplier": ratio * sigma}
+            privacy = {**_private("cancelling", e, adversary, gossip_rounds), "mask_ratio": ratio}
             cell = _run(loss, privacy, PRIVATE_TASK)
             rows.append(f"| {e:g} | {ratio:g} | {sigma:.3g} | {ratio * sigma:.3g} | "
-                        f"{_cell(cell)} |")  # fmt: skip
+                        f"{_cell(cell)} | {_cell(central)} | "
+                        f"{cell.average_model - central.average_model:+.3f} |")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -299,8 +323,8 @@ def run(ctx: Context) -> list[Outcome]:
     accuracy, table_figures = table(ctx.quick)
     comparisons = check(ctx.quick)
     masks, mask_figures = cancellation(ctx.quick)
-    loss_free = [c for c in comparisons if c.loss == 0.0]
-    measured = "; ".join(
+    loss_free = [c for c in comparisons if c.gossip_rounds == GOSSIP_ROUNDS]
+    measured = f"{GOSSIP_ROUNDS} rounds of gossip a step: " + "; ".join(
         f"ε {c.epsilon:g} against {c.adversary}: {c.cancelling.average_model:.3f} vs "
         f"{c.central.average_model:.3f} average model, {c.cancelling.accuracy:.3f} vs "
         f"{c.central.accuracy:.3f} agents' mean"
@@ -322,7 +346,8 @@ def run(ctx: Context) -> list[Outcome]:
             measured,
             all(abs(c.gap_average) <= 0.02 for c in loss_free),
             {"table": check_table(comparisons), **check_figures(comparisons)},
-            note="on the fleet's average model, against either adversary",
+            note=f"on the fleet's average model, against either adversary, with "
+            f"{GOSSIP_ROUNDS} rounds of gossip per private step (one round: see the table)",
         ),
         Outcome(
             "mask cancellation under loss",
@@ -347,23 +372,31 @@ def main() -> None:
                         help="only cancelling with masks of these ratios, loss-free")  # fmt: skip
     parser.add_argument("--adversary", default="eavesdropper", choices=ADVERSARIES,
                         help="with --mask-ratios: whom epsilon is against")  # fmt: skip
+    parser.add_argument(
+        "--gossip-rounds",
+        metavar="K,K,...",
+        default=f"1,{GOSSIP_ROUNDS}",
+        help="with --cancelling or --mask-ratios: rounds of gossip per private "
+        f"step (default 1,{GOSSIP_ROUNDS}; --mask-ratios takes the first)",
+    )
     parser.add_argument("--lr", type=float, default=LR,
                         help=f"step size of every private row (default {LR:g})")  # fmt: skip
     args = parser.parse_args()
     from pathlib import Path
 
     PRIVATE_TASK["lr"] = args.lr
+    gossip_rounds = tuple(int(k) for k in args.gossip_rounds.split(","))
 
     if args.mask_ratios:
         torch.set_num_threads(1)
         ratios = tuple(float(r) for r in args.mask_ratios.split(","))
-        print(mask_ratios(ratios, args.adversary))
+        print(mask_ratios(ratios, args.adversary, gossip_rounds=gossip_rounds[0]))
         return
     if args.cancelling:
         torch.set_num_threads(1)
         began = time.perf_counter()
-        print(noise_table() + "\n")
-        comparisons = check(args.quick, losses=(0.0, 0.1))
+        print(noise_table(gossip_rounds) + "\n")
+        comparisons = check(args.quick, losses=(0.0, 0.1), gossip_rounds=gossip_rounds)
         print(check_table(comparisons))
         print(f"\n{time.perf_counter() - began:.0f} s")
         return

@@ -102,6 +102,7 @@ def privacy_figures(
         sample_rate=settings.sample_rate,
         max_grad_norm=settings.max_grad_norm,
         noise_multiplier=plan.noise_multiplier,
+        gossip_rounds=settings.gossip_rounds,
         budget_epsilon=settings.budget_epsilon,
         exhausted_agents=sum(s.exhausted for s in spent),
     )

@@ -128,6 +128,8 @@ class PrivacyFigures(_Figures):
     max_grad_norm: float
     #: What each agent's optimizer added per step, over max_grad_norm.
     noise_multiplier: float
+    #: Rounds per private step (the others only gossip).
+    gossip_rounds: int = 1
     #: Cancelling: each pairwise mask, over max_grad_norm.
     mask_multiplier: float | None = None
     #: Cancelling: whom epsilon is against (``curious-agent`` or ``eavesdropper``).

@@ -246,6 +246,8 @@ def _privacy_rows(results: RunResults) -> list[tuple[str, Any]]:
         )
     else:
         line = f"{p.mechanism} · ε {spent} (most any agent spent) at δ {p.delta:g}"
+    if p.gossip_rounds > 1:
+        line += f" · a private step every {p.gossip_rounds} rounds"
     if p.mechanism == "central":
         line += " · a trusted curator's figure: neighbours see every model"
     if p.adversary == "eavesdropper":

@@ -176,8 +176,14 @@ class PrivacyMechanism:
         ``x`` exactly whatever the weights (push-sum conserves that total under loss), and
         what an observer sees of a round is the update plus noise plus masks, the model
         their accounting is exact for. Their estimate moves by the step over ``y``.
+
+        With ``gossip_rounds`` above 1, only the first round of every ``gossip_rounds`` takes
+        the step; the others return ``start`` itself (the agent only gossips), so that the
+        masks are averaged out of every model before the next gradient is taken.
         """
         assert isinstance(self.task, SupportsPrivateTraining)
+        if not self.settings.private_round(config.round):
+            return TrainResult(start, {}, 0)
         setup = self.task.private_training(start, config)
         metrics: dict[str, float] = {"lr": setup.lr}
         step, examples = torch.zeros(start.numel(), dtype=torch.float64), 0

@@ -23,7 +23,7 @@ from edge.privacy.graph import (
     network_sensitivities,
     pair_graph,
 )
-from edge.privacy.settings import DEFAULT_MASK_RATIO, PrivacySettings
+from edge.privacy.settings import PrivacySettings
 from edge.topology import Graph, mixing_matrices
 
 #: Mechanisms whose guarantee depends on the graph.
@@ -106,8 +106,9 @@ def _network(mixing: bytes, n: int, rounds: int) -> NetworkSensitivities:
 def resolve_noise(
     settings: PrivacySettings, *, rounds: int, num_agents: int, graph: FleetGraph | None
 ) -> NoisePlan:
-    """The run's :class:`NoisePlan`; :class:`PrivacyError` when it cannot be made (a graph
-    mechanism without the graph, a target no noise reaches)."""
+    """The run's :class:`NoisePlan` for ``rounds`` rounds (of which the private ones, every
+    ``gossip_rounds``, are what the accountant composes); :class:`PrivacyError` when it cannot
+    be made (a graph mechanism without the graph, a target no noise reaches)."""
     mech, q, delta = settings.mechanism, settings.sample_rate, settings.delta
     sigma, target = settings.noise_multiplier, settings.target_epsilon
     if mech in GRAPH_MECHANISMS and graph is None:
@@ -116,7 +117,7 @@ def resolve_noise(
             "not given (agents started by a run or by a coordinator's scenario know it)"
         )
     if mech == "dp-sgd":
-        steps = rounds * settings.steps_per_round
+        steps = settings.private_rounds(rounds) * settings.steps_per_round
         if sigma is None:
             assert target is not None
             sigma = opacus_noise_multiplier(target, delta, q, steps, settings.accountant, mech)
@@ -124,11 +125,12 @@ def resolve_noise(
     if mech == "central":
         if sigma is None:
             assert target is not None
-            sigma = opacus_noise_multiplier(target, delta, q, rounds, settings.accountant, mech)
+            steps = settings.private_rounds(rounds)
+            sigma = opacus_noise_multiplier(target, delta, q, steps, settings.accountant, mech)
         return NoisePlan(mech, sigma / math.sqrt(num_agents), accounted_multiplier=sigma)
     assert graph is not None
     if mech == "cancelling":
-        return _cancelling(settings, rounds, graph)
+        return _cancelling(settings, settings.private_rounds(rounds), graph)
     if mech == "network-dp":
         if not graph.static:
             raise PrivacyError(
@@ -153,26 +155,27 @@ def _cancelling_unit(pairs: bytes, n: int, ratio: float, adversary: str) -> floa
     return cancelling_noise_multiplier(matrix, 1.0, ratio, adversary)
 
 
-def _cancelling(settings: PrivacySettings, rounds: int, graph: FleetGraph) -> NoisePlan:
+def _cancelling(settings: PrivacySettings, steps: int, graph: FleetGraph) -> NoisePlan:
     pairs = pair_graph(graph.adjacency)
     sigma, mask, adversary = settings.noise_multiplier, settings.mask_multiplier, settings.adversary
 
     def effective(s: float, m: float) -> float:
         return cancelling_noise_multiplier(pairs, s, m, adversary)
 
+    ratio = settings.masks_over_noise
     if sigma is not None:
-        mask = DEFAULT_MASK_RATIO * sigma if mask is None else mask
+        mask = ratio * sigma if mask is None else mask
         return NoisePlan("cancelling", sigma, mask, effective(sigma, mask))
     assert settings.target_epsilon is not None
     wanted = opacus_noise_multiplier(
-        settings.target_epsilon, settings.delta, settings.sample_rate, rounds,
+        settings.target_epsilon, settings.delta, settings.sample_rate, steps,
         settings.accountant, "cancelling",
     )  # fmt: skip
     if mask is None:
         # Effective noise is linear in a common scale of both: one evaluation suffices.
-        unit = _cancelling_unit(pairs.tobytes(), pairs.shape[0], DEFAULT_MASK_RATIO, adversary)
+        unit = _cancelling_unit(pairs.tobytes(), pairs.shape[0], ratio, adversary)
         sigma = wanted / unit
-        return NoisePlan("cancelling", sigma, DEFAULT_MASK_RATIO * sigma, wanted)
+        return NoisePlan("cancelling", sigma, ratio * sigma, wanted)
     fixed = mask
     sigma = calibrate(lambda s: 1.0 / effective(s, fixed), 1.0 / wanted)
     return NoisePlan("cancelling", sigma, fixed, effective(sigma, fixed))

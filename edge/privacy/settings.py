@@ -19,11 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MECHANISMS = ("none", "dp-sgd", "network-dp", "cancelling", "central")
 #: Mechanisms whose round is one noisy step: their accounting sees one update per round.
 ONE_STEP_MECHANISMS = ("network-dp", "cancelling", "central")
-#: Masks of the cancelling mechanism, in units of its independent noise, unless set. Larger
-#: masks let each agent add less independent noise for the same epsilon, but gossip must
-#: average them out of every model: on digits, 16 agents, exponential graph, 1 was the best
-#: of 1, 2 and 4 (``docs/privacy.md``).
-DEFAULT_MASK_RATIO = 1.0
 #: Whom the cancelling mechanism's epsilon is against (DECOR's SecLDP, docs/privacy.md):
 #: ``curious-agent``, any one agent of the fleet that also reads every link (it knows its
 #: own noise and the secrets of its own pairs); ``eavesdropper``, an observer of every link
@@ -55,11 +50,21 @@ class PrivacySettings(BaseModel):
     steps_per_round: int = Field(
         1, ge=1, le=10_000, description="private steps per round (dp-sgd only: the others take 1)"
     )
+    gossip_rounds: int = Field(
+        1,
+        ge=1,
+        le=1_000,
+        description="rounds per private step: the step (noise, masks) in the first round of "
+        "every gossip_rounds, the others only gossip (dp-sgd, cancelling, central)",
+    )
     mask_multiplier: float | None = Field(
+        None, ge=0, description="cancelling: std of each pairwise mask over max_grad_norm"
+    )
+    mask_ratio: float | None = Field(
         None,
         ge=0,
-        description="cancelling: std of each pairwise mask over max_grad_norm (default: "
-        f"{DEFAULT_MASK_RATIO:g} times the independent noise)",
+        description="cancelling: std of each pairwise mask over the independent noise's "
+        "(default: gossip_rounds; or give mask_multiplier)",
     )
     adversary: Adversary = Field(
         "curious-agent",
@@ -92,8 +97,20 @@ class PrivacySettings(BaseModel):
                 f"accounting follows one update per round); steps_per_round = "
                 f"{self.steps_per_round} is for dp-sgd"
             )
-        if self.mask_multiplier is not None and self.mechanism != "cancelling":
-            raise ValueError("[privacy] mask_multiplier is for mechanism 'cancelling' only")
+        if self.gossip_rounds != 1 and self.mechanism == "network-dp":
+            raise ValueError(
+                "[privacy] mechanism 'network-dp' is accounted for one noisy step every round "
+                f"(its linear view of the graph); gossip_rounds = {self.gossip_rounds} is for "
+                "dp-sgd, cancelling and central"
+            )
+        for name in ("mask_multiplier", "mask_ratio"):
+            if getattr(self, name) is not None and self.mechanism != "cancelling":
+                raise ValueError(f"[privacy] {name} is for mechanism 'cancelling' only")
+        if self.mask_multiplier is not None and self.mask_ratio is not None:
+            raise ValueError(
+                "[privacy] give mask_multiplier (each mask's std over max_grad_norm) or "
+                "mask_ratio (over the independent noise's), not both"
+            )
         if self.adversary != "curious-agent" and self.mechanism != "cancelling":
             raise ValueError(
                 f"[privacy] adversary = '{self.adversary}' is for mechanism 'cancelling' only "
@@ -109,3 +126,23 @@ class PrivacySettings(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.mechanism != "none"
+
+    @property
+    def masks_over_noise(self) -> float:
+        """Cancelling masks in units of the independent noise, unless ``mask_multiplier``
+        fixes them: ``mask_ratio``, else ``gossip_rounds``. Larger masks let each agent add
+        less independent noise for the same epsilon, and gossip must average them out of
+        every model before the next gradient: on digits, 16 agents, exponential graph, a
+        ratio equal to the rounds of gossip per step was at or near the best of 1 to 16 for
+        1, 2, 4 and 8 rounds (``docs/privacy.md``)."""
+        return float(self.gossip_rounds) if self.mask_ratio is None else self.mask_ratio
+
+    def private_round(self, round_index: int) -> bool:
+        """Whether round ``round_index`` (from 1) takes the private step: the first of every
+        ``gossip_rounds``."""
+        return (round_index - 1) % self.gossip_rounds == 0
+
+    def private_rounds(self, rounds: int) -> int:
+        """How many of ``rounds`` rounds take the private step (what the accountant
+        composes, times ``steps_per_round``)."""
+        return -(-rounds // self.gossip_rounds)

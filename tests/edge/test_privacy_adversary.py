@@ -134,3 +134,26 @@ def test_the_adversary_is_a_setting_of_cancelling_only() -> None:
     with pytest.raises(ValidationError) as caught:
         PrivacySettings(mechanism="cancelling", noise_multiplier=1, adversary="coalition")
     assert "curious-agent" in str(caught.value) and "eavesdropper" in str(caught.value)
+
+
+def test_gossip_rounds_calibrate_for_the_private_steps_with_masks_as_large_as_they_allow() -> None:
+    # 100 rounds, a private step every 4: calibrated for 25 steps, with masks 4 times the
+    # independent noise unless told otherwise; larger masks need less independent noise.
+    fleet = exponential_fleet()
+
+    def plan(rounds: int, **privacy: float) -> tuple[float, float, float]:
+        settings = PrivacySettings(mechanism="cancelling", target_epsilon=3.0, **privacy)
+        p = resolve_noise(settings, rounds=rounds, num_agents=16, graph=fleet)
+        return p.noise_multiplier, p.mask_multiplier, p.accounted_multiplier
+
+    sigma, mask, accounted = plan(100, gossip_rounds=4)
+    assert (sigma, mask, accounted) == plan(25, mask_ratio=4)
+    assert mask == pytest.approx(4 * sigma, rel=1e-12)
+    assert accounted == pytest.approx(plan(25)[2], rel=1e-12)  # the same 25 steps' mechanism
+    same_masks = plan(100, gossip_rounds=4, mask_ratio=1)
+    assert same_masks[1] == pytest.approx(same_masks[0], rel=1e-12)
+    assert same_masks == plan(25)
+    assert sigma < same_masks[0]
+    ledger = OpacusLedger(accounted, 1.0, 1e-5, "rdp", "cancelling")
+    ledger.step(25)
+    assert 3.0 * 0.99 <= ledger.epsilon() <= 3.0 * 1.0005

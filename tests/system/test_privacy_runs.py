@@ -46,6 +46,32 @@ def test_every_record_carries_what_its_agent_spent_up_to_the_target() -> None:
     assert results.rounds[0].privacy_epsilon == 0.0
 
 
+@pytest.mark.parametrize("mechanism", ["cancelling", "central", "dp-sgd"])
+def test_with_gossip_rounds_only_every_kth_round_trains_and_spends(mechanism: str) -> None:
+    # 7 rounds, a private step every 3: rounds 1, 4 and 7 train and spend, the others only
+    # gossip; calibrated for 3 steps, the target is reached by the last round.
+    fleet = inproc_fleet(
+        agents=4, rounds=7, topology="exponential", task=DIGITS, network={"loss": 0.0},
+        privacy={"mechanism": mechanism, "target_epsilon": 2.0, "gossip_rounds": 3},
+    )  # fmt: skip
+    records = fleet.records()
+    for agent_records in records.values():
+        spent = [Spent.from_metrics(r.metrics) for r in agent_records]
+        assert [s.steps for s in spent if s] == [0, 1, 1, 1, 2, 2, 2, 3]
+        assert 1.95 <= spent[-1].epsilon <= 2.0  # type: ignore[union-attr]
+    single = inproc_fleet(
+        agents=4,
+        rounds=3,
+        topology="exponential",
+        task=DIGITS,
+        network={"loss": 0.0},
+        privacy={"mechanism": mechanism, "target_epsilon": 2.0},
+    ).records()  # the same 3 steps, one a round: the same noise, so the same epsilon
+    assert summarise(single).final.privacy_epsilon == pytest.approx(
+        summarise(records).final.privacy_epsilon, rel=1e-9
+    )
+
+
 def test_network_dp_reports_the_pairwise_guarantee_of_the_graph(tmp_path: Path) -> None:
     scenario = tmp_path / "network.toml"
     scenario.write_text(
@@ -176,6 +202,14 @@ def test_metrics_export_epsilon_and_infinity_without_a_mechanism() -> None:
          ["adversary = 'eavesdropper' is for mechanism 'cancelling' only"]),
         ('mechanism = "cancelling"\nnoise_multiplier = 1\nadversary = "neighbour"',
          ["privacy.adversary", "curious-agent", "eavesdropper"]),
+        ('mechanism = "network-dp"\nnoise_multiplier = 1\ngossip_rounds = 4',
+         ["'network-dp' is accounted for one noisy step every round", "gossip_rounds = 4"]),
+        ('mechanism = "cancelling"\nnoise_multiplier = 1\ngossip_rounds = 0',
+         ["privacy.gossip_rounds"]),
+        ('mechanism = "cancelling"\nnoise_multiplier = 1\nmask_ratio = 2\nmask_multiplier = 2',
+         ["give mask_multiplier", "or mask_ratio", "not both"]),
+        ('mechanism = "central"\nnoise_multiplier = 1\nmask_ratio = 2',
+         ["mask_ratio is for mechanism 'cancelling' only"]),
     ],
 )  # fmt: skip
 def test_settings_that_cannot_work_get_one_line(
