@@ -64,6 +64,8 @@ MECHANISMS = ("dp-sgd", "network-dp", "cancelling", "central")
 #: Rounds of gossip per private step in the check beside the paper's one: enough for gossip
 #: to average the masks out of every model before the next gradient (docs/privacy.md).
 GOSSIP_ROUNDS = 8
+#: The runs' seed (``--seed``): every figure is deterministic for it.
+SEED = 0
 PRIVATE_TASK = {"name": "digits", "lr": LR, "lr_decay_at": 1.0}
 
 
@@ -77,8 +79,10 @@ class Cell:
 
 
 def _run(loss: float, privacy: dict[str, Any] | None, task: dict[str, Any], *,
-         seed: int = 0) -> Cell:  # fmt: skip
-    """One run of ``ROUNDS`` private steps (times the privacy's ``gossip_rounds`` rounds)."""
+         seed: int | None = None) -> Cell:  # fmt: skip
+    """One run of ``ROUNDS`` private steps (times the privacy's ``gossip_rounds`` rounds), of
+    the run's seed (data order, noise, mask keys, drops): ``SEED`` unless given."""
+    seed = SEED if seed is None else seed
     rounds = ROUNDS * (privacy or {}).get("gossip_rounds", 1)
     settings: dict[str, Any] = {
         "agents": AGENTS, "topology": "exponential", "rounds": rounds, "mode": "inproc",
@@ -375,6 +379,7 @@ def run(ctx: Context) -> list[Outcome]:
 
 
 def main() -> None:
+    global SEED
     parser = argparse.ArgumentParser(prog="python -m benchmarks.privacy")
     parser.add_argument("--quick", action="store_true", help="ε = 8 only")
     only = "only cancelling against central DP, loss-free and at 10%% loss"
@@ -390,12 +395,14 @@ def main() -> None:
         help="with --cancelling or --mask-ratios: rounds of gossip per private "
         f"step (default 1,{GOSSIP_ROUNDS}; --mask-ratios takes the first)",
     )
+    parser.add_argument("--seed", type=int, default=SEED,
+                        help=f"seed of every run (default {SEED})")  # fmt: skip
     parser.add_argument("--lr", type=float, default=LR,
                         help=f"step size of every private row (default {LR:g})")  # fmt: skip
     args = parser.parse_args()
     from pathlib import Path
 
-    PRIVATE_TASK["lr"] = args.lr
+    PRIVATE_TASK["lr"], SEED = args.lr, args.seed
     gossip_rounds = tuple(int(k) for k in args.gossip_rounds.split(","))
 
     if args.mask_ratios:
