@@ -210,7 +210,7 @@ class Agent:
     def report_due(self, round_index: int) -> bool:
         """Whether ``round_index`` is evaluated and reported (every ``eval_every`` rounds and
         the last); drivers that run the phases themselves ask this after ``mix``."""
-        return round_index % self.settings.eval_every == 0 or round_index == self.settings.rounds
+        return self.settings.reports(round_index)
 
     def local_step(self, round_index: int) -> None:
         began = self.clock()

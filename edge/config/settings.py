@@ -52,6 +52,11 @@ class AgentSettings(BaseModel):
         default_factory=PrivacySettings, description="differential privacy of the training data"
     )
 
+    def reports(self, round_index: int) -> bool:
+        """Whether ``round_index`` is evaluated and reported: every ``eval_every`` rounds and
+        the last."""
+        return round_index % self.eval_every == 0 or round_index == self.rounds
+
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, value: str) -> str:

@@ -149,6 +149,7 @@ class BatchedPushSum:
         if refusal is not None:
             raise ValueError(f"this run cannot be batched: {refusal}")
         self.config, self.ids, self.sink, self.clock = config, ids, sink, clock
+        self.reports = config.agent_settings().reports
         n = self.n = len(ids)
         drops = network.message_drops()
         assert drops is not None  # batched_refusal said so
@@ -227,7 +228,7 @@ class BatchedPushSum:
         # mix
         self.x += pending_x
         self.y += pending_y
-        if round_index % self.config.eval_every == 0 or round_index == self.config.rounds:
+        if self.reports(round_index):
             self.report(round_index)
 
     def report(self, round_index: int) -> list[RoundRecord]:

@@ -172,7 +172,7 @@ class VirtualPushSum:
             a.x, a.pending_x = self.x[a.index], self.pending_x[a.index]
         settings = config.agent_settings()
         self.rounds, self.staleness = config.rounds, settings.staleness
-        self.timeout, self.eval_every = settings.wait_timeout_s, settings.eval_every
+        self.timeout, self.reports = settings.wait_timeout_s, settings.reports
         self.seed = settings.seed
         self.shaper = shaper
         self.sizes = WireSizes(config, self.ids, self.dim)
@@ -362,8 +362,7 @@ class VirtualPushSum:
         a.y += a.pending_y
         a.pending_x[:] = 0.0
         a.pending_y = 0.0
-        report = round_index % self.eval_every == 0 or round_index == self.rounds
-        record = self.report(a, round_index) if report else None
+        record = self.report(a, round_index) if self.reports(round_index) else None
         if round_index < self.rounds:
             self.loop.at(self.loop.now, self._start_round, a, round_index + 1)
         self.round_done(round_index, record)
