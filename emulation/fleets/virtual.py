@@ -76,6 +76,15 @@ class EventLoop:
                 return
 
 
+#: Where a virtual agent is reached: ``virtual://<id>``.
+VIRTUAL_SCHEME = "virtual://"
+
+
+def virtual_address(agent_id: str) -> str:
+    """The address of agent ``agent_id`` on the virtual clock."""
+    return VIRTUAL_SCHEME + agent_id
+
+
 class VirtualTransport:
     """A transport whose messages take virtual time: the link shaper's delay, then delivery
     (and the sender's acknowledgement) as one event."""
@@ -94,7 +103,7 @@ class VirtualTransport:
         self.agent_id = agent_id
         self.shaper = shaper
         self.on_event = on_event
-        self.address = f"virtual://{agent_id}"
+        self.address = virtual_address(agent_id)
         self._counters: dict[str, int] = {}
 
     def start(self, handler: InboundHandler) -> str:
@@ -124,7 +133,7 @@ class VirtualTransport:
         self, address: str, message: GossipMessage, nbytes: int, done: SendCallback
     ) -> None:
         handler = self.directory.get(address)
-        receiver = address.removeprefix("virtual://")
+        receiver = address.removeprefix(VIRTUAL_SCHEME)
         if handler is None:
             error = Rejected(RejectCode.UNAVAILABLE, f"no agent at {address}")
             self._finish(done, SendOutcome(False, nbytes, error=error), None)
@@ -231,37 +240,35 @@ class VirtualFleet:
         for agent in self.agents:
             agent.begin()
             loop.at(0.0, self._start_round, agent, 1)
-        # The loop allocates millions of short-lived, acyclic objects (messages, tensors,
-        # events) while the records it keeps pile up: the cyclic collector would rescan that
-        # growing heap again and again (over 10% of a 1,000-agent run). Reference counting
-        # frees everything here; one collection at the end picks up any stray cycle.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.no_grad():  # gossip arithmetic needs no autograd (training re-enables it)
-                loop.run(until=lambda: self._stop)
-        finally:
-            if collecting:
-                gc.enable()
-            for agent in self.agents:
-                agent.close()
-            gc.collect()
+        self._run_loop()
 
     def _run_fast(self, sink: StatsSink | None) -> None:
         self._fast = fast = VirtualPushSum(
             self.config, self.ids, loop=self.loop, shaper=self.links.shaper,
             compute_s=self.compute_s, sink=sink, round_done=self._round_done,
         )  # fmt: skip
-        self._peers = {agent_id: f"virtual://{agent_id}" for agent_id in self.ids}
+        self._peers = {agent_id: virtual_address(agent_id) for agent_id in self.ids}
         self._update_graph()
         fast.begin()
+        self._run_loop()
+
+    def _run_loop(self) -> None:
+        """Run the event loop to its end, then close the agents (none on the fast path).
+
+        The loop allocates millions of short-lived, acyclic objects (messages, tensors,
+        events) while the records it keeps pile up: the cyclic collector would rescan that
+        growing heap again and again (over 10% of a 1,000-agent run). Reference counting
+        frees everything here; one collection at the end picks up any stray cycle."""
         collecting = gc.isenabled()
-        gc.disable()  # as in run(): reference counting frees what the loop makes
+        gc.disable()
         try:
-            self.loop.run(until=lambda: self._stop)
+            with torch.no_grad():  # gossip arithmetic needs no autograd (training re-enables it)
+                self.loop.run(until=lambda: self._stop)
         finally:
             if collecting:
                 gc.enable()
+            for agent in self.agents:
+                agent.close()
             gc.collect()
 
     def stop(self) -> None:
