@@ -338,12 +338,12 @@ def run(ctx: Context) -> list[Outcome]:
     accuracy, table_figures = table(ctx.quick)
     comparisons = check(ctx.quick)
     masks, mask_figures = cancellation(ctx.quick)
-    loss_free = [c for c in comparisons if c.gossip_rounds == GOSSIP_ROUNDS]
+    checked = [c for c in comparisons if c.gossip_rounds == GOSSIP_ROUNDS]
     measured = f"{GOSSIP_ROUNDS} rounds of gossip a step: " + "; ".join(
         f"ε {c.epsilon:g} against {c.adversary}: {c.cancelling.average_model:.3f} vs "
         f"{c.central.average_model:.3f} average model, {c.cancelling.accuracy:.3f} vs "
         f"{c.central.accuracy:.3f} agents' mean"
-        for c in loss_free
+        for c in checked
     )
     seconds = time.perf_counter() - began
     return [
@@ -359,7 +359,7 @@ def run(ctx: Context) -> list[Outcome]:
             "cancelling vs central DP",
             "within 0.02 of central DP at the same ε, loss-free (DECOR's claim)",
             measured,
-            all(abs(c.gap_average) <= 0.02 for c in loss_free),
+            all(abs(c.gap_average) <= 0.02 for c in checked),
             {"table": check_table(comparisons), **check_figures(comparisons)},
             note=f"on the fleet's average model, against either adversary, with "
             f"{GOSSIP_ROUNDS} rounds of gossip per private step (one round: see the table)",
