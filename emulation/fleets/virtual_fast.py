@@ -37,6 +37,7 @@ from edge.transport.base import LinkShaper
 from emulation.config import RunConfig
 from emulation.fleets.batched import WireSizes, workload_refusals
 from emulation.networks import Network
+from emulation.networks.shaper import WirelessLinkShaper
 
 
 class _Loop(Protocol):
@@ -241,15 +242,15 @@ class VirtualPushSum:
             edge.inflight = True
         a.inflight += len(sending)
         now, size = loop.now, self.sizes.message
-        plan = self.shaper.plan if self.shaper is not None else None
-        for edge, decoded, sigma_y, seq, base in sending:
+        messages = []
+        for edge, _, _, seq, base in sending:
             index = edge.count
             edge.count = index + 1
-            nbytes = size(i, edge.dst, round_index, seq, base, a.epoch)
-            drop, delay = False, 0.0
-            if plan is not None:
-                verdict = plan(a.agent_id, edge.peer, round_index, index, nbytes)
-                drop, delay = verdict.drop, verdict.delay_s
+            messages.append((edge.dst, index, size(i, edge.dst, round_index, seq, base, a.epoch)))
+        verdicts = self._verdicts(a, messages, round_index)
+        for (edge, decoded, sigma_y, seq, base), (_, _, nbytes), (drop, delay) in zip(
+            sending, messages, verdicts, strict=True
+        ):
             if drop:
                 loop.at(now + delay, self._dropped, edge, nbytes)
             else:
@@ -261,6 +262,22 @@ class VirtualPushSum:
         self.waiting[i] = round_index
         loop.at(now + self.timeout, self._timeout, a, round_index)
         self._check(a)
+
+    def _verdicts(
+        self, a: _Agent, messages: list[tuple[int, int, int]], round_index: int
+    ) -> list[tuple[bool, float]]:
+        """The link shaper's ``(drop, delay_s)`` of each message of a push, asked in order
+        (a wireless shaper takes them at once)."""
+        shaper = self.shaper
+        if isinstance(shaper, WirelessLinkShaper):
+            return shaper.plan_push(a.index, messages, round_index)
+        if shaper is None:
+            return [(False, 0.0)] * len(messages)
+        verdicts = []
+        for j, index, nbytes in messages:
+            verdict = shaper.plan(a.agent_id, self.ids[j], round_index, index, nbytes)
+            verdicts.append((verdict.drop, verdict.delay_s))
+        return verdicts
 
     @staticmethod
     def _settle(edge: _Edge, nbytes: int, outcome: int) -> None:

@@ -1,0 +1,60 @@
+"""The shaper's quick paths give its reference answers: the dense model's carrier-sense row
+read as 0/1 weights, and a push's messages decided at once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from emulation.channel.model import ChannelModel
+from emulation.networks.shaper import AirtimeLedger, WirelessLinkShaper
+from emulation.scenario import WirelessSettings
+
+
+def test_the_dense_row_as_weights_gives_the_boolean_rows_utilisation_bit_for_bit() -> None:
+    rng = np.random.default_rng(11)
+    n, step_s = 300, 1.0
+    ledger = AirtimeLedger(n, keep_steps=2)
+    rows = rng.random((n, n)) < 0.3
+    weights = rows.astype(np.float64)
+    asked = 0
+    for k in range(4000):
+        now = float(np.floor(k / 7) * 0.013)  # several questions at one time, as in a push
+        step = int(now // step_s)
+        sender = int(rng.integers(n))
+        if rng.random() < 0.5:
+            expected = ledger.utilisation(step, rows[sender], step_s, now)
+            assert ledger.utilisation(step, weights[sender], step_s, now) == expected
+            asked += expected > 0
+        ledger.book(sender, step + int(rng.integers(2)), float(rng.random() * 0.004),
+                    now + float(rng.random() * 0.05))  # fmt: skip
+    assert asked > 1000  # the steps were busy: the figures compared were not all zero
+
+
+def _shaper(clock: list[float]) -> WirelessLinkShaper:
+    settings = WirelessSettings.model_validate(
+        {"mobility": {"model": "gauss-markov", "area_m": [400, 400]}, "activity": 0.3,
+         "step_s": 0.05, "jitter_ms": 2.0, "burst": {"model": "fading"}}
+    )  # fmt: skip
+    model = ChannelModel(settings, 30, 5)
+    return WirelessLinkShaper(model, [f"a{i}" for i in range(30)], lambda: clock[0],
+                              journal=True)  # fmt: skip
+
+
+def test_a_push_decided_at_once_equals_its_messages_asked_one_by_one() -> None:
+    clock = [0.0]
+    one, many = _shaper(clock), _shaper(clock)
+    rng = np.random.default_rng(3)
+    for k in range(300):
+        clock[0] = k * 0.004
+        sender = int(rng.integers(30))
+        messages = [(int(j), k, int(rng.integers(1, 400_000)))
+                    for j in rng.choice(30, size=4, replace=False) if j != sender]  # fmt: skip
+        expected = []
+        for j, index, nbytes in messages:
+            verdict = one.plan(f"a{sender}", f"a{j}", 2, index, nbytes)
+            expected.append((verdict.drop, verdict.delay_s))
+        assert many.plan_push(sender, messages, 2) == expected
+    assert one.journal == many.journal and one.journal
+    assert one.counters == many.counters
+    drops = sum(m.drop for m in one.journal or [])
+    assert 0 < drops < len(one.journal or [])  # both kinds of verdict were compared
