@@ -282,8 +282,10 @@ class WirelessLinkShaper:
         counters_of, journal = self.counters, self.journal
         with self._lock:
             start = self.clock()
+            step = self._start_step = self.model.step_of(start)
+            view = self._view(step)
             for j, index, nbytes in messages:
-                drop, delay = self._plan(i, j, index, nbytes, start)
+                drop, delay = self._plan(i, j, index, nbytes, start, step, view)
                 counters = counters_of.get((i, j))
                 if counters is None:
                     counters = counters_of[(i, j)] = LinkCounters()
@@ -298,17 +300,19 @@ class WirelessLinkShaper:
                 verdicts.append((drop, delay))
         return verdicts
 
-    def _plan(self, i: int, j: int, index: int, nbytes: int, start: float) -> tuple[bool, float]:
+    def _plan(
+        self, i: int, j: int, index: int, nbytes: int, start: float, step: int, view: _StepLinks
+    ) -> tuple[bool, float]:
+        """One message's verdict (``step``, ``view``: the step of ``start`` and its links)."""
         cfg, model = self.settings, self.model
         pair = i * model.n + j
         link = self._link_hash.get(pair)
         if link is None:
             link = self._link_hash[pair] = keyed_hash(model.seed, i, j)
-        step = self._start_step = model.step_of(start)
-        view = self._view(step)
         figures = view.link(i, j, pair)
         latency = figures[2]
-        message_hash = keyed_hash(step, index, start=link)
+        # keyed_hash(step, index, start=link), its keys being non-negative and below 2**64
+        message_hash = splitmix64(splitmix64(link ^ step) ^ index)
         if cfg.jitter_ms > 0:
             u = _uniform(message_hash, _JITTER)
             u = min(max(u, 1e-12), 1.0 - 1e-12)
@@ -328,7 +332,7 @@ class WirelessLinkShaper:
             else:
                 v = self._view(chunk_step)
                 on = v.link(i, j, pair)
-                h = keyed_hash(chunk_step, index, start=link)
+                h = splitmix64(splitmix64(link ^ chunk_step) ^ index)
             loss = v.chunk_loss(on, size, cfg.packet_bytes)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
