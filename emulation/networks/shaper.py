@@ -26,7 +26,7 @@ import numpy as np
 from edge.config.seeds import keyed_hash, splitmix64, to_unit
 from edge.transport.base import LinkVerdict
 from emulation.channel.model import AnyLinkState, ChannelBase
-from emulation.channel.state import LinkState, chunk_loss_probability
+from emulation.channel.state import chunk_loss_probability
 from emulation.scenario import WirelessSettings
 
 _UNIT = NormalDist()
@@ -63,26 +63,13 @@ class AirtimeLedger:
         # the same time, and a booking moves one node's entry only (kept exact in ``book``).
         self._on_air_at: float | None = None
         self._on_air = np.zeros(n, dtype=bool)
-        # ``on_air * busy`` of the steps asked at ``_on_air_at`` (the dense model's rows).
-        self._on_air_busy: dict[int, np.ndarray] = {}
 
     def utilisation(self, step: int, hears_row: np.ndarray, step_s: float, now: float) -> float:
-        """Share of step ``step`` booked in a node's domain (``hears_row``: a boolean row,
-        the same row as 0.0/1.0 float64 weights, or the indices of the nodes heard) by
-        transfers still on the air at ``now``."""
+        """Share of step ``step`` booked in a node's domain (``hears_row``: a boolean row, or
+        the indices of the nodes heard) by transfers still on the air at ``now``."""
         busy = self._busy.get(step)
         if busy is None:
             return 0.0
-        if hears_row.dtype == np.float64:
-            # A row of the dense model as 0.0/1.0 weights: one dot with the step's airtime of
-            # the nodes on the air, kept up to date by ``book``. The terms are those of
-            # ``dot(hears_row & on_air, busy)`` (a 0/1 factor is exact), in the same order.
-            if now != self._on_air_at:
-                self._on_air_now(now)
-            weighted = self._on_air_busy.get(step)
-            if weighted is None:
-                weighted = self._on_air_busy[step] = self._on_air * busy
-            return min(1.0, float(np.dot(hears_row, weighted)) / step_s)
         if hears_row.dtype != bool:
             # The indices of the nodes heard (the model over the links in range): only the
             # sender's carrier-sense domain is read, never an n-wide vector (each message
@@ -90,15 +77,11 @@ class AirtimeLedger:
             heard = busy[hears_row]
             used = float(heard[self._until[hears_row] > now].sum())
             return min(1.0, used / step_s)
-        if now != self._on_air_at:  # a boolean row of the dense model's n x n
-            self._on_air_now(now)
+        if now != self._on_air_at:  # a row of the dense model's n x n (small fleets)
+            np.greater(self._until, now, out=self._on_air)
+            self._on_air_at = now
         used = float(np.dot(hears_row & self._on_air, busy))
         return min(1.0, used / step_s)
-
-    def _on_air_now(self, now: float) -> None:
-        np.greater(self._until, now, out=self._on_air)
-        self._on_air_at = now
-        self._on_air_busy.clear()
 
     def book(self, sender: int, step: int, airtime_s: float, until: float) -> None:
         busy = self._busy.get(step)
@@ -106,14 +89,11 @@ class AirtimeLedger:
             busy = self._busy[step] = np.zeros(self.n, dtype=np.float64)
             for old in [s for s in self._busy if s < step - self.keep_steps]:
                 del self._busy[old]
-                self._on_air_busy.pop(old, None)
         busy[sender] += airtime_s
         if until > self._until[sender]:
             self._until[sender] = until
             if self._on_air_at is not None:
                 self._on_air[sender] = until > self._on_air_at
-        for kept, weighted in self._on_air_busy.items():
-            weighted[sender] = self._on_air[sender] * self._busy[kept][sender]
 
 
 #: A link's figures in one step, as Python values: its handle in the state, whether it
@@ -135,24 +115,11 @@ class _StepLinks:
     index the state's arrays five times. The values are the state's own, converted as the
     state's accessors convert them."""
 
-    __slots__ = ("_weights", "figures", "state")
+    __slots__ = ("figures", "state")
 
     def __init__(self, state: AnyLinkState) -> None:
         self.state = state
         self.figures: dict[int, _Figures] = {}
-        self._weights: np.ndarray | None = None
-
-    def hears(self, i: int) -> np.ndarray:
-        """The nodes node ``i`` hears, as :meth:`AirtimeLedger.utilisation` reads them best:
-        the dense model's row as 0.0/1.0 weights (converted once a step), the indices of the
-        model over the links in range as they are."""
-        st = self.state
-        if not isinstance(st, LinkState):
-            return st.hears_of(i)
-        if self._weights is None:
-            self._weights = st.hears.astype(np.float64)
-        row: np.ndarray = self._weights[i]
-        return row
 
     def link(self, i: int, j: int, pair: int) -> _Figures:
         """Link i->j's figures (``pair``: ``i * n + j``, the key they are kept by)."""
@@ -382,7 +349,7 @@ class WirelessLinkShaper:
             rate = figures[5]
             free = 1.0
             if rate > 0 and shared_air:
-                free = 1.0 - ledger.utilisation(step, view.hears(i), dt, t)
+                free = 1.0 - ledger.utilisation(step, view.state.hears_of(i), dt, t)
             if rate <= 0 or free <= 1e-6:
                 stall_from = t if stall_from is None else stall_from
                 if end - stall_from > cfg.max_stall_s:
