@@ -165,3 +165,21 @@ def test_the_shaper_asks_the_model_for_each_step_once() -> None:
     for k, start in enumerate(starts):
         now[0] = float(start)
         assert again.plan(f"a{k % 40}", f"a{(k * 7 + 1) % 40}", 1, k, 200_000) == verdicts[k]
+
+
+def test_the_row_scan_finds_the_pairs_and_distances_the_k_d_tree_finds() -> None:
+    s = settings(
+        radio="lte", path_loss={"model": "uma"},
+        mobility={"model": "gauss-markov", "area_m": [2000, 2000]},
+    )  # fmt: skip
+    n = 700
+    model = SparseChannelModel(s, n, 5)
+    positions = np.random.default_rng(3).random((n, 2)) * 2000
+    positions[1] = positions[0] + [model.range_m, 0.0]  # on the range's edge
+    pairs = n * (n - 1) // 2
+    scanned = model._candidates(positions, pairs)  # most pairs in range: the row scan
+    tree = model._candidates(positions, 0)  # few: the k-d tree
+    assert pairs // 2 < scanned[0].size < pairs
+    assert np.array_equal(scanned[0], tree[0])
+    assert np.array_equal(scanned[1], tree[1])
+    assert scanned[1].dtype == np.float32
