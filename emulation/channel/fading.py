@@ -30,14 +30,27 @@ def complex_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarr
     return out
 
 
-def ar1_step(previous: np.ndarray, rho: np.ndarray, innovation: np.ndarray) -> np.ndarray:
+def ar1_scale(rho: np.ndarray) -> np.ndarray:
+    """``sqrt(1 - rho^2)`` (float32), the weight of the innovation in :func:`ar1_step`."""
+    rho = rho.astype(np.float32)
+    return np.asarray(np.sqrt(np.maximum(1.0 - rho**2, 0.0)))
+
+
+def ar1_step(
+    previous: np.ndarray,
+    rho: np.ndarray,
+    innovation: np.ndarray,
+    scale: np.ndarray | None = None,
+) -> np.ndarray:
     """``g_k = rho g_{k-1} + sqrt(1 - rho^2) w_k``: keeps unit power, correlation ``rho``.
 
     ``J0`` goes negative past its first zero; the AR(1) recursion uses it as it is, which
-    reproduces the sign of the Jakes correlation at that lag.
+    reproduces the sign of the Jakes correlation at that lag. ``scale``: ``ar1_scale(rho)``
+    where the caller has it (both directions of a pair share ``rho``).
     """
     rho = rho.astype(np.float32)
-    scale = np.sqrt(np.maximum(1.0 - rho**2, 0.0))
+    if scale is None:
+        scale = ar1_scale(rho)
     return np.asarray(rho * previous + scale * innovation, dtype=np.complex64)
 
 

@@ -57,7 +57,7 @@ class _Pairs:
     distance: np.ndarray  # float32 metres
     shadow: np.ndarray  # float32, unit variance
     los_draw: np.ndarray  # float32 uniform: line of sight while below P_LOS(d)
-    scatter: np.ndarray  # complex64 (p, 2): [:, 0] i -> j, [:, 1] j -> i
+    scatter: np.ndarray  # complex64 (2, p): [0] i -> j, [1] j -> i
     burst: np.ndarray | None  # bool (p, 2) Gilbert-Elliott states
 
 
@@ -200,11 +200,7 @@ class SparseChannelModel(ChannelBase):
         keys, distance = self._candidates(mob.positions)
         d = self.draws
         scatter = np.stack(
-            [
-                d.complex_normal(FADING, 0, keys),
-                d.complex_normal(FADING, 0, self._reverse(keys), 1),
-            ],
-            axis=1,
+            [d.complex_normal(FADING, 0, keys), d.complex_normal(FADING, 0, self._reverse(keys), 1)]
         )
         burst = None
         if self.gilbert is not None:
@@ -237,39 +233,56 @@ class SparseChannelModel(ChannelBase):
         at = np.minimum(np.searchsorted(s.keys, keys), max(0, s.keys.size - 1))
         found = s.keys[at] == keys if s.keys.size else np.zeros(keys.size, dtype=bool)
         s.keys = keys  # (the old keys are not needed past here)
-        new = np.flatnonzero(~found)
         at = at[found]
-        i, j = (keys[found] // n).astype(np.int32), (keys[found] % n).astype(np.int32)
-        # Pairs still in range continue their processes; new ones start stationary.
+        new = np.flatnonzero(~found)
+        # Every pair's draws of this step (a generator each, in the order of the keys); new
+        # pairs start stationary from them.
         shadow = d.normal(SHADOW, step, keys)
-        corr = np.exp(-(moved[i] + moved[j]) / np.float32(self.decorrelation_m))
-        shadow[found] = corr * s.shadow[at] + np.sqrt(1.0 - corr**2) * shadow[found]
-        del corr
-        s.shadow = shadow
         los = np.empty(keys.size, dtype=np.float32)
-        los[found] = s.los_draw[at]
         los[new] = d.uniform(LOS, 0, keys[new], step + 1)  # the dense draws ignore the sub
-        s.los_draw = los
         del new
-        speeds = mob.speeds.astype(np.float32)
-        v = speeds[i] + speeds[j] + np.float32(self.settings.fading.environment_speed_mps)
-        del i, j
-        rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
-        rho = rho.astype(np.float32)  # as ar1_step takes it; half the bytes meanwhile
-        del v
         reverse = self._reverse(keys)
-        scatter = np.empty((keys.size, 2), dtype=np.complex64)
-        for side, side_keys in enumerate((keys, reverse)):
-            scatter[:, side] = d.complex_normal(FADING, step, side_keys, side)
-            scatter[found, side] = fad.ar1_step(s.scatter[at, side], rho, scatter[found, side])
-        del rho
-        s.scatter = scatter
+        scatter = np.stack([d.complex_normal(FADING, step, keys),
+                            d.complex_normal(FADING, step, reverse, 1)])  # fmt: skip
+        # Pairs still in range continue their processes: a block of pairs at a time, so the
+        # temporaries stay the size of a block (the same element-wise operations as on the
+        # whole arrays, so the same values).
+        speeds = mob.speeds.astype(np.float32)
+        env = np.float32(self.settings.fading.environment_speed_mps)
+        decorrelation = np.float32(self.decorrelation_m)
+        done = 0  # found pairs before the block
+        for lo in range(0, keys.size, BLOCK_PAIRS):
+            block = slice(lo, lo + BLOCK_PAIRS)
+            kept = found[block]
+            count = int(np.count_nonzero(kept))
+            if not count:
+                continue
+            old = at[done : done + count]
+            done += count
+            ij = keys[block][kept]
+            i, j = (ij // n).astype(np.int32), (ij % n).astype(np.int32)
+            del ij
+            corr = np.exp(-(moved[i] + moved[j]) / decorrelation)
+            fresh = shadow[block]
+            fresh[kept] = corr * s.shadow[old] + np.sqrt(1.0 - corr**2) * fresh[kept]
+            del corr
+            los[block][kept] = s.los_draw[old]
+            v = speeds[i] + speeds[j] + env
+            del i, j
+            # float32, as ar1_step takes it; both directions share it.
+            rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
+            rho = rho.astype(np.float32)
+            scale = fad.ar1_scale(rho)
+            for side in (0, 1):
+                fresh = scatter[side, block]
+                fresh[kept] = fad.ar1_step(s.scatter[side, old], rho, fresh[kept], scale)
+        s.shadow = s.los_draw = s.scatter = np.zeros(0, dtype=np.float32)  # used up
         burst = None
         if self.gilbert is not None and s.burst is not None:
             u = np.stack([d.uniform(BURST, step, keys), d.uniform(BURST, step, reverse, 1)], 1)
             burst = self.gilbert.initial(u)
             burst[found] = self.gilbert.step(s.burst[at], u[found])
-        return _Pairs(mob, keys, distance, shadow.astype(np.float32), los, scatter, burst)
+        return _Pairs(mob, keys, distance, shadow, los, scatter, burst)
 
     # -- one step ------------------------------------------------------------------------------
     def _advance(self, step: int) -> SparseLinkState:
@@ -322,7 +335,7 @@ class SparseChannelModel(ChannelBase):
                 kept["dst"][side].append(b[k].astype(np.int32))
                 kept["rx"][side].append(rx[k])
                 kept["d"][side].append(d[k])
-                kept["g"][side].append(s.scatter[block, side][k])
+                kept["g"][side].append(s.scatter[side, block][k])
                 if s.burst is not None:
                     kept["b"][side].append(s.burst[block, side][k])
             del loss, sigma, faded
