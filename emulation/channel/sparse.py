@@ -29,6 +29,7 @@ from emulation.channel import fading as fad
 from emulation.channel import radio
 from emulation.channel.base import BURST, FADING, LOS, MOBILITY, SHADOW, ChannelBase
 from emulation.channel.draws import DenseDraws, Draws, StreamDraws
+from emulation.channel.heap import keep_block_temporaries
 from emulation.channel.mobility import MobilityState
 from emulation.channel.state import SparseLinkState
 from emulation.scenario import WirelessSettings
@@ -79,6 +80,7 @@ class SparseChannelModel(ChannelBase):
         range_m: float | None = None,
     ) -> None:
         self._pairs: _Pairs | None = None
+        keep_block_temporaries()  # a block's temporaries reused, not faulted in each block
         super().__init__(settings, n, seed, 2 if cache_steps is None else cache_steps)
         self.draws: Draws = DenseDraws(seed, n) if dense_draws else StreamDraws(seed)
         self.range_m = self._range() if range_m is None else range_m
