@@ -15,6 +15,9 @@ import numpy as np
 
 from emulation.channel import fading as fad
 
+#: Values drawn at once into a scratch array (then copied where they go).
+DRAW_BLOCK = 1 << 20
+
 
 class Draws(Protocol):
     def uniform(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray: ...
@@ -22,7 +25,7 @@ class Draws(Protocol):
     def normal(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray: ...
 
     def complex_normal(
-        self, stream: int, step: int, keys: np.ndarray, sub: int = 0
+        self, stream: int, step: int, keys: np.ndarray, sub: int = 0, out: np.ndarray | None = None
     ) -> np.ndarray: ...
 
 
@@ -43,11 +46,22 @@ class StreamDraws:
     def normal(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray:
         return self._rng(stream, step, sub).standard_normal(len(keys), dtype=np.float32)
 
-    def complex_normal(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray:
+    def complex_normal(
+        self, stream: int, step: int, keys: np.ndarray, sub: int = 0, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The real parts, then the imaginary parts, drawn :data:`DRAW_BLOCK` at a time
+        (the generator's stream does not depend on how it is split), into ``out`` where
+        given."""
         rng = self._rng(stream, step, sub)
-        out = np.empty(len(keys), dtype=np.complex64)
-        out.real = rng.standard_normal(len(keys), dtype=np.float32)
-        out.imag = rng.standard_normal(len(keys), dtype=np.float32)
+        size = len(keys)
+        if out is None:
+            out = np.empty(size, dtype=np.complex64)
+        scratch = np.empty(min(size, DRAW_BLOCK), dtype=np.float32)
+        for part in (out.real, out.imag):
+            for lo in range(0, size, DRAW_BLOCK):
+                chunk = scratch[: min(DRAW_BLOCK, size - lo)]
+                rng.standard_normal(out=chunk, dtype=np.float32)
+                part[lo : lo + chunk.size] = chunk
         out *= np.float32(np.sqrt(0.5))
         return out
 
@@ -70,6 +84,11 @@ class DenseDraws:
         full = self._rng(stream, step).standard_normal((self.n, self.n), dtype=np.float32)
         return np.asarray(full.ravel()[keys])
 
-    def complex_normal(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray:
+    def complex_normal(
+        self, stream: int, step: int, keys: np.ndarray, sub: int = 0, out: np.ndarray | None = None
+    ) -> np.ndarray:
         full = fad.complex_normal(self._rng(stream, step), (self.n, self.n))
-        return np.asarray(full.ravel()[keys])
+        if out is None:
+            return np.asarray(full.ravel()[keys])
+        out[...] = full.ravel()[keys]
+        return out

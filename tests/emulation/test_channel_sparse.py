@@ -183,3 +183,32 @@ def test_the_row_scan_finds_the_pairs_and_distances_the_k_d_tree_finds() -> None
     assert np.array_equal(scanned[0], tree[0])
     assert np.array_equal(scanned[1], tree[1])
     assert scanned[1].dtype == np.float32
+
+
+def test_the_row_scan_and_the_k_d_tree_give_the_same_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pairs leave the range and come back (150 m a step): the row scan's flags say which
+    pairs stayed in range as the search over the keys does, so every figure is the same."""
+    from emulation.channel import sparse
+
+    s = settings(
+        radio="lte", path_loss={"model": "uma"}, activity=0.05, step_s=5.0,
+        mobility={"model": "gauss-markov", "area_m": [2500, 2500], "mean_speed_mps": 30.0},
+    )  # fmt: skip
+    scanned = SparseChannelModel(s, 300, 9)
+    rows, in_range = [], set()
+    for k in range(5):
+        rows.append(scanned.state(k))
+        assert scanned._pairs is not None
+        in_range.add(scanned._pairs.keys.size)
+    monkeypatch.setattr(sparse, "ROW_SCAN_PAIRS", 0)
+    tree = SparseChannelModel(s, 300, 9)
+    for step, a in enumerate(rows):
+        b = tree.state(step)
+        assert isinstance(a, SparseLinkState) and isinstance(b, SparseLinkState)
+        for name in (*FIGURES, "indptr", "dst", "hears_ptr", "hears_idx"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert len(in_range) > 1  # pairs left the range or came into it
+    assert scanned._pairs is not None and scanned._pairs.near is not None
+    assert tree._pairs is not None and tree._pairs.near is None
