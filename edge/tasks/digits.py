@@ -3,7 +3,8 @@
 The data ships inside scikit-learn's wheel (1,797 images); it is read straight from the
 package's CSV so an agent does not pay for importing scikit-learn. A held-out test split is
 the same on every agent; the rest is split across agents IID or by a Dirichlet(alpha) draw
-over classes (smaller alpha: more skewed).
+over classes (smaller alpha: more skewed), or, with ``samples_per_agent``, each agent holds
+that many images drawn at random from it (shards overlap: a fleet larger than the data set).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from edge.tasks.base import (
@@ -37,6 +38,12 @@ class DigitsOptions(BaseModel):
 
     partition: Literal["iid", "dirichlet"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (non-IID skew)")
+    samples_per_agent: int | None = Field(
+        None,
+        ge=1,
+        description="each agent holds this many training images drawn at random (IID) from "
+        "the training pool, so shards overlap; unset: the pool is split, disjoint",
+    )
     hidden: int = Field(32, ge=1, le=65536)
     local_steps: int = Field(10, ge=1)
     local_epochs: int | None = Field(
@@ -58,6 +65,15 @@ class DigitsOptions(BaseModel):
         0.5, ge=0, le=1, description="share of the distillation loss on the ensemble's outputs"
     )
 
+    @model_validator(mode="after")
+    def _sampled_shards_are_iid(self) -> DigitsOptions:
+        if self.samples_per_agent is not None and self.partition != "iid":
+            raise ValueError(
+                "samples_per_agent draws IID shards; it cannot be combined with partition "
+                f"'{self.partition}' (use partition = 'iid', or leave samples_per_agent unset)"
+            )
+        return self
+
 
 @lru_cache(maxsize=1)
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -73,14 +89,41 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1] / 16.0, table[:, -1].astype(np.int64)
 
 
+def _held_out(
+    labels: np.ndarray, seed: int, options: DigitsOptions
+) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """Held-out test indices, the training pool, and the generator that drew them."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(labels))
+    n_test = round(len(labels) * options.test_fraction)
+    return order[:n_test], order[n_test:], rng
+
+
+def sampled_shard(
+    train: np.ndarray, seed: int, agent_index: int, options: DigitsOptions
+) -> np.ndarray:
+    """Agent ``agent_index``'s ``samples_per_agent`` images, drawn without replacement from
+    the training pool by a generator of its own (the fleet seed and its index): an agent
+    draws its shard without drawing everyone else's."""
+    size = options.samples_per_agent
+    if size is None:
+        raise ValueError("sampled_shard needs samples_per_agent set")
+    if size > len(train):
+        raise TaskError(
+            f"task 'digits': samples_per_agent = {size} exceeds the {len(train)} training "
+            "images (lower it, or lower test_fraction)"
+        )
+    rng = np.random.default_rng([seed, agent_index, 1])
+    return np.sort(rng.choice(train, size, replace=False))
+
+
 def split_indices(
     labels: np.ndarray, num_agents: int, seed: int, options: DigitsOptions
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Held-out test indices and one train shard per agent."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(labels))
-    n_test = round(len(labels) * options.test_fraction)
-    test, train = order[:n_test], order[n_test:]
+    test, train, rng = _held_out(labels, seed, options)
+    if options.samples_per_agent is not None:
+        return test, [sampled_shard(train, seed, i, options) for i in range(num_agents)]
     if len(train) < num_agents:
         raise TaskError(
             f"task 'digits': {len(train)} training images cannot feed {num_agents} agents"
@@ -123,10 +166,15 @@ class DigitsTask:
         self.options = parse_options(DigitsOptions, context.options, self.name)
         self.device = context.device
         x, y = load_digits_arrays()
-        test, shards = split_indices(y, context.num_agents, context.seed, self.options)
-        own = shards[context.agent_index]
+        if self.options.samples_per_agent is None:
+            test, shards = split_indices(y, context.num_agents, context.seed, self.options)
+            own = shards[context.agent_index]
+            self._nominal_examples = (len(y) - len(test)) / context.num_agents
+        else:  # one draw of its own, not the whole fleet's on every agent
+            test, train, _ = _held_out(y, context.seed, self.options)
+            own = sampled_shard(train, context.seed, context.agent_index, self.options)
+            self._nominal_examples = float(len(own))
         self.num_train = len(own)
-        self._nominal_examples = (len(y) - len(test)) / context.num_agents
         self._x_train = torch.from_numpy(x[own]).to(self.device)
         self._y_train = torch.from_numpy(y[own]).to(self.device)
         self._x_test = torch.from_numpy(x[test]).to(self.device)

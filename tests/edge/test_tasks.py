@@ -45,6 +45,38 @@ def test_dirichlet_shards_are_skewed_and_smaller_alpha_skews_more() -> None:
     assert iid_skew < skew(1.0) < skew(0.1)
 
 
+def test_sampled_shards_overlap_and_each_agent_draws_only_its_own() -> None:
+    _, y = load_digits_arrays()
+    options = DigitsOptions(samples_per_agent=50)
+    test, shards = split_indices(y, 1000, 0, options)
+    assert len(shards) == 1000 and all(len(s) == len(set(s)) == 50 for s in shards)
+    held_out = set(test.tolist())
+    assert not any(held_out & set(s.tolist()) for s in shards[:50])
+    # 1,000 x 50 images from a pool of 1,438: agents share images, and no two shards match.
+    assert len(set(np.concatenate(shards).tolist())) == len(y) - len(test)
+    assert len({tuple(s) for s in shards}) == 1000
+    # An agent's task draws the same shard without drawing the fleet's.
+    task = load_task("digits", context(7, n=1000, samples_per_agent=50))
+    assert task.num_train == 50
+    assert torch.equal(task._y_train, torch.from_numpy(y[shards[7]]))
+    # Unset: the disjoint split as before.
+    _, disjoint = split_indices(y, 8, 0, DigitsOptions())
+    assert len(np.concatenate(disjoint)) == len(y) - len(test)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"samples_per_agent": 0}, "option 'samples_per_agent'"),
+        ({"samples_per_agent": 10, "partition": "dirichlet"}, "cannot be combined with"),
+        ({"samples_per_agent": 1500}, "exceeds the 1438 training images"),
+    ],
+)
+def test_sampled_shard_errors_say_what_is_wrong(options: dict, message: str) -> None:
+    with pytest.raises(TaskError, match=message):
+        load_task("digits", context(**options))
+
+
 def test_every_agent_starts_from_the_same_model_but_its_own_data() -> None:
     tasks = [load_task("digits", context(i)) for i in range(3)]
     starts = [t.initial_parameters() for t in tasks]
