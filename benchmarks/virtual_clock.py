@@ -2,6 +2,7 @@
 
     python benchmarks/virtual_clock.py                       # 1,000 agents, lte-urban, 100 rounds
     python benchmarks/virtual_clock.py --agents 200 --rounds 20
+    python benchmarks/virtual_clock.py --task digits --config benchmarks/configs/digits-fleet.toml
 
 Prints wall and CPU seconds, the emulated network time, and the cost per message beside a
 baseline measured in the same run: the lock-step in-process driver with no link model over
@@ -45,11 +46,14 @@ def main() -> None:
     parser.add_argument("--loss", type=float, default=0.05)
     parser.add_argument("--area-scale", type=float, default=1.0,
                         help="scale the scenario's area (same density at more agents)")  # fmt: skip
+    parser.add_argument("--config", type=Path, default=None,
+                        help="a TOML scenario file over the preset (as airgossip run --config): "
+                        "task options, [wireless] keys such as max_out_degree")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.network == "static":
-        config = load_config(None, {
+        config = load_config(args.config, {
             "mode": "inproc", "agents": args.agents, "rounds": args.rounds,
             "task": {"name": args.task}, "topology": args.topology,
             "network": {"loss": args.loss},
@@ -62,7 +66,7 @@ def main() -> None:
             mobility["area_m"] = [float(a) * args.area_scale for a in area]
         settings = {"mode": "virtual", "agents": args.agents, "rounds": args.rounds,
                     "task": {"name": args.task}}  # fmt: skip
-        config = load_config(None, settings, base=base)
+        config = load_config(args.config, settings, base=base)
 
     with tempfile.TemporaryDirectory() as out:
         wall, cpu = time.perf_counter(), time.process_time()
@@ -104,7 +108,7 @@ def baseline(config: RunConfig, args: argparse.Namespace, per: float) -> dict[st
     edges = [[int(i), int(j)] for i, j in zip(*np.nonzero(adjacency), strict=True)]
     lockstep = load_config(None, {
         "mode": "inproc", "agents": args.agents, "rounds": args.baseline_rounds,
-        "task": {"name": args.task}, "topology": "edges", "edges": edges,
+        "task": config.task.model_dump(), "topology": "edges", "edges": edges,
         "network": {"loss": 0.0},
     })  # fmt: skip
     b_cpu = time.process_time()
