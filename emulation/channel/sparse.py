@@ -381,7 +381,9 @@ class SparseChannelModel(ChannelBase):
         interference = self._interference(is_active, on_air, src, dst, rx, hears_ptr, hears_idx)
         del on_air
         rx_mw = np.power(np.float32(10.0), rx / np.float32(10.0))
-        gain = fad.power_gain(cat["g"], self.k_factor) if cfg.fading.model != "none" else 1.0
+        g = cat.pop("g")
+        gain = fad.power_gain(g, self.k_factor) if cfg.fading.model != "none" else 1.0
+        del g
         noise_mw = np.power(10.0, self.noise_dbm / 10.0).astype(np.float32)
         sinr_lin = rx_mw * gain / (noise_mw[dst] + interference)
         del rx_mw, gain, interference
@@ -390,7 +392,7 @@ class SparseChannelModel(ChannelBase):
         index, sinr_db, rate, per, residual, goodput = self._figures(
             sinr_lin, masks, self._trace_values(t)
         )
-        del sinr_lin
+        del sinr_lin, masks
         if self.gilbert is not None and s.burst is not None:
             bad = cat["b"].astype(bool)
         elif cfg.burst.model == "fading":
@@ -400,17 +402,23 @@ class SparseChannelModel(ChannelBase):
         latency = (
             np.float32(cfg.latency_ms / 1000.0) + distance / np.float32(radio.SPEED_OF_LIGHT)
         ).astype(np.float32)
+        del index
         order = _by_node(src, n)
         indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
         loss_good, loss_bad = self._loss_states()
+        # Each figure put in order and its unordered array let go in turn (not all twice).
+        unordered = {
+            "dst": dst.astype(np.int32, copy=False), "distance_m": distance, "rx_dbm": rx,
+            "sinr_db": sinr_db, "rate_bps": rate, "per": per, "residual": residual, "bad": bad,
+            "goodput_bps": goodput, "latency_s": latency,
+        }  # fmt: skip
+        del cat, src, dst, distance, rx, sinr_db, rate, per, residual, bad, goodput, latency
+        figures = {name: unordered.pop(name)[order] for name in list(unordered)}
         return SparseLinkState(
             step=step, time_s=t, positions=pos.copy(), speeds=s.mobility.speeds.copy(),
-            indptr=indptr, dst=dst[order].astype(np.int32), distance_m=distance[order],
-            rx_dbm=rx[order], exists=np.ones(src.size, dtype=bool), sinr_db=sinr_db[order],
-            rate_bps=rate[order], per=per[order], residual=residual[order], bad=bad[order],
-            goodput_bps=goodput[order], latency_s=latency[order], hears_ptr=hears_ptr,
+            indptr=indptr, exists=np.ones(order.size, dtype=bool), hears_ptr=hears_ptr,
             hears_idx=hears_idx, access_latency_s=cfg.latency_ms / 1000.0,
-            loss_good=loss_good, loss_bad=loss_bad,
+            loss_good=loss_good, loss_bad=loss_bad, **figures,
         )  # fmt: skip
 
     def _interference(
