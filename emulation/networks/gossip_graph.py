@@ -50,7 +50,7 @@ class WirelessTopology:
             cached = self._epochs.get(k)
             if cached is None:
                 start = k * self.interval_s
-                state = self.model.at(start)
+                state = self.model.graph_state(start)
                 settings = self.model.settings
                 adjacency = gossip_adjacency(
                     state,

@@ -212,3 +212,27 @@ def test_the_row_scan_and_the_k_d_tree_give_the_same_steps(
     assert len(in_range) > 1  # pairs left the range or came into it
     assert scanned._pairs is not None and scanned._pairs.near is not None
     assert tree._pairs is not None and tree._pairs.near is None
+
+
+def test_a_graph_epochs_step_is_kept_past_the_cache_until_the_graph_asks() -> None:
+    """Transfers had steps computed past an epoch's start before the event loop reached it:
+    the graph's step comes without replaying from step 0, the same state as computed."""
+    s = settings(step_s=1.0, graph_interval_s=5.0)
+    model = SparseChannelModel(s, 40, 3, cache_steps=2)
+    computed: list[int] = []
+    advance = model._advance
+
+    def counting(step: int) -> Any:
+        computed.append(step)
+        return advance(step)
+
+    model._advance = counting  # type: ignore[method-assign]
+    assert model.graph_state(0.0) is model.state(0)
+    states = {k: model.state(k) for k in range(8)}
+    assert 5 not in model._cache  # evicted from the cache of two
+    assert model.graph_state(5.0) is states[5]
+    assert computed == list(range(8))  # each step once: no replay
+    assert model._epoch_start is None  # let go once asked for
+    fresh = SparseChannelModel(s, 40, 3).state(5)
+    for name in (*FIGURES, "indptr", "dst"):
+        assert np.array_equal(getattr(fresh, name), getattr(states[5], name)), name
