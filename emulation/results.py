@@ -239,7 +239,7 @@ def relative_error(estimates: list[np.ndarray], reference: np.ndarray) -> float 
     if not estimates:
         return None
     norm = float(np.linalg.norm(reference)) or 1.0
-    return float(max(np.linalg.norm(z - reference) for z in estimates) / norm)
+    return float(np.linalg.norm(np.stack(estimates) - reference, axis=1).max() / norm)
 
 
 def _figures(

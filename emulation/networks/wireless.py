@@ -318,7 +318,9 @@ class WirelessNetwork(Network):
         """Per-round link figures into ``results``; replay logs when the scenario records."""
         annotate_rounds(results, records)
         rows = [r for r in results.rounds if r.gossip_links is not None]
-        epochs = max((r.metrics.get("graph_epoch", 0) for rs in records.values() for r in rs),
+        # An agent's records are in time order and the epochs only grow: its last has its
+        # latest epoch.
+        epochs = max((rs[-1].metrics.get("graph_epoch", 0) for rs in records.values() if rs),
                      default=0)  # fmt: skip
         figures = WirelessFigures(
             scenario=self.settings.name,
