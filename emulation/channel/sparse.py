@@ -31,16 +31,13 @@ from emulation.channel.base import BURST, FADING, LOS, MOBILITY, SHADOW, Channel
 from emulation.channel.draws import DenseDraws, Draws, StreamDraws
 from emulation.channel.heap import keep_block_temporaries
 from emulation.channel.mobility import MobilityState
+from emulation.channel.pairs import BLOCK_PAIRS, by_node, pair_distances, scan_rows
 from emulation.channel.state import SparseLinkState
 from emulation.scenario import WirelessSettings
 
-#: Pairs computed at once (both ways): bounds a step's temporaries.
-BLOCK_PAIRS = 1 << 21
 #: Up to this many node pairs, the pairs in range are found by measuring every pair, a block
-#: of rows at a time, when they are most of the pairs (see :meth:`SparseChannelModel._rows`).
+#: of rows at a time, when they are most of the pairs (:func:`.pairs.scan_rows`).
 ROW_SCAN_PAIRS = 1 << 27
-#: Rows of the pair matrix measured at once by the row scan.
-ROW_SCAN_BLOCK = 256
 
 #: Shadowing in a link's favour, in standard deviations, that the range still covers.
 SHADOW_MARGIN = 3.0
@@ -56,7 +53,7 @@ class _Pairs:
     mobility: MobilityState
     keys: np.ndarray  # int64
     distance: np.ndarray  # float32 metres
-    near: np.ndarray | None  # bool: which pairs of the row scan are the keys (see _rows)
+    near: np.ndarray | None  # bool: which pairs of the row scan are the keys (see pairs.scan_rows)
     shadow: np.ndarray  # float32, unit variance
     los_draw: np.ndarray  # float32 uniform: line of sight while below P_LOS(d)
     scatter: np.ndarray  # complex64 (2, p): [0] i -> j, [1] j -> i
@@ -126,7 +123,7 @@ class SparseChannelModel(ChannelBase):
         self, positions: np.ndarray, previous: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The keys of the pairs in range, sorted, their distances (float32) and, where
-        the row scan found them, its flags (:meth:`_rows`).
+        the row scan found them, its flags (:func:`~emulation.channel.pairs.scan_rows`).
 
         ``previous``: how many pairs the step before held (picks how they are found; the
         pairs and distances are the same either way)."""
@@ -134,7 +131,7 @@ class SparseChannelModel(ChannelBase):
         if self._covers_area:
             i, j = np.triu_indices(n, 1)
             keys = i.astype(np.int64) * n + j
-            return keys, self._distances(positions, keys), None
+            return keys, pair_distances(positions, keys, n), None
         pairs = n * (n - 1) // 2
         if pairs <= ROW_SCAN_PAIRS:
             if previous is None:
@@ -143,7 +140,7 @@ class SparseChannelModel(ChannelBase):
             else:
                 share = previous / max(1, pairs)
             if share >= 0.25:
-                return self._rows(positions)
+                return scan_rows(positions, self.range_m)
         found = cKDTree(positions).query_pairs(self.range_m, output_type="ndarray")
         i, j = found[:, 0], found[:, 1]  # i < j
         keys = i.astype(np.int64) * n + j
@@ -151,51 +148,7 @@ class SparseChannelModel(ChannelBase):
         # runs as they are (2.0 s against 3.5 s for 46 M pairs; the keys are unique, so
         # both give the same array).
         keys.sort(kind="stable")
-        return keys, self._distances(positions, keys), None
-
-    def _distances(self, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        n = self.n
-        out = np.empty(keys.size, dtype=np.float32)
-        for lo in range(0, keys.size, BLOCK_PAIRS):
-            block = keys[lo : lo + BLOCK_PAIRS]
-            i, j = block // n, block % n
-            out[lo : lo + block.size] = np.sqrt(((positions[i] - positions[j]) ** 2).sum(-1))
-        return out
-
-    def _rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every pair measured, :data:`ROW_SCAN_BLOCK` rows at a time: where most pairs are
-        in range (lte-urban's 2 km square at 10,000 nodes: 46.5 M of 50 M) this is cheaper
-        than the k-d tree and the sort of its pairs, and lists the keys in order. The test
-        is the k-d tree's (squared distance at most the squared range), and the distances
-        are those :meth:`_distances` gives, to the bit. Its flags (one per pair of the
-        scanned blocks, in the order of the keys) tell the next step which pairs stayed in
-        range without a search."""
-        n = self.n
-        x, y = positions[:, 0], positions[:, 1]
-        r2 = float(self.range_m) ** 2
-        keys, dist, flags = [], [], []
-        for lo in range(0, n - 1, ROW_SCAN_BLOCK):
-            hi, c0 = min(n, lo + ROW_SCAN_BLOCK), lo + 1  # rows lo..hi-1, columns c0..n-1
-            rows, width = hi - lo, n - c0
-            d2 = np.subtract.outer(x[lo:hi], x[c0:])
-            dy = np.subtract.outer(y[lo:hi], y[c0:])
-            d2 *= d2
-            dy *= dy
-            d2 += dy
-            del dy
-            near = d2 <= r2
-            near[:, :rows] &= np.triu(np.ones((rows, min(rows, width)), dtype=bool))  # j > i
-            at = np.flatnonzero(near)
-            per_row = np.count_nonzero(near, axis=1)
-            flags.append(near.ravel())
-            del near
-            row_start = lo * n + c0 + np.arange(rows, dtype=np.int64) * (n - width)
-            keys.append(at + np.repeat(row_start, per_row))
-            dist.append(np.sqrt(d2.ravel()[at]).astype(np.float32))
-            del d2, at
-        if not keys:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), np.zeros(0, bool)
-        return np.concatenate(keys), np.concatenate(dist), np.concatenate(flags)
+        return keys, pair_distances(positions, keys, n), None
 
     def _reverse(self, keys: np.ndarray) -> np.ndarray:
         """The keys of the pairs' other direction (only the dense draws look at keys)."""
@@ -361,7 +314,7 @@ class SparseChannelModel(ChannelBase):
         # One figure at a time, its blocks let go as it is joined (not every figure twice).
         # The links j -> i first: a sender's links j -> i (i < j, in the pairs' order: i
         # ascending) then its links i -> j (j ascending) are its links by receiver, so a
-        # stable sort by sender alone puts them in order (:func:`_by_node`).
+        # stable sort by sender alone puts them in order (:func:`~emulation.channel.pairs.by_node`).
         cat: dict[str, np.ndarray] = {}
         for name in list(kept):
             forward, backward = kept.pop(name)
@@ -374,7 +327,7 @@ class SparseChannelModel(ChannelBase):
         h_rows = np.concatenate([*heard[0][0], diagonal, *heard[1][0]])
         h_cols = np.concatenate([*heard[0][1], diagonal, *heard[1][1]])
         del heard
-        order = _by_node(h_rows, n)
+        order = by_node(h_rows, n)
         hears_idx = h_cols[order]
         hears_ptr = np.concatenate([[0], np.cumsum(np.bincount(h_rows, minlength=n))])
         del h_rows, h_cols, order
@@ -403,7 +356,7 @@ class SparseChannelModel(ChannelBase):
             np.float32(cfg.latency_ms / 1000.0) + distance / np.float32(radio.SPEED_OF_LIGHT)
         ).astype(np.float32)
         del index
-        order = _by_node(src, n)
+        order = by_node(src, n)
         indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
         loss_good, loss_bad = self._loss_states()
         # Each figure put in order and its unordered array let go in turn (not all twice).
@@ -465,11 +418,3 @@ class SparseChannelModel(ChannelBase):
             hit = h_keys[at] == wanted
             values[hit] = heard.data[at[hit]]
         return np.asarray(np.maximum(total[js] - values, 0.0), dtype=np.float32)
-
-
-def _by_node(nodes: np.ndarray, n: int) -> np.ndarray:
-    """The stable order of entries by node (a radix sort on 16-bit node numbers where they
-    fit: 0.2 s against 2-3 s for 19 M links)."""
-    if n <= 1 << 16:
-        return np.argsort(nodes.astype(np.uint16), kind="stable")
-    return np.argsort(nodes, kind="stable")
