@@ -9,7 +9,6 @@ are cached.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections import OrderedDict
@@ -30,9 +29,6 @@ LINK_STATE_BYTES = 35
 #: is recomputed from step 0 when asked again (the same values, slowly); the drivers ask in
 #: time order, looking ahead only as long as a message is on the air.
 CACHE_BYTES = 1 << 29
-
-#: Steps the cache must keep for :meth:`ChannelBase.prefetch` to compute one ahead.
-PREFETCH_MIN_CACHE = 4
 
 # Streams of random draws (the second key of every generator).
 MOBILITY, SHADOW, LOS, FADING, BURST, ACTIVE = 1, 2, 3, 4, 5, 6
@@ -107,7 +103,6 @@ class ChannelBase:
         self._cache_steps = max(2, cache_steps)
         self._cursor = -1
         self._lock = threading.RLock()  # shapers and graph builders share one model
-        self._ahead: threading.Thread | None = None
         # The latest step a gossip graph epoch starts at, kept past the cache until the graph
         # asks for it (:meth:`graph_state`).
         self._epoch_start: tuple[int, AnyLinkState] | None = None
@@ -162,35 +157,8 @@ class ChannelBase:
 
     def state(self, step: int) -> AnyLinkState:
         """The link state of step ``step`` (computing the steps before it if needed)."""
-        if not self._lock.acquire(blocking=False):
-            # A step computed ahead holds the lock: a step already kept needs no wait.
-            cached = self._cache.get(step)
-            if cached is not None:
-                return cached
-            self._lock.acquire()
-        try:
+        with self._lock:
             return self._state(step)
-        finally:
-            self._lock.release()
-
-    def prefetch(self, step: int) -> None:
-        """Compute ``step`` in the background if it is the next one and the cache keeps at
-        least four steps (so that it evicts none still asked for). Its array work runs in
-        NumPy with the interpreter's lock released, so on a machine with a core to spare it
-        overlaps the caller's own work; the state is the one :meth:`state` computes."""
-        if self._cache_steps < PREFETCH_MIN_CACHE or step != self._cursor + 1:
-            return
-        if self._ahead is not None and self._ahead.is_alive():
-            return
-        self._ahead = threading.Thread(
-            target=self._compute_ahead, args=(step,), name="channel-ahead", daemon=True
-        )
-        self._ahead.start()
-
-    def _compute_ahead(self, step: int) -> None:
-        # Whoever asks for the step meets the same error, in its own thread.
-        with contextlib.suppress(Exception):
-            self.state(step)
 
     def graph_state(self, time_s: float) -> AnyLinkState:
         """The state the gossip graph epoch starting at ``time_s`` is built from.

@@ -319,7 +319,6 @@ class WirelessLinkShaper:
         view = self._views.get(step)
         if view is None:
             view = self._views[step] = _StepLinks(self.model.state(step))
-            self.model.prefetch(step + 1)  # messages go on in time order: the next step
             floor = self._start_step - _KEEP_BEHIND
             for old in [s for s in self._views if s < floor]:
                 del self._views[old]

@@ -1,5 +1,4 @@
-"""The shaper's quick paths give its reference answers: a push's messages decided at once,
-the channel's next step computed ahead."""
+"""A push's messages decided at once get the verdicts they get asked one by one."""
 
 from __future__ import annotations
 
@@ -38,24 +37,3 @@ def test_a_push_decided_at_once_equals_its_messages_asked_one_by_one() -> None:
     assert one.counters == many.counters
     drops = sum(m.drop for m in one.journal or [])
     assert 0 < drops < len(one.journal or [])  # both kinds of verdict were compared
-
-
-def test_a_step_computed_ahead_is_the_step_computed_when_asked() -> None:
-    settings = WirelessSettings.model_validate(
-        {"mobility": {"model": "gauss-markov", "area_m": [400, 400]}, "activity": 0.3,
-         "fading": {"model": "rayleigh"}, "step_s": 0.1}
-    )  # fmt: skip
-    ahead, asked = ChannelModel(settings, 60, 9), ChannelModel(settings, 60, 9)
-    for step in range(6):
-        kept = ahead.state(step)
-        ahead.prefetch(step + 1)
-        assert ahead.state(step) is kept  # a kept step while the next one is computed
-        assert ahead._ahead is not None
-        ahead._ahead.join(timeout=60)
-        assert ahead._cursor == step + 1  # computed in the background, not when asked
-        mine, reference = ahead.state(step + 1), asked.state(step + 1)
-        for name in ("rx_dbm", "sinr_db", "rate_bps", "per", "goodput_bps", "hears", "bad"):
-            assert np.array_equal(getattr(mine, name), getattr(reference, name)), name
-    started = ahead._ahead
-    ahead.prefetch(3)  # not the next step: nothing is started
-    assert ahead._ahead is started and ahead._cursor == 6
