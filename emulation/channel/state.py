@@ -8,13 +8,16 @@ existing links with their figures in order of sender then receiver.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from emulation.channel import radio
 
+#: The figures a link verdict does not read (:meth:`SparseLinkState.for_verdicts` leaves them
+#: out).
+NOT_FOR_VERDICTS = ("distance_m", "rx_dbm", "sinr_db", "rate_bps", "per")
 #: The per-link figures a state holds, by the name of their array.
 FIGURES = ("distance_m", "rx_dbm", "sinr_db", "rate_bps", "per", "residual", "bad",
            "goodput_bps", "latency_s")  # fmt: skip
@@ -185,6 +188,16 @@ class SparseLinkState:
         return chunk_loss_probability(True, bool(self.bad[link]), float(self.residual[link]),
                                       nbytes, packet_bytes, self.loss_good,
                                       self.loss_bad)  # fmt: skip
+
+    def for_verdicts(self) -> SparseLinkState:
+        """This state with only what a message's verdict reads (the links, whether they
+        exist, burst state, residual loss, goodput, latency, who hears whom; the arrays
+        shared, not copied). A link shaper holds it for the steps it may still be asked
+        about, so that a step past the model's own cache keeps about half its bytes
+        (:data:`NOT_FOR_VERDICTS` are empty in it: asking for them is an error)."""
+        empty = np.zeros(0, dtype=np.float32)
+        return replace(self, distance_m=empty, rx_dbm=empty, sinr_db=empty, rate_bps=empty,
+                       per=empty)  # fmt: skip
 
     def hears_of(self, i: int) -> np.ndarray:
         """The nodes node ``i`` hears (itself included), as indices."""

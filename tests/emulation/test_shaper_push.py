@@ -37,3 +37,31 @@ def test_a_push_decided_at_once_equals_its_messages_asked_one_by_one() -> None:
     assert one.counters == many.counters
     drops = sum(m.drop for m in one.journal or [])
     assert 0 < drops < len(one.journal or [])  # both kinds of verdict were compared
+
+
+def test_a_state_for_verdicts_answers_what_a_verdict_asks_and_holds_no_more() -> None:
+    from emulation.channel.sparse import SparseChannelModel
+    from emulation.channel.state import NOT_FOR_VERDICTS, SparseLinkState
+
+    settings = WirelessSettings.model_validate(
+        {"mobility": {"model": "gauss-markov", "area_m": [600, 600]}, "activity": 0.3,
+         "burst": {"model": "fading"}}
+    )  # fmt: skip
+    full = SparseChannelModel(settings, 80, 4).state(2)
+    assert isinstance(full, SparseLinkState)
+    slim = full.for_verdicts()
+    rng = np.random.default_rng(5)
+    for i, j in rng.integers(0, 80, size=(400, 2)):
+        i, j = int(i), int(j)
+        link = full.link(i, j)
+        assert slim.link(i, j) == link
+        assert (slim.has(link), slim.latency(link, i, j)) == (
+            full.has(link),
+            full.latency(link, i, j),
+        )
+        for nbytes in (1_000, 300_000):
+            assert slim.chunk_loss_at(link, nbytes, 1500) == full.chunk_loss_at(link, nbytes, 1500)
+        assert np.array_equal(slim.hears_of(i), full.hears_of(i))
+    assert full.link_count() > 100 and slim.residual is full.residual  # shared, not copied
+    held = sum(getattr(slim, name).nbytes for name in NOT_FOR_VERDICTS)
+    assert held == 0 and sum(getattr(full, name).nbytes for name in NOT_FOR_VERDICTS) > 0
