@@ -71,6 +71,20 @@ def gossip_adjacency(
     return adjacency
 
 
+def _by_sender_strongest_first(src: np.ndarray, strength: np.ndarray) -> np.ndarray:
+    """The order of ``np.lexsort((-strength, src))`` (by sender, the strongest first, ties in
+    the order given) by one stable sort of one 64-bit key: the sender above the 32 bits of
+    ``-strength`` (float32) mapped to an unsigned integer that orders as the float does.
+    Half the time of the two sorts at 19 M links."""
+    if strength.dtype != np.float32:  # the key holds float32 only
+        return np.lexsort((-strength, src))
+    negated = -strength + np.float32(0.0)  # -0.0 as 0.0: the float order ties them
+    bits = negated.view(np.uint32).astype(np.int64)
+    key = np.where(bits & 0x80000000, ~bits & 0xFFFFFFFF, bits | 0x80000000)
+    key |= src.astype(np.int64) << 32
+    return np.argsort(key, kind="stable")
+
+
 def _sparse_gossip_adjacency(
     state: SparseLinkState,
     max_out_degree: int,
@@ -89,7 +103,7 @@ def _sparse_gossip_adjacency(
     if margin_db > 0 and sensitivity_dbm is not None:
         preferred = np.where(strength >= sensitivity_dbm[dst] + margin_db, strength, -np.inf)
     k = min(max_out_degree, n - 1)
-    order = np.lexsort((-preferred, src))  # by sender, the strongest first
+    order = _by_sender_strongest_first(src, preferred)
     ranked = src[order]
     rank = np.arange(order.size) - np.searchsorted(ranked, ranked, side="left")
     chosen = order[(rank < k) & np.isfinite(preferred[order])]

@@ -236,3 +236,19 @@ def test_a_graph_epochs_step_is_kept_past_the_cache_until_the_graph_asks() -> No
     fresh = SparseChannelModel(s, 40, 3).state(5)
     for name in (*FIGURES, "indptr", "dst"):
         assert np.array_equal(getattr(fresh, name), getattr(states[5], name)), name
+
+
+def test_the_strongest_first_order_is_the_two_key_sorts_order() -> None:
+    from emulation.channel.graph import _by_sender_strongest_first
+
+    rng = np.random.default_rng(12)
+    src = np.sort(rng.integers(0, 300, 20_000)).astype(np.int32)
+    strength = np.round(rng.normal(-80, 10, src.size)).astype(np.float32)  # many ties
+    strength[rng.random(src.size) < 0.2] = -np.inf
+    strength[:50] = 0.0
+    strength[50:100] = -0.0
+    strength[100:120] = np.float32(3.4e38)
+    expected = np.lexsort((-strength, src))
+    assert np.array_equal(_by_sender_strongest_first(src, strength), expected)
+    as64 = strength.astype(np.float64)
+    assert np.array_equal(_by_sender_strongest_first(src, as64), np.lexsort((-as64, src)))
