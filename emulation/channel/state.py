@@ -199,6 +199,15 @@ class SparseLinkState:
         return replace(self, distance_m=empty, rx_dbm=empty, sinr_db=empty, rate_bps=empty,
                        per=empty)  # fmt: skip
 
+    def for_graph(self) -> SparseLinkState:
+        """This state with only what a gossip graph is built from (the links, whether they
+        exist, their received power; the arrays shared): what the model keeps of an epoch's
+        first step until the graph asks for it. Every other figure is empty in it."""
+        empty = np.zeros(0, dtype=np.float32)
+        return replace(self, distance_m=empty, sinr_db=empty, rate_bps=empty, per=empty,
+                       residual=empty, bad=np.zeros(0, dtype=bool), goodput_bps=empty,
+                       latency_s=empty, hears_idx=np.zeros(0, dtype=np.int32))  # fmt: skip
+
     def hears_of(self, i: int) -> np.ndarray:
         """The nodes node ``i`` hears (itself included), as indices."""
         return self.hears_idx[self.hears_ptr[i] : self.hears_ptr[i + 1]]

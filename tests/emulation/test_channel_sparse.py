@@ -227,10 +227,15 @@ def test_a_graph_epochs_step_is_kept_past_the_cache_until_the_graph_asks() -> No
         return advance(step)
 
     model._advance = counting  # type: ignore[method-assign]
-    assert model.graph_state(0.0) is model.state(0)
+    first = model.graph_state(0.0)
+    assert first.rx_dbm is model.state(0).rx_dbm  # what the graph reads, not copied
     states = {k: model.state(k) for k in range(8)}
     assert 5 not in model._cache  # evicted from the cache of two
-    assert model.graph_state(5.0) is states[5]
+    kept = model.graph_state(5.0)
+    assert isinstance(kept, SparseLinkState) and kept.rx_dbm is states[5].rx_dbm
+    assert kept.sinr_db.size == 0 and kept.latency_s.size == 0  # only what the graph reads
+    assert np.array_equal(gossip_adjacency(kept, 3), gossip_adjacency(states[5], 3))
+    assert kept.link_count() == states[5].link_count()
     assert computed == list(range(8))  # each step once: no replay
     assert model._epoch_start is None  # let go once asked for
     fresh = SparseChannelModel(s, 40, 3).state(5)
