@@ -134,6 +134,19 @@ def test_the_ledger_reads_only_a_senders_carrier_sense_domain() -> None:
         assert dense == pytest.approx(expected, rel=1e-12)
 
 
+def _count_steps(model: SparseChannelModel) -> list[int]:
+    """The steps ``model`` computes from here on, in order (a replay shows as a repeat)."""
+    computed: list[int] = []
+    advance = model._advance
+
+    def counting(step: int) -> Any:
+        computed.append(step)
+        return advance(step)
+
+    model._advance = counting  # type: ignore[method-assign]
+    return computed
+
+
 def test_the_shaper_asks_the_model_for_each_step_once() -> None:
     """Messages in time order whose transfers run into the next step: the shaper keeps the
     steps it may still be asked for, so the model (two steps cached) computes each step once
@@ -145,14 +158,7 @@ def test_the_shaper_asks_the_model_for_each_step_once() -> None:
     model = SparseChannelModel(s, 40, 3, cache_steps=2)
     now = [0.0]
     shaper = WirelessLinkShaper(model, [f"a{i}" for i in range(40)], lambda: now[0])
-    computed: list[int] = []
-    advance = model._advance
-
-    def counting(step: int) -> Any:
-        computed.append(step)
-        return advance(step)
-
-    model._advance = counting  # type: ignore[method-assign]
+    computed = _count_steps(model)
     starts = np.sort(np.random.default_rng(1).random(400)) * 0.6
     verdicts = []
     for k, start in enumerate(starts):
@@ -219,14 +225,7 @@ def test_a_graph_epochs_step_is_kept_past_the_cache_until_the_graph_asks() -> No
     the graph's step comes without replaying from step 0, the same state as computed."""
     s = settings(step_s=1.0, graph_interval_s=5.0)
     model = SparseChannelModel(s, 40, 3, cache_steps=2)
-    computed: list[int] = []
-    advance = model._advance
-
-    def counting(step: int) -> Any:
-        computed.append(step)
-        return advance(step)
-
-    model._advance = counting  # type: ignore[method-assign]
+    computed = _count_steps(model)
     first = model.graph_state(0.0)
     assert first.rx_dbm is model.state(0).rx_dbm  # what the graph reads, not copied
     states = {k: model.state(k) for k in range(8)}
