@@ -195,9 +195,8 @@ class SparseLinkState:
         shared, not copied). A link shaper holds it for the steps it may still be asked
         about, so that a step past the model's own cache keeps about half its bytes
         (:data:`NOT_FOR_VERDICTS` are empty in it: asking for them is an error)."""
-        empty = np.zeros(0, dtype=np.float32)
-        return replace(self, distance_m=empty, rx_dbm=empty, sinr_db=empty, rate_bps=empty,
-                       per=empty)  # fmt: skip
+        empty: dict[str, Any] = dict.fromkeys(NOT_FOR_VERDICTS, np.zeros(0, dtype=np.float32))
+        return replace(self, **empty)
 
     def for_graph(self) -> SparseLinkState:
         """This state with only what a gossip graph is built from (the links, whether they
