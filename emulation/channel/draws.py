@@ -1,5 +1,9 @@
 """Random draws per link, addressed by the link's key (``i * n + j``).
 
+Complex draws come as two float32 rows, the real parts and the imaginary parts (``(2, k)``):
+each part is drawn straight into its row (the parts of a complex64 array are strided, and
+filling them costs twice the draw at 10,000 nodes).
+
 :class:`StreamDraws` draws as many values as keys from a generator of its own per
 ``(seed, stream, step, sub)``, so a model that holds only the links in range draws for
 exactly those. :class:`DenseDraws` (``sub`` ignored) gives the dense model's draws (a whole
@@ -15,10 +19,6 @@ import numpy as np
 
 from emulation.channel import fading as fad
 
-#: Values drawn at once into a scratch array (then copied where they go).
-DRAW_BLOCK = 1 << 20
-
-
 class Draws(Protocol):
     def uniform(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray: ...
 
@@ -26,7 +26,10 @@ class Draws(Protocol):
 
     def complex_normal(
         self, stream: int, step: int, keys: np.ndarray, sub: int = 0, out: np.ndarray | None = None
-    ) -> np.ndarray: ...
+    ) -> np.ndarray:
+        """``CN(0, 1)`` as float32 ``(2, len(keys))``: real parts, imaginary parts (into
+        ``out`` where given)."""
+        ...
 
 
 class StreamDraws:
@@ -49,20 +52,15 @@ class StreamDraws:
     def complex_normal(
         self, stream: int, step: int, keys: np.ndarray, sub: int = 0, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """The real parts, then the imaginary parts, drawn :data:`DRAW_BLOCK` at a time
-        (the generator's stream does not depend on how it is split), into ``out`` where
-        given."""
+        """The real parts, then the imaginary parts, each drawn straight into its row (of
+        ``out`` where given)."""
         rng = self._rng(stream, step, sub)
         size = len(keys)
         if out is None:
-            out = np.empty(size, dtype=np.complex64)
-        scratch = np.empty(min(size, DRAW_BLOCK), dtype=np.float32)
-        for part in (out.real, out.imag):
-            for lo in range(0, size, DRAW_BLOCK):
-                chunk = scratch[: min(DRAW_BLOCK, size - lo)]
-                rng.standard_normal(out=chunk, dtype=np.float32)
-                part[lo : lo + chunk.size] = chunk
-        out *= np.float32(np.sqrt(0.5))
+            out = np.empty((2, size), dtype=np.float32)
+        for part in out:
+            rng.standard_normal(out=part, dtype=np.float32)
+            part *= np.float32(np.sqrt(0.5))
         return out
 
 
@@ -87,8 +85,8 @@ class DenseDraws:
     def complex_normal(
         self, stream: int, step: int, keys: np.ndarray, sub: int = 0, out: np.ndarray | None = None
     ) -> np.ndarray:
-        full = fad.complex_normal(self._rng(stream, step), (self.n, self.n))
+        full = fad.complex_normal(self._rng(stream, step), (self.n, self.n)).ravel()[keys]
         if out is None:
-            return np.asarray(full.ravel()[keys])
-        out[...] = full.ravel()[keys]
+            out = np.empty((2, len(keys)), dtype=np.float32)
+        out[0], out[1] = full.real, full.imag
         return out

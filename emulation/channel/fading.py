@@ -32,7 +32,7 @@ def complex_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarr
 
 def ar1_scale(rho: np.ndarray) -> np.ndarray:
     """``sqrt(1 - rho^2)`` (float32), the weight of the innovation in :func:`ar1_step`."""
-    rho = rho.astype(np.float32)
+    rho = rho.astype(np.float32, copy=False)
     return np.asarray(np.sqrt(np.maximum(1.0 - rho**2, 0.0)))
 
 
@@ -46,12 +46,13 @@ def ar1_step(
 
     ``J0`` goes negative past its first zero; the AR(1) recursion uses it as it is, which
     reproduces the sign of the Jakes correlation at that lag. ``scale``: ``ar1_scale(rho)``
-    where the caller has it (both directions of a pair share ``rho``).
+    where the caller has it (both directions of a pair share ``rho``). ``g`` is complex64,
+    or one of its parts (float32): the same values (a real factor scales each part alike).
     """
-    rho = rho.astype(np.float32)
+    rho = rho.astype(np.float32, copy=False)
     if scale is None:
         scale = ar1_scale(rho)
-    return np.asarray(rho * previous + scale * innovation, dtype=np.complex64)
+    return np.asarray(rho * previous + scale * innovation, dtype=previous.dtype)
 
 
 def power_gain(g: np.ndarray, k_factor_linear: float | None) -> np.ndarray:
@@ -61,3 +62,12 @@ def power_gain(g: np.ndarray, k_factor_linear: float | None) -> np.ndarray:
     k = k_factor_linear
     h = np.sqrt(k / (k + 1.0)) + np.sqrt(1.0 / (k + 1.0)) * g
     return np.asarray(np.abs(h) ** 2)
+
+
+def power_gain_parts(re: np.ndarray, im: np.ndarray, k_factor_linear: float | None) -> np.ndarray:
+    """:func:`power_gain` of ``g`` given as its real and imaginary parts (float32): the
+    parts put together as complex64 first, so the values are :func:`power_gain`'s own (a
+    magnitude computed from the parts apart may differ in the last bit)."""
+    g = np.empty(re.shape, dtype=np.complex64)
+    g.real, g.imag = re, im
+    return power_gain(g, k_factor_linear)

@@ -56,7 +56,7 @@ class _Pairs:
     near: np.ndarray | None  # bool: which pairs of the row scan are the keys (see pairs.scan_rows)
     shadow: np.ndarray  # float32, unit variance
     los_draw: np.ndarray  # float32 uniform: line of sight while below P_LOS(d)
-    scatter: np.ndarray  # complex64 (2, p): [0] i -> j, [1] j -> i
+    scatter: np.ndarray  # float32 (2, 2, p): [0] i -> j, [1] j -> i; real, imaginary parts
     burst: np.ndarray | None  # bool (p, 2) Gilbert-Elliott states
 
 
@@ -159,7 +159,7 @@ class SparseChannelModel(ChannelBase):
     def _first(self, mob: MobilityState) -> _Pairs:
         keys, distance, near = self._candidates(mob.positions)
         d = self.draws
-        scatter = np.empty((2, keys.size), dtype=np.complex64)
+        scatter = np.empty((2, 2, keys.size), dtype=np.float32)
         d.complex_normal(FADING, 0, keys, out=scatter[0])
         d.complex_normal(FADING, 0, self._reverse(keys), 1, out=scatter[1])
         burst = None
@@ -213,7 +213,7 @@ class SparseChannelModel(ChannelBase):
         los[new] = d.uniform(LOS, 0, keys[new], step + 1)  # the dense draws ignore the sub
         del new
         reverse = self._reverse(keys)
-        scatter = np.empty((2, keys.size), dtype=np.complex64)
+        scatter = np.empty((2, 2, keys.size), dtype=np.float32)
         d.complex_normal(FADING, step, keys, out=scatter[0])
         d.complex_normal(FADING, step, reverse, 1, out=scatter[1])
         # Pairs still in range continue their processes: a block of pairs at a time, so the
@@ -245,9 +245,9 @@ class SparseChannelModel(ChannelBase):
             rho = fad.doppler_correlation(radio.doppler_hz(v, self.frequency_hz), dt)
             rho = rho.astype(np.float32)
             scale = fad.ar1_scale(rho)
-            for side in (0, 1):
-                fresh = scatter[side, block]
-                fresh[kept] = fad.ar1_step(s.scatter[side, old], rho, fresh[kept], scale)
+            for side, part in ((0, 0), (0, 1), (1, 0), (1, 1)):
+                fresh = scatter[side, part, block]
+                fresh[kept] = fad.ar1_step(s.scatter[side, part, old], rho, fresh[kept], scale)
         s.shadow = s.los_draw = s.scatter = np.zeros(0, dtype=np.float32)  # used up
         burst = None
         if self.gilbert is not None and s.burst is not None:
@@ -276,7 +276,7 @@ class SparseChannelModel(ChannelBase):
         sens = sens[:1] if (sens == sens[0]).all() else sens
         # Per figure, the blocks of each direction: (i -> j, j -> i) for the pairs i < j.
         kept: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
-            k: ([], []) for k in ("src", "dst", "rx", "d", "g", "b")
+            k: ([], []) for k in ("src", "dst", "rx", "d", "re", "im", "b")
         }
         # Per direction, the nodes that hear and the nodes they hear.
         heard: tuple[tuple[list[np.ndarray], list[np.ndarray]], ...] = (([], []), ([], []))
@@ -307,7 +307,8 @@ class SparseChannelModel(ChannelBase):
                 kept["dst"][side].append(b[k].astype(np.int32))
                 kept["rx"][side].append(rx[k])
                 kept["d"][side].append(d[k])
-                kept["g"][side].append(s.scatter[side, block][k])
+                kept["re"][side].append(s.scatter[side, 0, block][k])
+                kept["im"][side].append(s.scatter[side, 1, block][k])
                 if s.burst is not None:
                     kept["b"][side].append(s.burst[block, side][k])
             del loss, sigma, faded
@@ -321,7 +322,6 @@ class SparseChannelModel(ChannelBase):
             blocks = backward + forward
             cat[name] = np.concatenate(blocks) if blocks else np.zeros(0)
             del forward, backward, blocks
-        src, dst, rx, distance = cat["src"], cat["dst"], cat["rx"], cat["d"]
         # Likewise a node hears i < it (the links i -> j), itself, then j > it (j -> i).
         diagonal = np.arange(n, dtype=np.int32)
         h_rows = np.concatenate([*heard[0][0], diagonal, *heard[1][0]])
@@ -331,76 +331,92 @@ class SparseChannelModel(ChannelBase):
         hears_idx = h_cols[order]
         hears_ptr = np.concatenate([[0], np.cumsum(np.bincount(h_rows, minlength=n))])
         del h_rows, h_cols, order
-        interference = self._interference(is_active, on_air, src, dst, rx, hears_ptr, hears_idx)
+        interferers = self._interferers(is_active, on_air, hears_ptr, hears_idx)
         del on_air
+        # The links put in order (by sender, then receiver) before their figures are
+        # computed, each joined array let go as it is put in order; then the figures a block
+        # of links at a time straight into the step's arrays (every figure is element-wise:
+        # the same values as over the whole arrays, without whole-size temporaries).
+        src = cat["src"]
+        order = by_node(src, n)
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
+        if s.burst is None:
+            del cat["b"]  # (no blocks of states)
+        links = {name: cat.pop(name)[order] for name in list(cat)}
+        del order, src
+        t = step * self.step_s
+        trace_values = self._trace_values(t)
+        figures: dict[str, np.ndarray] = {}
+        total = links["src"].size
+        for lo in range(0, max(1, total), BLOCK_PAIRS):
+            part = slice(lo, lo + BLOCK_PAIRS)
+            block = self._link_figures({name: a[part] for name, a in links.items()},
+                                       interferers, trace_values)  # fmt: skip
+            for name, values in block.items():
+                out = figures.get(name)
+                if out is None:
+                    out = figures[name] = np.empty(total, dtype=values.dtype)
+                out[part] = values
+            del block
+        del links["src"], links["re"], links["im"]
+        loss_good, loss_bad = self._loss_states()
+        return SparseLinkState(
+            step=step, time_s=t, positions=pos.copy(), speeds=s.mobility.speeds.copy(),
+            indptr=indptr, exists=np.ones(total, dtype=bool), hears_ptr=hears_ptr,
+            hears_idx=hears_idx, access_latency_s=cfg.latency_ms / 1000.0,
+            loss_good=loss_good, loss_bad=loss_bad, dst=links["dst"].astype(np.int32, copy=False),
+            distance_m=links["d"], rx_dbm=links["rx"], **figures,
+        )  # fmt: skip
+
+    def _link_figures(
+        self, links: dict[str, np.ndarray], interferers: _Interferers, trace_values: list[np.float32]
+    ) -> dict[str, np.ndarray]:
+        """The figures of a block of links (``links``: their senders, receivers, received
+        power, distance, fading parts and burst states, as :meth:`_link_state` joins them)."""
+        cfg = self.settings
+        src, dst, rx = links["src"], links["dst"], links["rx"]
+        interference = interferers.at(src, dst, rx)
         rx_mw = np.power(np.float32(10.0), rx / np.float32(10.0))
-        g = cat.pop("g")
-        gain = fad.power_gain(g, self.k_factor) if cfg.fading.model != "none" else 1.0
-        del g
+        re, im = links["re"], links["im"]
+        gain = fad.power_gain_parts(re, im, self.k_factor) if cfg.fading.model != "none" else 1.0
         noise_mw = np.power(10.0, self.noise_dbm / 10.0).astype(np.float32)
         sinr_lin = rx_mw * gain / (noise_mw[dst] + interference)
         del rx_mw, gain, interference
-        t = step * self.step_s
         masks = [mask[src, dst] for _, mask in self.trace_links]
-        index, sinr_db, rate, per, residual, goodput = self._figures(
-            sinr_lin, masks, self._trace_values(t)
-        )
+        index, sinr_db, rate, per, residual, goodput = self._figures(sinr_lin, masks, trace_values)
         del sinr_lin, masks
-        if self.gilbert is not None and s.burst is not None:
-            bad = cat["b"].astype(bool)
+        if self.gilbert is not None and "b" in links:
+            bad = links["b"].astype(bool)
         elif cfg.burst.model == "fading":
             bad = index < 0
         else:
             bad = np.zeros(src.size, dtype=bool)
         latency = (
-            np.float32(cfg.latency_ms / 1000.0) + distance / np.float32(radio.SPEED_OF_LIGHT)
+            np.float32(cfg.latency_ms / 1000.0) + links["d"] / np.float32(radio.SPEED_OF_LIGHT)
         ).astype(np.float32)
-        del index
-        order = by_node(src, n)
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
-        loss_good, loss_bad = self._loss_states()
-        # Each figure put in order and its unordered array let go in turn (not all twice).
-        unordered = {
-            "dst": dst.astype(np.int32, copy=False), "distance_m": distance, "rx_dbm": rx,
-            "sinr_db": sinr_db, "rate_bps": rate, "per": per, "residual": residual, "bad": bad,
-            "goodput_bps": goodput, "latency_s": latency,
-        }  # fmt: skip
-        del cat, src, dst, distance, rx, sinr_db, rate, per, residual, bad, goodput, latency
-        figures = {name: unordered.pop(name)[order] for name in list(unordered)}
-        return SparseLinkState(
-            step=step, time_s=t, positions=pos.copy(), speeds=s.mobility.speeds.copy(),
-            indptr=indptr, exists=np.ones(order.size, dtype=bool), hears_ptr=hears_ptr,
-            hears_idx=hears_idx, access_latency_s=cfg.latency_ms / 1000.0,
-            loss_good=loss_good, loss_bad=loss_bad, **figures,
-        )  # fmt: skip
+        return {"sinr_db": sinr_db, "rate_bps": rate, "per": per, "residual": residual,
+                "bad": bad, "goodput_bps": goodput, "latency_s": latency}  # fmt: skip
 
-    def _interference(
+    def _interferers(
         self,
         is_active: np.ndarray,
         on_air: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]],
-        ks: np.ndarray,
-        js: np.ndarray,
-        rx: np.ndarray,
         hears_ptr: np.ndarray,
         hears_idx: np.ndarray,
-    ) -> np.ndarray:
-        """Interference at the receiver of each link ``ks -> js`` from the step's concurrent
-        transmitters in range (``on_air``: their links and powers): under CSMA those the
-        sender hears defer to it (only hidden nodes interfere); under scheduled access every
-        active node but the sender does."""
+    ) -> _Interferers:
+        """The step's concurrent transmitters in range (``on_air``: their links and powers)
+        as :class:`_Interferers` sees them: the power of all of them at each receiver and,
+        under CSMA, the part each sender hears (those defer to it)."""
         n = self.n
         if not on_air[0]:
-            return np.zeros(ks.size, dtype=np.float32)
+            return _Interferers(n, is_active, None, None, None)
         src, dst, power = (np.concatenate(x) for x in on_air)
         order = np.argsort(src, kind="stable")
         src, dst, power = src[order], dst[order], power[order]
         total = np.zeros(n, dtype=np.float32)
         np.add.at(total, dst, power)  # in order of transmitter, as the dense model's sum
         if self.settings.carrier_sense is None:
-            own = np.where(
-                is_active[ks], np.power(np.float32(10.0), rx / np.float32(10.0)), 0.0
-            ).astype(np.float32)
-            return np.asarray(np.maximum(total[js] - own, 0.0), dtype=np.float32)
+            return _Interferers(n, is_active, total, None, None)
         rows = np.repeat(np.arange(n), np.diff(hears_ptr))
         heard_active = is_active[hears_idx]
         hears = csr_matrix(
@@ -411,10 +427,38 @@ class SparseChannelModel(ChannelBase):
         heard = (hears @ reach).tocsr()
         heard.sort_indices()
         h_keys = np.repeat(np.arange(n, dtype=np.int64), np.diff(heard.indptr)) * n + heard.indices
-        wanted = ks.astype(np.int64) * n + js
+        return _Interferers(n, is_active, total, h_keys, np.asarray(heard.data))
+
+
+@dataclass
+class _Interferers:
+    """A step's concurrent transmitters as the links' receivers hear them (see
+    :meth:`SparseChannelModel._interferers`): ``total`` at each node (None: none on the
+    air); under CSMA ``heard``, the power at ``j`` of those ``k`` hears, by key ``k * n + j``
+    (sorted); under scheduled access (``keys`` None) every active node but the sender
+    interferes."""
+
+    n: int
+    is_active: np.ndarray
+    total: np.ndarray | None
+    keys: np.ndarray | None
+    heard: np.ndarray | None
+
+    def at(self, ks: np.ndarray, js: np.ndarray, rx: np.ndarray) -> np.ndarray:
+        """Interference at the receiver of each link ``ks -> js`` (``rx``: its received
+        power, dBm)."""
+        if self.total is None:
+            return np.zeros(ks.size, dtype=np.float32)
+        if self.keys is None or self.heard is None:
+            own = np.where(
+                self.is_active[ks], np.power(np.float32(10.0), rx / np.float32(10.0)), 0.0
+            ).astype(np.float32)
+            return np.asarray(np.maximum(self.total[js] - own, 0.0), dtype=np.float32)
+        h_keys = self.keys
+        wanted = ks.astype(np.int64) * self.n + js
         at = np.minimum(np.searchsorted(h_keys, wanted), max(0, h_keys.size - 1))
         values = np.zeros(ks.size, dtype=np.float32)
         if h_keys.size:
             hit = h_keys[at] == wanted
-            values[hit] = heard.data[at[hit]]
-        return np.asarray(np.maximum(total[js] - values, 0.0), dtype=np.float32)
+            values[hit] = self.heard[at[hit]]
+        return np.asarray(np.maximum(self.total[js] - values, 0.0), dtype=np.float32)

@@ -256,3 +256,54 @@ def test_the_strongest_first_order_is_the_two_key_sorts_order() -> None:
     assert np.array_equal(_by_sender_strongest_first(src, strength), expected)
     as64 = strength.astype(np.float64)
     assert np.array_equal(_by_sender_strongest_first(src, as64), np.lexsort((-as64, src)))
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_blocks_of_pairs_and_links_give_the_steps_one_block_gives(
+    overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's pairs and links are worked through a block at a time (fading continued,
+    figures computed straight into the step's arrays): every array is the same to the bit
+    whatever the block (CSMA's heard powers, Gilbert-Elliott states and pairs leaving the
+    range included)."""
+    from emulation.channel import sparse
+
+    s = settings(**overrides)
+    whole = [SparseChannelModel(s, 60, 8).state(step) for step in range(3)]
+    monkeypatch.setattr(sparse, "BLOCK_PAIRS", 37)
+    blocks = SparseChannelModel(s, 60, 8)
+    for step, a in enumerate(whole):
+        b = blocks.state(step)
+        assert isinstance(a, SparseLinkState) and isinstance(b, SparseLinkState)
+        assert a.dst.size > 37  # several blocks of links
+        for name in (*FIGURES, "indptr", "dst", "hears_ptr", "hears_idx"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
+
+
+def test_fading_kept_as_its_two_parts_is_the_complex_fading() -> None:
+    """The model over the links in range holds fading as float32 real and imaginary parts
+    (drawn straight into them); its draws, AR(1) steps and power gains are the complex
+    ones to the bit."""
+    from emulation.channel import fading
+    from emulation.channel.draws import StreamDraws
+
+    keys = np.arange(5_000)
+    parts = StreamDraws(4).complex_normal(2, 3, keys, 1)
+    assert parts.shape == (2, keys.size) and parts.dtype == np.float32
+    rng = StreamDraws(4)._rng(2, 3, 1)  # real parts, then imaginary parts
+    drawn = rng.standard_normal((2, keys.size), dtype=np.float32) * np.float32(np.sqrt(0.5))
+    assert np.array_equal(parts, drawn)
+    g = np.empty(keys.size, dtype=np.complex64)
+    g.real, g.imag = parts
+    rho = fading.doppler_correlation(np.linspace(0.0, 40.0, keys.size), 1.0).astype(np.float32)
+    fresh = StreamDraws(5).complex_normal(2, 4, keys)
+    w = np.empty_like(g)
+    w.real, w.imag = fresh
+    stepped = fading.ar1_step(g, rho, w)
+    for k, part in enumerate(parts):
+        assert np.array_equal(fading.ar1_step(part, rho, fresh[k]), (stepped.real, stepped.imag)[k])
+    for k_factor in (None, 2.0):
+        gain = fading.power_gain_parts(parts[0], parts[1], k_factor)
+        expected = fading.power_gain(g, k_factor)
+        assert gain.dtype == expected.dtype and np.array_equal(gain, expected)
