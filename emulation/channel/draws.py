@@ -19,6 +19,7 @@ import numpy as np
 
 from emulation.channel import fading as fad
 
+
 class Draws(Protocol):
     def uniform(self, stream: int, step: int, keys: np.ndarray, sub: int = 0) -> np.ndarray: ...
 

@@ -38,8 +38,16 @@ def scan_rows(positions: np.ndarray, range_m: float) -> tuple[np.ndarray, np.nda
     n = positions.shape[0]
     x, y = positions[:, 0], positions[:, 1]
     r2 = float(range_m) ** 2
-    keys, dist, flags = [], [], []
-    for lo in range(0, n - 1, ROW_SCAN_BLOCK):
+    starts = range(0, n - 1, ROW_SCAN_BLOCK)
+    scanned = sum((min(n, lo + ROW_SCAN_BLOCK) - lo) * (n - lo - 1) for lo in starts)
+    # Each block written straight into arrays of the largest size the step can need (pages
+    # never written are never mapped in): no list of blocks on the heap, whose top the C
+    # library would hand back to the kernel and the next step fault in again, and no joining.
+    keys = np.empty(n * (n - 1) // 2, dtype=np.int64)
+    dist = np.empty(keys.size, dtype=np.float32)
+    flags = np.empty(scanned, dtype=bool)
+    found = flagged = 0
+    for lo in starts:
         hi, c0 = min(n, lo + ROW_SCAN_BLOCK), lo + 1  # rows lo..hi-1, columns c0..n-1
         rows, width = hi - lo, n - c0
         d2 = np.subtract.outer(x[lo:hi], x[c0:])
@@ -52,15 +60,32 @@ def scan_rows(positions: np.ndarray, range_m: float) -> tuple[np.ndarray, np.nda
         near[:, :rows] &= np.triu(np.ones((rows, min(rows, width)), dtype=bool))  # j > i
         at = np.flatnonzero(near)
         per_row = np.count_nonzero(near, axis=1)
-        flags.append(near.ravel())
+        flags[flagged : flagged + near.size] = near.ravel()
+        flagged += near.size
         del near
         row_start = lo * n + c0 + np.arange(rows, dtype=np.int64) * (n - width)
-        keys.append(at + np.repeat(row_start, per_row))
-        dist.append(np.sqrt(d2.ravel()[at]).astype(np.float32))
+        block = slice(found, found + at.size)
+        np.add(at, np.repeat(row_start, per_row), out=keys[block])
+        dist[block] = np.sqrt(d2.ravel()[at])
+        found += at.size
         del d2, at
-    if not keys:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), np.zeros(0, bool)
-    return np.concatenate(keys), np.concatenate(dist), np.concatenate(flags)
+    return keys[:found], dist[:found], flags
+
+
+def next_set(flags: np.ndarray, start: int, count: int) -> tuple[np.ndarray, int]:
+    """The places of the next ``count`` set flags from ``start`` on (``count`` at least 1),
+    and the place after the last: a window a little wider than ``count`` searched, wider
+    again until it holds them (where most flags are set, the first window)."""
+    width = count + count // 8 + 1024
+    while True:
+        at = np.flatnonzero(flags[start : start + width])
+        if at.size >= count or start + width >= flags.size:
+            break
+        width *= 2
+    if at.size < count:
+        raise ValueError(f"{count} set flags asked for from {start} on, {at.size} there")
+    at = at[:count] + start
+    return at, int(at[-1]) + 1
 
 
 def by_node(nodes: np.ndarray, n: int) -> np.ndarray:

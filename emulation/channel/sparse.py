@@ -31,7 +31,7 @@ from emulation.channel.base import BURST, FADING, LOS, MOBILITY, SHADOW, Channel
 from emulation.channel.draws import DenseDraws, Draws, StreamDraws
 from emulation.channel.heap import keep_block_temporaries
 from emulation.channel.mobility import MobilityState
-from emulation.channel.pairs import BLOCK_PAIRS, by_node, pair_distances, scan_rows
+from emulation.channel.pairs import BLOCK_PAIRS, by_node, next_set, pair_distances, scan_rows
 from emulation.channel.state import SparseLinkState
 from emulation.scenario import WirelessSettings
 
@@ -197,9 +197,13 @@ class SparseChannelModel(ChannelBase):
         else:
             keys, distance, near = self._candidates(mob.positions, s.keys.size)
         s.distance = distance  # (the old distances are not needed)
-        # Which pairs were in range the step before, and where they were (``at``).
+        # Which pairs were in range the step before, and where they were: ``at`` (the old
+        # places of the pairs found, in order), or after two row scans the old pairs' flags
+        # of which stayed (``stayed``), read a block at a time (a whole ``at`` is 8 bytes a
+        # pair, at 10,000 nodes the step's peak).
+        stayed: np.ndarray | None = None
         if near is not None and s.near is not None:  # both row scans: flags in one order
-            found, at = s.near[near], np.flatnonzero(near[s.near])
+            found, stayed, at = s.near[near], near[s.near], np.zeros(0, dtype=np.int64)
         else:
             at = np.minimum(np.searchsorted(s.keys, keys), max(0, s.keys.size - 1))
             found = s.keys[at] == keys if s.keys.size else np.zeros(keys.size, dtype=bool)
@@ -222,15 +226,18 @@ class SparseChannelModel(ChannelBase):
         speeds = mob.speeds.astype(np.float32)
         env = np.float32(self.settings.fading.environment_speed_mps)
         decorrelation = np.float32(self.decorrelation_m)
-        done = 0  # found pairs before the block
+        done = 0  # found pairs before the block (or, with ``stayed``, the next old place)
         for lo in range(0, keys.size, BLOCK_PAIRS):
             block = slice(lo, lo + BLOCK_PAIRS)
             kept = found[block]
             count = int(np.count_nonzero(kept))
             if not count:
                 continue
-            old = at[done : done + count]
-            done += count
+            if stayed is None:
+                old = at[done : done + count]
+                done += count
+            else:
+                old, done = next_set(stayed, done, count)
             ij = keys[block][kept]
             i, j = (ij // n).astype(np.int32), (ij % n).astype(np.int32)
             del ij
@@ -251,6 +258,8 @@ class SparseChannelModel(ChannelBase):
         s.shadow = s.los_draw = s.scatter = np.zeros(0, dtype=np.float32)  # used up
         burst = None
         if self.gilbert is not None and s.burst is not None:
+            if stayed is not None:
+                at = np.flatnonzero(stayed)
             u = np.stack([d.uniform(BURST, step, keys), d.uniform(BURST, step, reverse, 1)], 1)
             burst = self.gilbert.initial(u)
             burst[found] = self.gilbert.step(s.burst[at], u[found])
@@ -274,12 +283,25 @@ class SparseChannelModel(ChannelBase):
         tx = self.tx_dbm[:1] if (self.tx_dbm == self.tx_dbm[0]).all() else self.tx_dbm
         sens = self.sensitivity_dbm
         sens = sens[:1] if (sens == sens[0]).all() else sens
-        # Per figure, the blocks of each direction: (i -> j, j -> i) for the pairs i < j.
-        kept: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
-            k: ([], []) for k in ("src", "dst", "rx", "d", "re", "im", "b")
-        }
-        # Per direction, the nodes that hear and the nodes they hear.
-        heard: tuple[tuple[list[np.ndarray], list[np.ndarray]], ...] = (([], []), ([], []))
+        # The links that exist, written as each block finds them into arrays of the largest
+        # size the step can need (pages never written are never mapped in): the links j -> i
+        # (i < j) from the start, the links i -> j from ``pairs`` on. Joined (j -> i first)
+        # and stably sorted by sender they are in order: a sender's links j -> i (in the
+        # pairs' order, i ascending) then its links i -> j (j ascending) are its links by
+        # receiver (:func:`~emulation.channel.pairs.by_node`).
+        pairs = s.keys.size
+        kinds = {"src": np.int32, "dst": np.int32, "rx": np.float32, "d": np.float32,
+                 "re": np.float32, "im": np.float32, "b": bool}  # fmt: skip
+        if s.burst is None:
+            del kinds["b"]
+        kept = {name: np.empty(2 * pairs, dtype=kind) for name, kind in kinds.items()}
+        filled = [pairs, 0]  # where each direction's next links go
+        # Who hears whom, likewise: a node hears i < it (the links i -> j, from the start),
+        # itself (from ``pairs`` on), then j > it (j -> i, from ``pairs + n`` on).
+        hearing = np.empty(2 * pairs + n, dtype=np.int32)  # the nodes that hear
+        heard = np.empty(hearing.size, dtype=np.int32)  # the nodes they hear
+        hearing[pairs : pairs + n] = heard[pairs : pairs + n] = np.arange(n)
+        heard_to = [0, pairs + n]  # where each direction's next entries go
         on_air: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         # A block of pairs at a time, both ways: the float64 temporaries of path loss stay
         # the size of a block, and only the links that exist are kept.
@@ -295,81 +317,84 @@ class SparseChannelModel(ChannelBase):
                 # hears[b, a]: b hears a above the carrier-sense level, or (scheduled access)
                 # a's link to b exists.
                 hear = np.float32(carrier_sense) <= rx if carrier_sense is not None else exists
-                heard[side][0].append(b[hear].astype(np.int32))
-                heard[side][1].append(a[hear].astype(np.int32))
+                h = np.flatnonzero(hear)
+                to = slice(heard_to[side], heard_to[side] + h.size)
+                heard_to[side] += h.size
+                hearing[to], heard[to] = b[h], a[h]
+                del h
                 if active.size:
                     act = is_active[a]
                     on_air[0].append(a[act])
                     on_air[1].append(b[act])
                     on_air[2].append(np.power(np.float32(10.0), rx[act] / np.float32(10.0)))
                 k = np.flatnonzero(exists)
-                kept["src"][side].append(a[k].astype(np.int32))
-                kept["dst"][side].append(b[k].astype(np.int32))
-                kept["rx"][side].append(rx[k])
-                kept["d"][side].append(d[k])
-                kept["re"][side].append(s.scatter[side, 0, block][k])
-                kept["im"][side].append(s.scatter[side, 1, block][k])
+                to = slice(filled[side], filled[side] + k.size)
+                filled[side] += k.size
+                kept["src"][to] = a[k]
+                kept["dst"][to] = b[k]
+                kept["rx"][to] = rx[k]
+                kept["d"][to] = d[k]
+                kept["re"][to] = s.scatter[side, 0, block][k]
+                kept["im"][to] = s.scatter[side, 1, block][k]
                 if s.burst is not None:
-                    kept["b"][side].append(s.burst[block, side][k])
+                    kept["b"][to] = s.burst[block, side][k]
             del loss, sigma, faded
-        # One figure at a time, its blocks let go as it is joined (not every figure twice).
-        # The links j -> i first: a sender's links j -> i (i < j, in the pairs' order: i
-        # ascending) then its links i -> j (j ascending) are its links by receiver, so a
-        # stable sort by sender alone puts them in order (:func:`~emulation.channel.pairs.by_node`).
-        cat: dict[str, np.ndarray] = {}
-        for name in list(kept):
-            forward, backward = kept.pop(name)
-            blocks = backward + forward
-            cat[name] = np.concatenate(blocks) if blocks else np.zeros(0)
-            del forward, backward, blocks
-        # Likewise a node hears i < it (the links i -> j), itself, then j > it (j -> i).
-        diagonal = np.arange(n, dtype=np.int32)
-        h_rows = np.concatenate([*heard[0][0], diagonal, *heard[1][0]])
-        h_cols = np.concatenate([*heard[0][1], diagonal, *heard[1][1]])
-        del heard
+        first = heard_to[0]  # entries i -> j
+        h_rows = np.concatenate((hearing[:first], hearing[pairs : heard_to[1]]))
+        del hearing
         order = by_node(h_rows, n)
-        hears_idx = h_cols[order]
+        np.add(order, pairs - first, out=order, where=order >= first)
+        hears_idx = heard[order]
         hears_ptr = np.concatenate([[0], np.cumsum(np.bincount(h_rows, minlength=n))])
-        del h_rows, h_cols, order
+        del h_rows, heard, order
         interferers = self._interferers(is_active, on_air, hears_ptr, hears_idx)
         del on_air
         # The links put in order (by sender, then receiver) before their figures are
-        # computed, each joined array let go as it is put in order; then the figures a block
-        # of links at a time straight into the step's arrays (every figure is element-wise:
-        # the same values as over the whole arrays, without whole-size temporaries).
-        src = cat["src"]
+        # computed: their places in ``kept`` in that order (``order``); then the figures a
+        # block of links at a time straight into the step's arrays (every figure is
+        # element-wise: the same values as over the whole arrays, without whole-size
+        # temporaries).
+        backward, forward = filled[1], filled[0] - pairs
+        total = backward + forward
+        src = np.concatenate((kept["src"][:backward], kept["src"][pairs : pairs + forward]))
         order = by_node(src, n)
         indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
-        if s.burst is None:
-            del cat["b"]  # (no blocks of states)
-        links = {name: cat.pop(name)[order] for name in list(cat)}
-        del order, src
+        del src
+        np.add(order, pairs - backward, out=order, where=order >= backward)
+        # What the state keeps, in order; the rest is read a block at a time.
+        dst, distance, rx = (kept.pop(name)[order] for name in ("dst", "d", "rx"))
         t = step * self.step_s
         trace_values = self._trace_values(t)
         figures: dict[str, np.ndarray] = {}
-        total = links["src"].size
         for lo in range(0, max(1, total), BLOCK_PAIRS):
             part = slice(lo, lo + BLOCK_PAIRS)
-            block = self._link_figures({name: a[part] for name, a in links.items()},
-                                       interferers, trace_values)  # fmt: skip
-            for name, values in block.items():
+            links = {name: a[order[part]] for name, a in kept.items()}
+            links.update(dst=dst[part], d=distance[part], rx=rx[part])
+            computed = self._link_figures(links, interferers, trace_values)
+            del links
+            for name, values in computed.items():
                 out = figures.get(name)
                 if out is None:
                     out = figures[name] = np.empty(total, dtype=values.dtype)
                 out[part] = values
-            del block
-        del links["src"], links["re"], links["im"]
+            del computed
+        del kept, order
         loss_good, loss_bad = self._loss_states()
         return SparseLinkState(
             step=step, time_s=t, positions=pos.copy(), speeds=s.mobility.speeds.copy(),
             indptr=indptr, exists=np.ones(total, dtype=bool), hears_ptr=hears_ptr,
             hears_idx=hears_idx, access_latency_s=cfg.latency_ms / 1000.0,
-            loss_good=loss_good, loss_bad=loss_bad, dst=links["dst"].astype(np.int32, copy=False),
-            distance_m=links["d"], rx_dbm=links["rx"], **figures,
+            loss_good=loss_good, loss_bad=loss_bad, dst=dst, distance_m=distance, rx_dbm=rx,
+            sinr_db=figures["sinr_db"], rate_bps=figures["rate_bps"], per=figures["per"],
+            residual=figures["residual"], bad=figures["bad"],
+            goodput_bps=figures["goodput_bps"], latency_s=figures["latency_s"],
         )  # fmt: skip
 
     def _link_figures(
-        self, links: dict[str, np.ndarray], interferers: _Interferers, trace_values: list[np.float32]
+        self,
+        links: dict[str, np.ndarray],
+        interferers: _Interferers,
+        trace_values: list[np.float32],
     ) -> dict[str, np.ndarray]:
         """The figures of a block of links (``links``: their senders, receivers, received
         power, distance, fading parts and burst states, as :meth:`_link_state` joins them)."""

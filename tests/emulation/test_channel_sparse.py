@@ -307,3 +307,21 @@ def test_fading_kept_as_its_two_parts_is_the_complex_fading() -> None:
         gain = fading.power_gain_parts(parts[0], parts[1], k_factor)
         expected = fading.power_gain(g, k_factor)
         assert gain.dtype == expected.dtype and np.array_equal(gain, expected)
+
+
+def test_the_next_set_flags_are_found_a_window_at_a_time() -> None:
+    from emulation.channel.pairs import next_set
+
+    rng = np.random.default_rng(5)
+    # most set (the first window holds them), few set (the window widened)
+    for share, counts in ((0.99, (1, 700, 3000, 1)), (0.01, (1, 150, 300, 1))):
+        flags = rng.random(50_000) < share
+        places, start = np.flatnonzero(flags), 0
+        for count in counts:
+            got, after = next_set(flags, start, count)
+            done = np.searchsorted(places, start)
+            assert np.array_equal(got, places[done : done + count])
+            assert after == got[-1] + 1
+            start = after
+    with pytest.raises(ValueError, match="set flags"):
+        next_set(np.zeros(10, dtype=bool), 0, 1)
