@@ -24,7 +24,23 @@ def pair_distances(positions: np.ndarray, keys: np.ndarray, n: int) -> np.ndarra
     return out
 
 
-def scan_rows(positions: np.ndarray, range_m: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _buffer(previous: np.ndarray | None, size: int, dtype: type) -> np.ndarray:
+    """``previous``'s whole array where it is one of ``size`` values of ``dtype`` (its pages
+    are mapped in already), else a new one."""
+    base = previous.base if previous is not None and previous.base is not None else previous
+    if (
+        isinstance(base, np.ndarray) and base.dtype == dtype and base.ndim == 1
+        and base.size == size and base.flags.c_contiguous and base.flags.writeable
+    ):  # fmt: skip
+        return base
+    return np.empty(size, dtype=dtype)
+
+
+def scan_rows(
+    positions: np.ndarray,
+    range_m: float,
+    reuse: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The keys of the pairs within ``range_m``, in order, their distances and the scan's flags,
     every pair measured :data:`ROW_SCAN_BLOCK` rows at a time.
 
@@ -34,6 +50,10 @@ def scan_rows(positions: np.ndarray, range_m: float) -> tuple[np.ndarray, np.nda
     :func:`pair_distances` gives, to the bit. The flags (one per pair of the scanned blocks, in
     the order of the keys; the same layout for every step of ``n`` nodes) tell the next step
     which pairs stayed in range without a search.
+
+    ``reuse``: the keys and distances a scan of the step before gave, no longer needed:
+    written over (their arrays' pages are mapped in already; new ones would be faulted in
+    again, hundreds of MB a step at 10,000 nodes).
     """
     n = positions.shape[0]
     x, y = positions[:, 0], positions[:, 1]
@@ -43,8 +63,10 @@ def scan_rows(positions: np.ndarray, range_m: float) -> tuple[np.ndarray, np.nda
     # Each block written straight into arrays of the largest size the step can need (pages
     # never written are never mapped in): no list of blocks on the heap, whose top the C
     # library would hand back to the kernel and the next step fault in again, and no joining.
-    keys = np.empty(n * (n - 1) // 2, dtype=np.int64)
-    dist = np.empty(keys.size, dtype=np.float32)
+    before = reuse or (None, None)
+    keys = _buffer(before[0], n * (n - 1) // 2, np.int64)
+    dist = _buffer(before[1], keys.size, np.float32)
+    del before, reuse
     flags = np.empty(scanned, dtype=bool)
     found = flagged = 0
     for lo in starts:

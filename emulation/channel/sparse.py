@@ -120,13 +120,15 @@ class SparseChannelModel(ChannelBase):
 
     # -- the pairs in range --------------------------------------------------------------------
     def _candidates(
-        self, positions: np.ndarray, previous: int | None = None
+        self, positions: np.ndarray, previous: int | None = None, reuse: _Pairs | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The keys of the pairs in range, sorted, their distances (float32) and, where
         the row scan found them, its flags (:func:`~emulation.channel.pairs.scan_rows`).
 
         ``previous``: how many pairs the step before held (picks how they are found; the
-        pairs and distances are the same either way)."""
+        pairs and distances are the same either way). ``reuse``: the step before, found by
+        a row scan, whose keys and distances a row scan may write over (the step reads
+        only its flags then)."""
         n = self.n
         if self._covers_area:
             i, j = np.triu_indices(n, 1)
@@ -140,7 +142,8 @@ class SparseChannelModel(ChannelBase):
             else:
                 share = previous / max(1, pairs)
             if share >= 0.25:
-                return scan_rows(positions, self.range_m)
+                old = (reuse.keys, reuse.distance) if reuse is not None else None
+                return scan_rows(positions, self.range_m, old)
         found = cKDTree(positions).query_pairs(self.range_m, output_type="ndarray")
         i, j = found[:, 0], found[:, 1]  # i < j
         keys = i.astype(np.int64) * n + j
@@ -195,7 +198,8 @@ class SparseChannelModel(ChannelBase):
         if still:
             keys, distance, near = s.keys, s.distance, s.near
         else:
-            keys, distance, near = self._candidates(mob.positions, s.keys.size)
+            reuse = s if s.near is not None else None  # (its keys are read otherwise)
+            keys, distance, near = self._candidates(mob.positions, s.keys.size, reuse)
         s.distance = distance  # (the old distances are not needed)
         # Which pairs were in range the step before, and where they were: ``at`` (the old
         # places of the pairs found, in order), or after two row scans the old pairs' flags
@@ -302,6 +306,10 @@ class SparseChannelModel(ChannelBase):
         heard = np.empty(hearing.size, dtype=np.int32)  # the nodes they hear
         hearing[pairs : pairs + n] = heard[pairs : pairs + n] = np.arange(n)
         heard_to = [0, pairs + n]  # where each direction's next entries go
+        # Entries by node, counted a block at a time (a count over the joined arrays casts
+        # every entry to 64 bits first): whom each node hears (itself once), its links.
+        hears_count = np.ones(n, dtype=np.int64)
+        links_count = np.zeros(n, dtype=np.int64)
         on_air: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         # A block of pairs at a time, both ways: the float64 temporaries of path loss stay
         # the size of a block, and only the links that exist are kept.
@@ -320,6 +328,7 @@ class SparseChannelModel(ChannelBase):
                 h = np.flatnonzero(hear)
                 to = slice(heard_to[side], heard_to[side] + h.size)
                 heard_to[side] += h.size
+                hears_count += np.bincount(b[h], minlength=n)
                 hearing[to], heard[to] = b[h], a[h]
                 del h
                 if active.size:
@@ -330,6 +339,7 @@ class SparseChannelModel(ChannelBase):
                 k = np.flatnonzero(exists)
                 to = slice(filled[side], filled[side] + k.size)
                 filled[side] += k.size
+                links_count += np.bincount(a[k], minlength=n)
                 kept["src"][to] = a[k]
                 kept["dst"][to] = b[k]
                 kept["rx"][to] = rx[k]
@@ -345,7 +355,7 @@ class SparseChannelModel(ChannelBase):
         order = by_node(h_rows, n)
         np.add(order, pairs - first, out=order, where=order >= first)
         hears_idx = heard[order]
-        hears_ptr = np.concatenate([[0], np.cumsum(np.bincount(h_rows, minlength=n))])
+        hears_ptr = np.concatenate([[0], np.cumsum(hears_count)])
         del h_rows, heard, order
         interferers = self._interferers(is_active, on_air, hears_ptr, hears_idx)
         del on_air
@@ -358,7 +368,7 @@ class SparseChannelModel(ChannelBase):
         total = backward + forward
         src = np.concatenate((kept["src"][:backward], kept["src"][pairs : pairs + forward]))
         order = by_node(src, n)
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
+        indptr = np.concatenate([[0], np.cumsum(links_count)]).astype(np.int64)
         del src
         np.add(order, pairs - backward, out=order, where=order >= backward)
         # What the state keeps, in order; the rest is read a block at a time.

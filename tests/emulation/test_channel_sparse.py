@@ -203,11 +203,13 @@ def test_the_row_scan_and_the_k_d_tree_give_the_same_steps(
         mobility={"model": "gauss-markov", "area_m": [2500, 2500], "mean_speed_mps": 30.0},
     )  # fmt: skip
     scanned = SparseChannelModel(s, 300, 9)
-    rows, in_range = [], set()
+    rows, in_range, buffers = [], set(), set()
     for k in range(5):
         rows.append(scanned.state(k))
         assert scanned._pairs is not None
         in_range.add(scanned._pairs.keys.size)
+        buffers.add(id(scanned._pairs.keys.base))
+    assert len(buffers) == 1  # each scan wrote over the keys of the one before
     monkeypatch.setattr(sparse, "ROW_SCAN_PAIRS", 0)
     tree = SparseChannelModel(s, 300, 9)
     for step, a in enumerate(rows):
