@@ -73,9 +73,10 @@ class AirtimeLedger:
         if hears_row.dtype != bool:
             # The indices of the nodes heard (the model over the links in range): only the
             # sender's carrier-sense domain is read, never an n-wide vector (each message
-            # starts at a time of its own, so an n-wide mask would be redone per message).
-            heard = busy[hears_row]
-            used = float(heard[self._until[hears_row] > now].sum())
+            # starts at a time of its own, so an n-wide mask would be redone per message),
+            # and the airtime only of the nodes still on the air.
+            on_air = hears_row[self._until.take(hears_row) > now]
+            used = float(busy.take(on_air).sum())
             return min(1.0, used / step_s)
         if now != self._on_air_at:  # a row of the dense model's n x n (small fleets)
             np.greater(self._until, now, out=self._on_air)
