@@ -245,11 +245,7 @@ class ChannelBase:
             return radio.path_loss_38901_db(pl.model, distance, f), np.float32(self.shadow_sigma_db)
         assert los_draw is not None
         los = los_draw < radio.los_probability(pl.model, distance)
-        loss = np.where(
-            los,
-            radio.path_loss_38901_db(f"{pl.model}-los", distance, f),
-            radio.path_loss_38901_db(f"{pl.model}-nlos", distance, f),
-        )
+        loss = np.where(los, *radio.path_loss_38901_both_db(pl.model, distance, f))
         sigma_los = radio.PATH_LOSS_38901[f"{pl.model}-los"][3]
         sigma = np.where(los, sigma_los, self.shadow_sigma_db)
         if pl.shadowing_db is not None:

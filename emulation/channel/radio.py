@@ -85,14 +85,36 @@ def path_loss_38901_db(
         raise ValueError(
             f"unknown 38.901 model '{model}'; choose one of: {', '.join(PATH_LOSS_38901)}"
         )
-    d = np.maximum(np.asarray(distance_m, dtype=np.float64), 1.0)
-    f_ghz = frequency_hz / 1e9
-    a, b, c, _ = PATH_LOSS_38901[model]
-    loss = a + b * np.log10(d) + c * math.log10(f_ghz)
+    log_d, log_f = _logs(distance_m, frequency_hz)
+    loss = _loss_38901(model, log_d, log_f)
     if model.endswith("-nlos"):
-        los = PATH_LOSS_38901[model.replace("-nlos", "-los")]
-        loss = np.maximum(loss, los[0] + los[1] * np.log10(d) + los[2] * math.log10(f_ghz))
+        loss = np.maximum(loss, _loss_38901(model.replace("-nlos", "-los"), log_d, log_f))
     return loss
+
+
+def path_loss_38901_both_db(
+    family: str, distance_m: FloatArray | float, frequency_hz: float
+) -> tuple[FloatArray, FloatArray]:
+    """The line-of-sight and non-line-of-sight path loss of a 38.901 family (``umi``,
+    ``uma``, ``inh``) at once: :func:`path_loss_38901_db` of both, the same values, the
+    logarithm of the distance and the line-of-sight loss computed once."""
+    for model in (f"{family}-los", f"{family}-nlos"):
+        if model not in PATH_LOSS_38901:
+            raise ValueError(f"unknown 38.901 model '{model}'")
+    log_d, log_f = _logs(distance_m, frequency_hz)
+    los = _loss_38901(f"{family}-los", log_d, log_f)
+    return los, np.maximum(_loss_38901(f"{family}-nlos", log_d, log_f), los)
+
+
+def _logs(distance_m: FloatArray | float, frequency_hz: float) -> tuple[FloatArray, float]:
+    """``log10`` of the distance (clamped to at least 1 m) and of the frequency in GHz."""
+    d = np.maximum(np.asarray(distance_m, dtype=np.float64), 1.0)
+    return np.log10(d), math.log10(frequency_hz / 1e9)
+
+
+def _loss_38901(model: str, log_d: FloatArray, log_f: float) -> FloatArray:
+    a, b, c, _ = PATH_LOSS_38901[model]
+    return np.asarray(a + b * log_d + c * log_f)
 
 
 def los_probability(model: str, distance_m: FloatArray | float) -> FloatArray:

@@ -47,6 +47,14 @@ def test_38901_path_loss() -> None:
     )
     with pytest.raises(ValueError, match=r"unknown 38\.901 model"):
         radio.path_loss_38901_db("rural", 1.0, f)
+    # Both losses of a family at once: each model's own values, to the bit.
+    d = np.geomspace(0.1, 5e4, 20_000)
+    for family in ("umi", "uma", "inh"):
+        los, nlos = radio.path_loss_38901_both_db(family, d, f)
+        assert np.array_equal(los, radio.path_loss_38901_db(f"{family}-los", d, f))
+        assert np.array_equal(nlos, radio.path_loss_38901_db(f"{family}-nlos", d, f))
+    with pytest.raises(ValueError, match=r"unknown 38\.901 model"):
+        radio.path_loss_38901_both_db("rural", d, f)
 
 
 def test_noise_floor_and_doppler() -> None:
