@@ -2,11 +2,11 @@
 
 The same physics as the dense model (:mod:`emulation.channel.model`), computed only for the
 node pairs within :attr:`SparseChannelModel.range_m` of each other (a k-d tree finds them
-each step): shadowing, line of sight and fast fading are held per pair in range, link figures
-are computed for the links that exist (mean received power at least the lowest rate's
-sensitivity), and interference is summed over the concurrent transmitters in range of the
-receiver. A pair that comes into range starts from a fresh draw of its stationary
-distribution.
+each step, or a scan of every pair where most are in range): shadowing, line of sight and
+fast fading are held per pair in range, link figures are computed for the links that exist
+(mean received power at least the lowest rate's sensitivity), and interference is summed
+over the concurrent transmitters in range of the receiver. A pair that comes into range
+starts from a fresh draw of its stationary distribution.
 
 ``range_m`` is the distance past which path loss leaves a link below the sensitivity even
 with shadowing :data:`SHADOW_MARGIN` standard deviations in its favour (where line of sight
