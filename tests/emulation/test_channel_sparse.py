@@ -266,8 +266,7 @@ def test_blocks_of_pairs_and_links_give_the_steps_one_block_gives(
 ) -> None:
     """A step's pairs and links are worked through a block at a time (fading continued,
     figures computed straight into the step's arrays): every array is the same to the bit
-    whatever the block (CSMA's heard powers, Gilbert-Elliott states and pairs leaving the
-    range included)."""
+    whatever the block (CSMA's heard powers and Gilbert-Elliott states included)."""
     from emulation.channel import sparse
 
     s = settings(**overrides)
