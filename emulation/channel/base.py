@@ -18,7 +18,7 @@ import numpy as np
 from emulation.channel import radio
 from emulation.channel.bursts import GilbertElliottLoss
 from emulation.channel.mobility import GaussMarkov, Mobility, RandomWaypoint, StaticMobility
-from emulation.channel.state import AnyLinkState, SparseLinkState
+from emulation.channel.state import AnyLinkState
 from emulation.channel.traces import RateTrace, read_trace
 from emulation.scenario import WirelessSettings
 
@@ -203,8 +203,7 @@ class ChannelBase:
             if self._starts_epoch(self._cursor):
                 # Over the links in range only what the graph reads (a step is about 0.9 GB
                 # at 10,000 nodes in lte-urban's square, and this one is kept past the cache).
-                kept = result.for_graph() if isinstance(result, SparseLinkState) else result
-                self._epoch_start = (self._cursor, kept)
+                self._epoch_start = (self._cursor, result.for_graph())
         assert result is not None
         return result
 

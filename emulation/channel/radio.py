@@ -81,10 +81,7 @@ def path_loss_38901_db(
     NLOS models never fall below their LOS counterpart (``max(LOS, NLOS)``), as 38.901
     specifies. Distances are clamped to at least 1 m.
     """
-    if model not in PATH_LOSS_38901:
-        raise ValueError(
-            f"unknown 38.901 model '{model}'; choose one of: {', '.join(PATH_LOSS_38901)}"
-        )
+    _known_38901(model)
     log_d, log_f = _logs(distance_m, frequency_hz)
     loss = _loss_38901(model, log_d, log_f)
     if model.endswith("-nlos"):
@@ -99,11 +96,17 @@ def path_loss_38901_both_db(
     ``uma``, ``inh``) at once: :func:`path_loss_38901_db` of both, the same values, the
     logarithm of the distance and the line-of-sight loss computed once."""
     for model in (f"{family}-los", f"{family}-nlos"):
-        if model not in PATH_LOSS_38901:
-            raise ValueError(f"unknown 38.901 model '{model}'")
+        _known_38901(model)
     log_d, log_f = _logs(distance_m, frequency_hz)
     los = _loss_38901(f"{family}-los", log_d, log_f)
     return los, np.maximum(_loss_38901(f"{family}-nlos", log_d, log_f), los)
+
+
+def _known_38901(model: str) -> None:
+    if model not in PATH_LOSS_38901:
+        raise ValueError(
+            f"unknown 38.901 model '{model}'; choose one of: {', '.join(PATH_LOSS_38901)}"
+        )
 
 
 def _logs(distance_m: FloatArray | float, frequency_hz: float) -> tuple[FloatArray, float]:

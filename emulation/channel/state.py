@@ -15,12 +15,15 @@ import numpy as np
 
 from emulation.channel import radio
 
-#: The figures a link verdict does not read (:meth:`SparseLinkState.for_verdicts` leaves them
-#: out).
-NOT_FOR_VERDICTS = ("distance_m", "rx_dbm", "sinr_db", "rate_bps", "per")
 #: The per-link figures a state holds, by the name of their array.
 FIGURES = ("distance_m", "rx_dbm", "sinr_db", "rate_bps", "per", "residual", "bad",
            "goodput_bps", "latency_s")  # fmt: skip
+#: What a link verdict reads besides the links (:meth:`SparseLinkState.for_verdicts`).
+FOR_VERDICTS = ("residual", "bad", "goodput_bps", "latency_s", "hears_idx")
+#: The figures a link verdict does not read (left out of a state for verdicts).
+NOT_FOR_VERDICTS = tuple(name for name in FIGURES if name not in FOR_VERDICTS)
+#: What a gossip graph reads besides the links (:meth:`SparseLinkState.for_graph`).
+FOR_GRAPH = ("rx_dbm",)
 
 
 def chunk_loss_probability(
@@ -66,6 +69,14 @@ class LinkState:
     @property
     def n(self) -> int:
         return int(self.exists.shape[0])
+
+    def for_verdicts(self) -> LinkState:
+        """This state: a dense one (a small fleet) is held whole wherever it is held."""
+        return self
+
+    def for_graph(self) -> LinkState:
+        """This state (see :meth:`for_verdicts`)."""
+        return self
 
     def link(self, i: int, j: int) -> Any:
         """The handle of link i -> j: an index into every figure array."""
@@ -190,22 +201,26 @@ class SparseLinkState:
                                       self.loss_bad)  # fmt: skip
 
     def for_verdicts(self) -> SparseLinkState:
-        """This state with only what a message's verdict reads (the links, whether they
-        exist, burst state, residual loss, goodput, latency, who hears whom; the arrays
-        shared, not copied). A link shaper holds it for the steps it may still be asked
-        about, so that a step past the model's own cache keeps about half its bytes
-        (:data:`NOT_FOR_VERDICTS` are empty in it: asking for them is an error)."""
-        empty: dict[str, Any] = dict.fromkeys(NOT_FOR_VERDICTS, np.zeros(0, dtype=np.float32))
-        return replace(self, **empty)
+        """This state with only what a message's verdict reads (:data:`FOR_VERDICTS`). A
+        link shaper holds it for the steps it may still be asked about, so that a step past
+        the model's own cache keeps about half its bytes."""
+        return self._keeping(FOR_VERDICTS)
 
     def for_graph(self) -> SparseLinkState:
-        """This state with only what a gossip graph is built from (the links, whether they
-        exist, their received power; the arrays shared): what the model keeps of an epoch's
-        first step until the graph asks for it. Every other figure is empty in it."""
-        empty = np.zeros(0, dtype=np.float32)
-        return replace(self, distance_m=empty, sinr_db=empty, rate_bps=empty, per=empty,
-                       residual=empty, bad=np.zeros(0, dtype=bool), goodput_bps=empty,
-                       latency_s=empty, hears_idx=np.zeros(0, dtype=np.int32))  # fmt: skip
+        """This state with only what a gossip graph is built from (:data:`FOR_GRAPH`): what
+        the model keeps of an epoch's first step until the graph asks for it."""
+        return self._keeping(FOR_GRAPH)
+
+    def _keeping(self, names: tuple[str, ...]) -> SparseLinkState:
+        """This state with the links, whether they exist and ``names`` (the arrays shared,
+        not copied); every other figure and who hears whom are empty (asking for them is an
+        error)."""
+        dropped: dict[str, Any] = {
+            name: np.zeros(0, dtype=getattr(self, name).dtype)
+            for name in (*FIGURES, "hears_idx")
+            if name not in names
+        }
+        return replace(self, **dropped)
 
     def hears_of(self, i: int) -> np.ndarray:
         """The nodes node ``i`` hears (itself included), as indices."""

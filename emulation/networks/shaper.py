@@ -26,7 +26,7 @@ import numpy as np
 from edge.config.seeds import keyed_hash, splitmix64, to_unit
 from edge.transport.base import LinkVerdict
 from emulation.channel.model import AnyLinkState, ChannelBase
-from emulation.channel.state import SparseLinkState, chunk_loss_probability
+from emulation.channel.state import chunk_loss_probability
 from emulation.scenario import WirelessSettings
 
 _UNIT = NormalDist()
@@ -121,7 +121,7 @@ class _StepLinks:
     def __init__(self, state: AnyLinkState) -> None:
         # Over the links in range (large fleets) only what a verdict reads is held: a shaper
         # holds every step a transfer may still run into (up to ``max_stall_s`` ahead).
-        self.state = state.for_verdicts() if isinstance(state, SparseLinkState) else state
+        self.state = state.for_verdicts()
         self.figures: dict[int, _Figures] = {}
 
     def link(self, i: int, j: int, pair: int) -> _Figures:
