@@ -8,8 +8,9 @@ to the kernel past twice that size: the next block faults the same memory in aga
 time. A fixed threshold (blocks up to 32 MB from the heap, larger arrays from ``mmap`` and
 given back when freed) and a heap top kept up to 256 MB leave those pages mapped for the
 next block: a loop of such blocks went from 2.0 s to 0.77 s of kernel time, a 10,000-node
-step in lte-urban's 2 km square by about 0.5-1 s of its 4.5-5.6 s (the rest is the step's
-whole-size arrays, which still come from ``mmap``).
+step in lte-urban's 2 km square by about 0.5-1 s of its 4.5-5.6 s when measured (the rest
+was the step's whole-size arrays, from ``mmap``; since, the step writes into arrays sized
+once and reuses the scan's, see docs/performance.md, issue 18's eighth pass).
 """
 
 from __future__ import annotations
