@@ -98,8 +98,10 @@ class AirtimeLedger:
 
 
 #: A link's figures in one step, as Python values: its handle in the state, whether it
-#: exists, latency (s), burst state, residual loss, goodput (b/s; 0 where it does not exist).
-_Figures = tuple[Any, bool, float, bool, float, float]
+#: exists, latency (s), burst state, residual loss, goodput (b/s; 0 where it does not exist),
+#: the link's hash keyed by the step (a message's draws hash it with the message index) and
+#: the loss probability of a one-packet chunk (most messages).
+_Figures = tuple[Any, bool, float, bool, float, float, int, float]
 #: Steps before the latest message's start step that a shaper still keeps (their states and
 #: link figures); every step from there on is kept. Messages start in time order, but a
 #: transfer runs into the steps after its start (up to ``max_stall_s`` in a fade) while later
@@ -114,15 +116,25 @@ class _StepLinks:
     """One step's link state and the figures of the links asked in it, read once each: a
     step holds many messages per link (lte-urban: about ten), and each would otherwise
     index the state's arrays five times. The values are the state's own, converted as the
-    state's accessors convert them."""
+    state's accessors convert them. ``link_hash(i, j, pair)``: the link's hash (the
+    shaper keeps them)."""
 
-    __slots__ = ("figures", "state")
+    __slots__ = ("figures", "hears", "link_hash", "packet_bytes", "state", "step")
 
-    def __init__(self, state: AnyLinkState) -> None:
+    def __init__(
+        self,
+        state: AnyLinkState,
+        step: int,
+        link_hash: Callable[[int, int, int], int],
+        packet_bytes: int,
+    ) -> None:
         # Over the links in range (large fleets) only what a verdict reads is held: a shaper
         # holds every step a transfer may still run into (up to ``max_stall_s`` ahead).
         self.state = state.for_verdicts()
+        self.step, self.link_hash, self.packet_bytes = step, link_hash, packet_bytes
         self.figures: dict[int, _Figures] = {}
+        #: Each sender's carrier-sense domain, as the state gives it (read once a sender).
+        self.hears: dict[int, np.ndarray] = {}
 
     def link(self, i: int, j: int, pair: int) -> _Figures:
         """Link i->j's figures (``pair``: ``i * n + j``, the key they are kept by)."""
@@ -131,20 +143,33 @@ class _StepLinks:
             st = self.state
             handle = st.link(i, j)
             latency = st.latency(handle, i, j)
+            step_hash = splitmix64(self.link_hash(i, j, pair) ^ self.step)
             if st.has(handle):
-                figures = (handle, True, latency, bool(st.bad[handle]),
-                           float(st.residual[handle]), float(st.goodput_bps[handle]))  # fmt: skip
+                bad, residual = bool(st.bad[handle]), float(st.residual[handle])
+                one_packet = chunk_loss_probability(True, bad, residual, 1, self.packet_bytes,
+                                                    st.loss_good, st.loss_bad)  # fmt: skip
+                figures = (handle, True, latency, bad, residual, float(st.goodput_bps[handle]),
+                           step_hash, one_packet)  # fmt: skip
             else:
-                figures = (handle, False, latency, False, 0.0, 0.0)
+                figures = (handle, False, latency, False, 0.0, 0.0, step_hash, 1.0)
             self.figures[pair] = figures
         return figures
 
-    def chunk_loss(self, figures: _Figures, nbytes: int, packet_bytes: int) -> float:
+    def hears_of(self, i: int) -> np.ndarray:
+        """The state's ``hears_of(i)``, kept."""
+        row = self.hears.get(i)
+        if row is None:
+            row = self.hears[i] = self.state.hears_of(i)
+        return row
+
+    def chunk_loss(self, figures: _Figures, nbytes: int) -> float:
         """As the state's ``chunk_loss_at`` of the link."""
         if not figures[1]:
             return 1.0
+        if nbytes <= self.packet_bytes:  # one packet: kept with the figures
+            return figures[7]
         st = self.state
-        return chunk_loss_probability(True, figures[3], figures[4], nbytes, packet_bytes,
+        return chunk_loss_probability(True, figures[3], figures[4], nbytes, self.packet_bytes,
                                       st.loss_good, st.loss_bad)  # fmt: skip
 
 
@@ -276,13 +301,10 @@ class WirelessLinkShaper:
         """One message's verdict (``step``, ``view``: the step of ``start`` and its links)."""
         cfg, model = self.settings, self.model
         pair = i * model.n + j
-        link = self._link_hash.get(pair)
-        if link is None:
-            link = self._link_hash[pair] = keyed_hash(model.seed, i, j)
-        figures = view.link(i, j, pair)
+        figures = view.figures.get(pair) or view.link(i, j, pair)
         latency = figures[2]
         # keyed_hash(step, index, start=link), its keys being non-negative and below 2**64
-        message_hash = splitmix64(splitmix64(link ^ step) ^ index)
+        message_hash = splitmix64(figures[6] ^ index)
         if cfg.jitter_ms > 0:
             u = _uniform(message_hash, _JITTER)
             u = min(max(u, 1e-12), 1.0 - 1e-12)
@@ -301,9 +323,9 @@ class WirelessLinkShaper:
                 v, on, h = view, figures, message_hash
             else:
                 v = self._view(chunk_step)
-                on = v.link(i, j, pair)
-                h = splitmix64(splitmix64(link ^ chunk_step) ^ index)
-            loss = v.chunk_loss(on, size, cfg.packet_bytes)
+                on = v.figures.get(pair) or v.link(i, j, pair)
+                h = splitmix64(on[6] ^ index)
+            loss = v.chunk_loss(on, size)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
                 # Lost: the sender spends the chunk's airtime (when the link carries
                 # anything) and learns of the loss a retransmission timeout later.
@@ -315,13 +337,22 @@ class WirelessLinkShaper:
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
         return False, t - start
 
+    def _hash_of(self, i: int, j: int, pair: int) -> int:
+        """Link i->j's hash (``pair``: ``i * n + j``), the start of its messages' draws."""
+        link = self._link_hash.get(pair)
+        if link is None:
+            link = self._link_hash[pair] = keyed_hash(self.model.seed, i, j)
+        return link
+
     def _view(self, step: int) -> _StepLinks:
         """The model's state of ``step`` with the figures of the links asked in it so far
         (kept from :data:`_KEEP_BEHIND` steps before the latest start on: most messages in
         a step ask for the same)."""
         view = self._views.get(step)
         if view is None:
-            view = self._views[step] = _StepLinks(self.model.state(step))
+            state = self.model.state(step)
+            view = _StepLinks(state, step, self._hash_of, self.settings.packet_bytes)
+            self._views[step] = view
             floor = self._start_step - _KEEP_BEHIND
             for old in [s for s in self._views if s < floor]:
                 del self._views[old]
@@ -344,14 +375,15 @@ class WirelessLinkShaper:
                 view, figures = known[1], known[2]
             else:
                 view = self._view(step)
-                figures = view.link(i, j, i * model.n + j)
+                pair = i * model.n + j
+                figures = view.figures.get(pair) or view.link(i, j, pair)
             if not figures[1]:
                 return t, True
             end = (step + 1) * dt
             rate = figures[5]
             free = 1.0
             if rate > 0 and shared_air:
-                free = 1.0 - ledger.utilisation(step, view.state.hears_of(i), dt, t)
+                free = 1.0 - ledger.utilisation(step, view.hears_of(i), dt, t)
             if rate <= 0 or free <= 1e-6:
                 stall_from = t if stall_from is None else stall_from
                 if end - stall_from > cfg.max_stall_s:
