@@ -20,6 +20,7 @@ drops, counters and times exactly, estimates within 1e-9.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -302,7 +303,7 @@ class VirtualPushSum:
         if not heard:
             left = receiver.former.get(i)
             heard = left is not None and receiver.round - left <= FORMER_ROUNDS
-        if not heard or not (0 < y < float("inf")):  # not an in-neighbour; a weight refused
+        if not heard or not (0 < y < math.inf):  # not an in-neighbour; a weight refused
             receiver.counters[5] += 1
             self._refused(sender, edge, nbytes)
             return
@@ -347,8 +348,11 @@ class VirtualPushSum:
                 edge.sigma_y -= sent[2]
                 edge.base = ack_last
         sender.refusing.discard(edge.dst)
-        self._check(sender)
-        self._check(receiver)
+        # (_check returns at once for an agent with messages in flight: most calls here)
+        if not sender.inflight:
+            self._check(sender)
+        if not receiver.inflight:
+            self._check(receiver)
 
     def _refused(self, sender: _Agent, edge: _Edge, nbytes: int) -> None:
         self._settle(edge, nbytes, 3)
@@ -386,9 +390,7 @@ class VirtualPushSum:
 
     def report(self, a: _Agent, round_index: int) -> RoundRecord:
         bytes_sent, sent, dropped, failed, received, rejected = a.counters
-        counters = Counters(bytes_sent=bytes_sent, messages_sent=sent, messages_dropped=dropped,
-                            messages_failed=failed, messages_received=received,
-                            messages_rejected=rejected)  # fmt: skip
+        counters = Counters(bytes_sent, sent, dropped, failed, received, rejected)
         estimate = a.x / a.y
         record = RoundRecord(
             agent_id=a.agent_id, round=round_index, wall_s=self.loop.now, metrics={},

@@ -11,7 +11,7 @@ import numpy as np
 
 from edge.observability.stats import RoundRecord, StatsSink
 from emulation.channel.model import ChannelBase
-from emulation.networks.gossip_graph import WirelessTopology
+from emulation.networks.gossip_graph import GraphEpoch, WirelessTopology
 from emulation.networks.shaper import PlannedMessage
 from emulation.results import RunResults
 
@@ -28,18 +28,27 @@ class LinkFiguresSink:
         self.topology = topology
         self.clock = clock
         self._index = {agent_id: i for i, agent_id in enumerate(topology.ids)}
+        # The latest graph's figures as metrics (every agent records in it: a fleet of 1,000
+        # makes them a thousand times a round).
+        self._graph: GraphEpoch | None = None
+        self._figures: dict[str, float] = {}
+        self._out_links: tuple[float, ...] = ()
 
     def record(self, record: RoundRecord) -> None:
         graph = self.topology.graph(self.clock())
-        record.metrics.update(
-            radio_links=float(graph.radio_links),
-            gossip_links=float(graph.gossip_links),
-            strongly_connected=float(graph.strongly_connected),
-            graph_epoch=float(graph.epoch),
-        )
+        if graph is not self._graph:
+            self._graph = graph
+            self._figures = {
+                "radio_links": float(graph.radio_links),
+                "gossip_links": float(graph.gossip_links),
+                "strongly_connected": float(graph.strongly_connected),
+                "graph_epoch": float(graph.epoch),
+            }
+            self._out_links = tuple(float(d) for d in graph.out_degree)
+        record.metrics.update(self._figures)
         node = self._index.get(record.agent_id)
         if node is not None:
-            record.metrics["out_links"] = float(graph.out_degree[node])
+            record.metrics["out_links"] = self._out_links[node]
         if self.inner is not None:
             self.inner.record(record)
 
