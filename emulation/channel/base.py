@@ -207,6 +207,16 @@ class ChannelBase:
         assert result is not None
         return result
 
+    def compute_ahead(self) -> bool:
+        """Have later steps computed in a worker process while the caller works in the
+        step before, where the model can and that pays (the dense model's steps); whether it
+        does. The model over the links in range does not: its steps are large and their
+        hand-over would be a copy of them."""
+        return False
+
+    def close(self) -> None:
+        """Stop what :meth:`compute_ahead` started."""
+
     # -- what a subclass provides ------------------------------------------------------------
     def _links_estimate(self) -> int:
         """How many directed links a step holds (sizes the cache)."""

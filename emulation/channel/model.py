@@ -19,12 +19,16 @@ in range (:mod:`emulation.channel.sparse`); :func:`channel_model` picks one.
 
 from __future__ import annotations
 
+import logging
+import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from emulation.channel import fading as fad
 from emulation.channel import radio
+from emulation.channel.ahead import StepsAhead, WorkerGone
 from emulation.channel.base import (
     ACTIVE,
     BURST,
@@ -51,6 +55,12 @@ BLOCK_ELEMENTS = 1 << 22
 
 #: Above this many nodes :func:`channel_model` gives the model over the links in range.
 DENSE_MAX_NODES = 2000
+
+#: From this many nodes a dense model's steps are worth a process of their own
+#: (:meth:`ChannelModel.compute_ahead`): a step of 500 nodes is about 60 ms of NumPy.
+AHEAD_MIN_NODES = 500
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,13 +99,44 @@ class ChannelModel(ChannelBase):
         self, settings: WirelessSettings, n: int, seed: int, cache_steps: int | None = None
     ) -> None:
         self._internal: _Internal | None = None
+        self._ahead: StepsAhead | None = None
         super().__init__(settings, n, seed, cache_steps)
+
+    def compute_ahead(self) -> bool:
+        """Have the steps after step 0 computed in a worker process, each while the caller
+        works in the one before (:mod:`emulation.channel.ahead`; the same arrays), where
+        that pays: :data:`AHEAD_MIN_NODES` nodes or more and a second CPU for this process.
+        Whether it does. The worker ends with the model, or at :meth:`close`."""
+        if self._ahead is None:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            if self.n < AHEAD_MIN_NODES or cpus < 2 or not hasattr(os, "memfd_create"):
+                return False  # (memory files: Linux)
+            self._ahead = StepsAhead(self.settings, self.n, self.seed, first=1)
+            weakref.finalize(self, self._ahead.close)
+        return True
+
+    def close(self) -> None:
+        """Stop the worker of :meth:`compute_ahead`, if any (steps are computed here again)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def _restart(self) -> None:
         self._internal = None
 
     # -- one step ----------------------------------------------------------------------------
     def _advance(self, step: int) -> LinkState:
+        if self._ahead is not None and step > 0:
+            try:
+                state = self._ahead.take(step)
+                self._internal = None  # the worker carries the sequence on
+                return state
+            except WorkerGone as err:
+                log.warning("%s; the channel model's steps are computed in this process", err)
+                self._ahead = None
+        if self._internal is None and step > 0:  # after the worker: the steps before again
+            for k in range(step):
+                self._internal = self._next_internal(k)
         # The next internal state first, so that its temporaries are freed before the link
         # state (the larger part) is computed.
         self._internal = self._next_internal(step)

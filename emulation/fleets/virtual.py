@@ -67,13 +67,16 @@ class EventLoop:
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Run events in time order until none is left (or ``until()`` says stop; it is
         asked every thousand events)."""
-        queue = self._queue
-        while queue:
-            self.now, _, callback, args = heapq.heappop(queue)
-            self.events += 1
-            callback(*args)
-            if until is not None and self.events % 1000 == 0 and until():
-                return
+        queue, pop, events = self._queue, heapq.heappop, self.events
+        try:
+            while queue:
+                self.now, _, callback, args = pop(queue)
+                events += 1
+                callback(*args)
+                if events % 1000 == 0 and until is not None and until():
+                    return
+        finally:
+            self.events = events
 
 
 #: Where a virtual agent is reached: ``virtual://<id>``.
@@ -220,6 +223,8 @@ class VirtualFleet:
         settings = config.agent_settings()
         directory: dict[str, InboundHandler] = {}
         sink = self.links.sink(self.sink)
+        # Steps are asked in time order here: the next can be computed while this one runs.
+        self.links.compute_ahead()
         if self.fast:
             self._run_fast(sink)
             return

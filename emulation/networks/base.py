@@ -125,6 +125,10 @@ class LinkRuntime(ABC):
         figures), else None. Fleets that run agents in this process call it."""
         return None
 
+    def compute_ahead(self) -> None:  # noqa: B027 - optional hook
+        """A fleet that asks the links' model for its steps in order (one on a virtual clock)
+        may have them computed ahead, on another CPU, where the network can."""
+
     def follow(  # noqa: B027 - optional hook
         self, agent: Agent, stop: threading.Event, on_links: LinksCallback | None = None
     ) -> None:

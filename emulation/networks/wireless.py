@@ -112,6 +112,9 @@ class WirelessLinks(LinkRuntime):
             for node, agent_id in enumerate(topology.ids)
         }
 
+    def compute_ahead(self) -> None:
+        self.run.model.compute_ahead()
+
     def next_change_s(self, time_s: float) -> float | None:
         topology = self.run.topology
         return topology.graph(time_s).time_s + topology.interval_s
