@@ -18,6 +18,7 @@ socket ``FD`` and answers each with the step, or with an error and exits.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -174,7 +175,8 @@ def serve(sock: socket.socket) -> None:
             ahead = (following, _pack(model._advance(following)))
             following += 1
         except Exception as err:  # the caller computes the step itself and meets it there
-            _send(sock, ("error", f"{type(err).__name__}: {err}"))
+            with contextlib.suppress(OSError):  # (unless it is gone)
+                _send(sock, ("error", f"{type(err).__name__}: {err}"))
             return
 
 
