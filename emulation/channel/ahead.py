@@ -11,14 +11,12 @@ copy-on-write and unpickles the arrays as views of the mapping, which lives as l
 do. (Pickled whole through the socket, the 35 MB of a 1,000-node step took the caller
 0.1-0.2 s a step to read.)
 
-``python -m emulation.channel.ahead FD`` is the worker (started by :class:`StepsAhead`, not
-by hand): it reads ``(settings, n, seed, first step)`` and then step numbers from the
-socket ``FD`` and answers each with the step, or with an error and exits.
+The worker is :mod:`emulation.channel.worker` (``python -m emulation.channel.worker FD``,
+started by :class:`StepsAhead`, not by hand).
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import pickle
@@ -38,21 +36,23 @@ _MESSAGE_BYTES = 1 << 20
 
 #: A step as the worker hands it over: its pickle without the arrays, where each array lies
 #: in the memory file, and the file's descriptor.
-_Packed = tuple[bytes, list[tuple[int, int]], int]
+Packed = tuple[bytes, list[tuple[int, int]], int]
 
 
 class WorkerGone(RuntimeError):
     """The worker process failed or ended: the caller computes the step itself."""
 
 
-def _send(sock: socket.socket, message: Any, fd: int | None = None) -> None:
+def send(sock: socket.socket, message: Any, fd: int | None = None) -> None:
+    """One message (pickled, at most ``_MESSAGE_BYTES``), with a descriptor where given."""
     data = pickle.dumps(message, protocol=5)
     if len(data) > _MESSAGE_BYTES:
         raise ValueError(f"a message of {len(data)} bytes (more than {_MESSAGE_BYTES})")
     socket.send_fds(sock, [data], [fd] if fd is not None else [])
 
 
-def _receive(sock: socket.socket) -> tuple[Any, int | None]:
+def receive(sock: socket.socket) -> tuple[Any, int | None]:
+    """One message :func:`send` sent, and its descriptor (None: none came with it)."""
     data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
     if not data:
         for fd in fds:
@@ -61,7 +61,7 @@ def _receive(sock: socket.socket) -> tuple[Any, int | None]:
     return pickle.loads(data), (fds[0] if fds else None)
 
 
-def _pack(state: LinkState) -> _Packed:
+def pack(state: LinkState) -> Packed:
     """``state`` in a memory file (the caller closes the descriptor)."""
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(state, protocol=5, buffer_callback=buffers.append)
@@ -84,7 +84,7 @@ def _pack(state: LinkState) -> _Packed:
 
 
 def _unpack(head: bytes, places: list[tuple[int, int]], fd: int) -> Any:
-    """What :func:`_pack` wrote, its arrays views of the file mapped copy-on-write."""
+    """What :func:`pack` wrote, its arrays views of the file mapped copy-on-write."""
     try:
         mapped = mmap.mmap(fd, max(os.fstat(fd).st_size, 1), access=mmap.ACCESS_COPY)
     finally:
@@ -106,18 +106,18 @@ class StepsAhead:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "emulation.channel.ahead", str(theirs.fileno())],
+                [sys.executable, "-m", "emulation.channel.worker", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:
             theirs.close()
         self._sock = ours
-        _send(ours, (settings, n, seed, first))
+        send(ours, (settings, n, seed, first))
 
     def take(self, step: int) -> LinkState:
         try:
-            _send(self._sock, step)
-            (kind, *value), fd = _receive(self._sock)
+            send(self._sock, step)
+            (kind, *value), fd = receive(self._sock)
         except (EOFError, OSError) as err:
             self.close()
             raise WorkerGone(
@@ -138,47 +138,3 @@ class StepsAhead:
         if self._process.poll() is None:
             self._process.terminate()
             self._process.wait()
-
-
-def serve(sock: socket.socket) -> None:
-    """The worker's loop (see the module docstring)."""
-    from emulation.channel.model import ChannelModel
-
-    (settings, n, seed, first), _ = _receive(sock)
-    model = ChannelModel(settings, n, seed, cache_steps=1)
-    for following in range(first):
-        model._advance(following)
-    ahead: tuple[int, _Packed] | None = (first, _pack(model._advance(first)))
-    following = first + 1  # the step the model computes next
-    while True:
-        try:
-            step, _ = _receive(sock)
-        except (EOFError, OSError):  # the run is over
-            return
-        try:
-            if ahead is not None and ahead[0] == step:
-                packed = ahead[1]
-            else:
-                if ahead is not None:
-                    os.close(ahead[1][2])
-                if step < following:
-                    model._restart()
-                    following = 0
-                while following <= step:
-                    state = model._advance(following)
-                    following += 1
-                packed = _pack(state)
-                del state
-            ahead = None
-            _send(sock, ("state", packed[0], packed[1]), packed[2])
-            os.close(packed[2])
-            ahead = (following, _pack(model._advance(following)))
-            following += 1
-        except Exception as err:  # the caller computes the step itself and meets it there
-            with contextlib.suppress(OSError):  # (unless it is gone)
-                _send(sock, ("error", f"{type(err).__name__}: {err}"))
-            return
-
-
-if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])))
