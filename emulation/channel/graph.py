@@ -4,9 +4,10 @@ strongly connected where the radio allows."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_array, csr_matrix
 from scipy.sparse.csgraph import connected_components
 
+from edge.topology.graphs import SPARSE_LIMIT, Adjacency
 from emulation.channel.state import AnyLinkState, SparseLinkState
 
 
@@ -15,7 +16,7 @@ def gossip_adjacency(
     max_out_degree: int,
     margin_db: float = 0.0,
     sensitivity_dbm: np.ndarray | None = None,
-) -> np.ndarray:
+) -> Adjacency:
     """The gossip graph: each node sends to its ``max_out_degree`` strongest existing links
     (by mean received power) that clear the sensitivity by ``margin_db`` (a fade margin),
     plus the reverse of each chosen link where it exists, plus the links that make it
@@ -90,13 +91,14 @@ def _sparse_gossip_adjacency(
     max_out_degree: int,
     margin_db: float,
     sensitivity_dbm: np.ndarray | None,
-) -> np.ndarray:
+) -> Adjacency:
     """:func:`gossip_adjacency` over the links a sparse state holds (the same choices: the
-    strongest first, ties to the lowest receiver)."""
+    strongest first, ties to the lowest receiver), kept as a flag per link until the end:
+    dense ``(n, n)`` up to :data:`~edge.topology.graphs.SPARSE_LIMIT` nodes, a sparse CSR
+    array above (a dense one of 100,000 nodes is 10 GB, most of it touched by the links)."""
     n = state.n
-    adjacency = np.zeros((n, n), dtype=bool)
     if n < 2:
-        return adjacency
+        return np.zeros((n, n), dtype=bool)
     src, dst = state.link_pairs()
     strength = state.link_values("rx_dbm")
     preferred = strength
@@ -106,12 +108,19 @@ def _sparse_gossip_adjacency(
     order = _by_sender_strongest_first(src, preferred)
     ranked = src[order]
     rank = np.arange(order.size) - np.searchsorted(ranked, ranked, side="left")
-    chosen = order[(rank < k) & np.isfinite(preferred[order])]
-    adjacency[src[chosen], dst[chosen]] = True
-    back = adjacency[dst, src]  # the reverse of a chosen link, where the radio allows it
-    adjacency[src[back], dst[back]] = True
+    chosen = np.zeros(src.size, dtype=bool)  # the gossip graph's links
+    chosen[order[(rank < k) & np.isfinite(preferred[order])]] = True
+    del order, ranked, rank
+    # The reverse of a chosen link, where the radio allows it (links are in key order).
+    keys = src.astype(np.int64) * n + dst
+    back_keys = dst.astype(np.int64) * n + src
+    reverse = np.minimum(np.searchsorted(keys, back_keys), max(0, keys.size - 1))
+    exists = keys[reverse] == back_keys
+    del keys, back_keys
+    chosen |= exists & chosen[reverse]
+    del reverse, exists
     for _ in range(n):
-        count, labels = _components(adjacency)
+        count, labels = _components(_links_graph(n, src[chosen], dst[chosen]))
         if count == 1:
             break
         added = False
@@ -121,19 +130,30 @@ def _sparse_gossip_adjacency(
                 links = np.flatnonzero(crossing)
                 if links.size:
                     best = links[int(np.argmax(strength[links]))]
-                    added |= not adjacency[src[best], dst[best]]
-                    adjacency[src[best], dst[best]] = True
+                    added |= not chosen[best]
+                    chosen[best] = True
         if not added:
             break
+    if n > SPARSE_LIMIT:
+        return _links_graph(n, src[chosen], dst[chosen])
+    adjacency = np.zeros((n, n), dtype=bool)
+    adjacency[src[chosen], dst[chosen]] = True
     return adjacency
 
 
-def _components(adjacency: np.ndarray) -> tuple[int, np.ndarray]:
+def _links_graph(n: int, src: np.ndarray, dst: np.ndarray) -> csr_array:
+    """The sparse boolean adjacency of links ``src -> dst`` (distinct, by sender then
+    receiver: the rows' columns come out sorted, as from a dense array)."""
+    data = np.ones(src.size, dtype=bool)
+    return csr_array((data, (src, dst)), shape=(n, n), dtype=bool)
+
+
+def _components(adjacency: Adjacency) -> tuple[int, np.ndarray]:
     count, labels = connected_components(csr_matrix(adjacency), directed=True, connection="strong")
     return int(count), labels
 
 
-def strongly_connected(adjacency: np.ndarray) -> tuple[bool, int]:
+def strongly_connected(adjacency: Adjacency) -> tuple[bool, int]:
     """Whether a directed graph is strongly connected, and its number of strong components."""
     count, _ = _components(adjacency)
     return count == 1, count

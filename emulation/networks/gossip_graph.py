@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+from scipy.sparse import csr_array
 
 from edge.topology import Assignment, Phase
+from edge.topology.graphs import Adjacency
 from emulation.channel.model import ChannelBase, gossip_adjacency, strongly_connected
 
 
@@ -18,12 +21,35 @@ class GraphEpoch:
 
     epoch: int
     time_s: float
-    adjacency: np.ndarray
+    #: Dense ``(n, n)``, or a sparse CSR array above ``SPARSE_LIMIT`` nodes.
+    adjacency: Adjacency
     radio_links: int
     strongly_connected: bool
     components: int
     gossip_links: int = 0
     out_degree: tuple[int, ...] = ()
+
+    def out_of(self, node: int) -> np.ndarray:
+        """The nodes ``node`` sends to, ascending."""
+        a = self.adjacency
+        if isinstance(a, np.ndarray):
+            return np.flatnonzero(a[node])
+        return np.asarray(a.indices[a.indptr[node] : a.indptr[node + 1]])
+
+    def into(self, node: int) -> np.ndarray:
+        """The nodes that send to ``node``, ascending."""
+        a = self.adjacency
+        if isinstance(a, np.ndarray):
+            return np.flatnonzero(a[:, node])
+        t = self._incoming
+        return np.asarray(t.indices[t.indptr[node] : t.indptr[node + 1]])
+
+    @cached_property
+    def _incoming(self) -> csr_array:
+        """The sparse adjacency's transpose by rows (each node's senders), made once."""
+        t = csr_array(self.adjacency.T)
+        t.sort_indices()
+        return t
 
 
 class WirelessTopology:
@@ -71,8 +97,7 @@ class WirelessTopology:
         """Node ``node``'s assignment for ``graph``: its column of the column-stochastic mixing
         matrix (``1 / (d_out + 1)``) and every fleet member as a known peer (so a message from
         a former neighbour still in flight is accepted)."""
-        out = np.flatnonzero(graph.adjacency[node])
-        incoming = np.flatnonzero(graph.adjacency[:, node])
+        out, incoming = graph.out_of(node), graph.into(node)
         weight = 1.0 / (len(out) + 1)
         phase = Phase(
             weight, {self.ids[j]: weight for j in out}, tuple(self.ids[j] for j in incoming)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.config.identity import agent_ids
+from edge.topology import adjacency_edges
 from emulation.channel.state import FIGURES, AnyLinkState
 from emulation.networks.gossip_graph import GraphEpoch
 from emulation.networks.wireless import WirelessNetwork
@@ -78,7 +79,7 @@ def plot_links(report: LinkReport, path: Path, title: str) -> None:
     radio_only = ~report.graph.adjacency[src, dst]
     for i, j in zip(src[radio_only], dst[radio_only], strict=True):
         ax.plot(*zip(pos[i], pos[j], strict=True), color="0.85", lw=0.5, zorder=1)
-    gi, gj = np.nonzero(report.graph.adjacency)
+    gi, gj = adjacency_edges(report.graph.adjacency)
     figures = [state.figures(state.link(int(i), int(j))) for i, j in zip(gi, gj, strict=True)]
     goodput = np.array([f[3] for f in figures]) / 1e6
     norm = colors.Normalize(vmin=0.0, vmax=max(float(goodput.max(initial=0.0)), 1e-3))

@@ -123,9 +123,9 @@ class WirelessLinks(LinkRuntime):
         """Node ``node``'s out-links now (those in range, and its gossip out-neighbours)."""
         t = self.clock()
         state = self.run.model.at(t)
-        gossip = self.run.topology.graph(t).adjacency[node]
+        gossip = self.run.topology.graph(t).out_of(node)
         ids = self.run.topology.ids
-        out = np.union1d(state.out_links(node), np.flatnonzero(gossip))
+        out = np.union1d(state.out_links(node), gossip)
         records = [link_record(state, ids, node, int(j)) for j in out if j != node]
         return [
             LinkFigures(r.receiver, r.exists, r.sinr_db, r.rate_bps, r.error_rate, r.bad)

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from scipy.sparse import issparse
 
+from emulation.channel import graph as channel_graph
 from emulation.channel import model as channel_model
 from emulation.channel.graph import gossip_adjacency
 from emulation.channel.model import ChannelModel, LinkState, SparseLinkState
@@ -15,6 +17,7 @@ from emulation.channel.sparse import SparseChannelModel
 from emulation.channel.state import FIGURES
 from emulation.config import load_config, read_scenario
 from emulation.fleets import run_fleet
+from emulation.networks.gossip_graph import GraphEpoch
 from emulation.scenario import WirelessSettings, scenario_path
 
 
@@ -326,3 +329,39 @@ def test_the_next_set_flags_are_found_a_window_at_a_time() -> None:
             start = after
     with pytest.raises(ValueError, match="set flags"):
         next_set(np.zeros(10, dtype=bool), 0, 1)
+
+
+def test_above_the_sparse_limit_the_gossip_graph_is_a_sparse_array_of_the_same_links(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for overrides in VARIANTS:
+        model = SparseChannelModel(settings(**overrides), 40, 2)
+        state = model.state(1)
+        dense = gossip_adjacency(state, 3, 10.0, model.sensitivity_dbm)
+        with monkeypatch.context() as m:
+            m.setattr(channel_graph, "SPARSE_LIMIT", 10)
+            sparse = gossip_adjacency(state, 3, 10.0, model.sensitivity_dbm)
+        assert isinstance(dense, np.ndarray) and issparse(sparse)
+        assert dense.sum() > 40 and np.array_equal(sparse.toarray(), dense)
+        a, b = GraphEpoch(1, 0.0, dense, 0, True, 1), GraphEpoch(1, 0.0, sparse, 0, True, 1)
+        for node in range(40):
+            assert np.array_equal(a.out_of(node), b.out_of(node))
+            assert np.array_equal(a.into(node), b.into(node))
+
+
+def test_a_fleet_on_sparse_gossip_graphs_runs_as_on_dense_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel_model, "DENSE_MAX_NODES", 0)
+    config = load_config(
+        None, {"mode": "virtual", "agents": 30, "rounds": 20, "task": {"name": "consensus"}},
+        base=read_scenario(scenario_path("wifi-outdoor-mobile")),
+    )  # fmt: skip
+    runs = []
+    for limit in (channel_graph.SPARSE_LIMIT, 10):
+        monkeypatch.setattr(channel_graph, "SPARSE_LIMIT", limit)
+        results: dict[str, Any] = run_fleet(config, tmp_path / str(limit)).to_json()
+        runs.append({k: results[k] for k in ("rounds", "final", "wireless")})
+    assert runs[0]["final"]["messages_sent"] > 30 * 20
+    assert runs[0]["wireless"]["graph_epochs"] >= 2  # the graph changed in the run
+    assert runs[0] == runs[1]
