@@ -111,14 +111,14 @@ def _sparse_gossip_adjacency(
     chosen = np.zeros(src.size, dtype=bool)  # the gossip graph's links
     chosen[order[(rank < k) & np.isfinite(preferred[order])]] = True
     del order, ranked, rank
-    # The reverse of a chosen link, where the radio allows it (links are in key order).
+    # The reverse of each chosen link, where the radio allows it: looked up among the links
+    # (in key order) for the chosen ones only (a few a node, against tens of millions).
     keys = src.astype(np.int64) * n + dst
-    back_keys = dst.astype(np.int64) * n + src
+    picked = np.flatnonzero(chosen)
+    back_keys = dst[picked].astype(np.int64) * n + src[picked]
     reverse = np.minimum(np.searchsorted(keys, back_keys), max(0, keys.size - 1))
-    exists = keys[reverse] == back_keys
-    del keys, back_keys
-    chosen |= exists & chosen[reverse]
-    del reverse, exists
+    chosen[reverse[keys[reverse] == back_keys]] = True
+    del keys, picked, back_keys, reverse
     for _ in range(n):
         count, labels = _components(_links_graph(n, src[chosen], dst[chosen]))
         if count == 1:
