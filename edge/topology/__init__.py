@@ -7,8 +7,11 @@ from edge.topology.graphs import (
     Graph,
     TopologyError,
     adjacency_edges,
+    adjacency_row,
     build_graph,
     is_strongly_connected,
+    sparse_adjacency,
+    transposed,
 )
 from edge.topology.mixing import (
     Phase,
@@ -42,6 +45,7 @@ __all__ = [
     "TopologyError",
     "TopologySwitcher",
     "adjacency_edges",
+    "adjacency_row",
     "assignments_for_graph",
     "build_graph",
     "column_stochastic",
@@ -54,8 +58,10 @@ __all__ = [
     "node_phases",
     "parse_switching",
     "second_largest_eigenvalue",
+    "sparse_adjacency",
     "sparse_mixing_matrices",
     "sparse_node_phases",
     "switched_assignments",
     "transition",
+    "transposed",
 ]

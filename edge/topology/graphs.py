@@ -80,18 +80,10 @@ class Graph:
         return adjacency_edges(self.phase(round_index))
 
     def out_neighbours(self, node: int, round_index: int = 0) -> list[int]:
-        a = self.phase(round_index)
-        if issparse(a):
-            rows = csr_array(a)
-            return [int(j) for j in sorted(rows.indices[rows.indptr[node] : rows.indptr[node + 1]])]
-        return [int(j) for j in np.flatnonzero(a[node])]
+        return [int(j) for j in adjacency_row(self.phase(round_index), node)]
 
     def in_neighbours(self, node: int, round_index: int = 0) -> list[int]:
-        a = self.phase(round_index)
-        if issparse(a):
-            senders, receivers = adjacency_edges(a)
-            return [int(i) for i in senders[receivers == node]]
-        return [int(i) for i in np.flatnonzero(a[:, node])]
+        return [int(i) for i in adjacency_row(transposed(self.phase(round_index)), node)]
 
     @property
     def is_undirected(self) -> bool:
@@ -131,7 +123,28 @@ def adjacency_edges(adjacency: Adjacency) -> tuple[np.ndarray, np.ndarray]:
     return senders[order], receivers[order]
 
 
-def _sparse(n: int, senders: np.ndarray, receivers: np.ndarray) -> csr_array:
+def adjacency_row(adjacency: Adjacency, node: int) -> np.ndarray:
+    """The nodes ``node``'s row of a dense or sparse adjacency holds (its out-neighbours; of a
+    :func:`transposed` one, its in-neighbours), ascending."""
+    if not issparse(adjacency):
+        return np.flatnonzero(adjacency[node])
+    rows = adjacency if isinstance(adjacency, csr_array) else csr_array(adjacency)
+    if not rows.has_sorted_indices:
+        rows.sort_indices()
+    return np.asarray(rows.indices[rows.indptr[node] : rows.indptr[node + 1]], dtype=np.int64)
+
+
+def transposed(adjacency: Adjacency) -> Adjacency:
+    """The adjacency with its edges reversed: a view of a dense one, a sparse one by rows
+    (each node's senders; made anew, so a caller that asks for many nodes keeps it)."""
+    if not issparse(adjacency):
+        return adjacency.T
+    rows = csr_array(adjacency.T)
+    rows.sort_indices()
+    return rows
+
+
+def sparse_adjacency(n: int, senders: np.ndarray, receivers: np.ndarray) -> csr_array:
     """A sparse boolean adjacency from edges (duplicates merged, self loops dropped)."""
     keep = senders != receivers
     data = np.ones(int(keep.sum()), dtype=bool)
@@ -187,7 +200,7 @@ def _circulant(name: str, n: int) -> tuple[Adjacency, ...]:
         if n > SPARSE_LIMIT:
             senders = np.concatenate([nodes for _ in hops] or [nodes[:0]])
             receivers = np.concatenate([(nodes + h) % n for h in hops] or [nodes[:0]])
-            phases.append(_sparse(n, senders, receivers))
+            phases.append(sparse_adjacency(n, senders, receivers))
             continue
         a = _empty(n)
         for hop in hops:

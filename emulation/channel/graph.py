@@ -4,10 +4,10 @@ strongly connected where the radio allows."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import csr_array, csr_matrix
+from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from edge.topology.graphs import SPARSE_LIMIT, Adjacency
+from edge.topology.graphs import SPARSE_LIMIT, Adjacency, sparse_adjacency
 from emulation.channel.state import AnyLinkState, SparseLinkState
 
 
@@ -120,7 +120,7 @@ def _sparse_gossip_adjacency(
     chosen[reverse[keys[reverse] == back_keys]] = True
     del keys, picked, back_keys, reverse
     for _ in range(n):
-        count, labels = _components(_links_graph(n, src[chosen], dst[chosen]))
+        count, labels = _components(sparse_adjacency(n, src[chosen], dst[chosen]))
         if count == 1:
             break
         added = False
@@ -135,17 +135,10 @@ def _sparse_gossip_adjacency(
         if not added:
             break
     if n > SPARSE_LIMIT:
-        return _links_graph(n, src[chosen], dst[chosen])
+        return sparse_adjacency(n, src[chosen], dst[chosen])
     adjacency = np.zeros((n, n), dtype=bool)
     adjacency[src[chosen], dst[chosen]] = True
     return adjacency
-
-
-def _links_graph(n: int, src: np.ndarray, dst: np.ndarray) -> csr_array:
-    """The sparse boolean adjacency of links ``src -> dst`` (distinct, by sender then
-    receiver: the rows' columns come out sorted, as from a dense array)."""
-    data = np.ones(src.size, dtype=bool)
-    return csr_array((data, (src, dst)), shape=(n, n), dtype=bool)
 
 
 def _components(adjacency: Adjacency) -> tuple[int, np.ndarray]:

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy.sparse import csr_array
 
-from edge.topology import Assignment, Phase
+from edge.topology import Assignment, Phase, adjacency_row, transposed
 from edge.topology.graphs import Adjacency
 from emulation.channel.model import ChannelBase, gossip_adjacency, strongly_connected
 
@@ -31,25 +30,16 @@ class GraphEpoch:
 
     def out_of(self, node: int) -> np.ndarray:
         """The nodes ``node`` sends to, ascending."""
-        a = self.adjacency
-        if isinstance(a, np.ndarray):
-            return np.flatnonzero(a[node])
-        return np.asarray(a.indices[a.indptr[node] : a.indptr[node + 1]])
+        return adjacency_row(self.adjacency, node)
 
     def into(self, node: int) -> np.ndarray:
         """The nodes that send to ``node``, ascending."""
-        a = self.adjacency
-        if isinstance(a, np.ndarray):
-            return np.flatnonzero(a[:, node])
-        t = self._incoming
-        return np.asarray(t.indices[t.indptr[node] : t.indptr[node + 1]])
+        return adjacency_row(self._incoming, node)
 
     @cached_property
-    def _incoming(self) -> csr_array:
-        """The sparse adjacency's transpose by rows (each node's senders), made once."""
-        t = csr_array(self.adjacency.T)
-        t.sort_indices()
-        return t
+    def _incoming(self) -> Adjacency:
+        """The adjacency reversed, made once (a sparse one by rows: each node's senders)."""
+        return transposed(self.adjacency)
 
 
 class WirelessTopology:
