@@ -116,22 +116,15 @@ class _StepLinks:
     """One step's link state and the figures of the links asked in it, read once each: a
     step holds many messages per link (lte-urban: about ten), and each would otherwise
     index the state's arrays five times. The values are the state's own, converted as the
-    state's accessors convert them. ``link_hash(i, j, pair)``: the link's hash (the
-    shaper keeps them)."""
+    state's accessors convert them. ``seed``: the model's (a link's draws are keyed by it)."""
 
-    __slots__ = ("figures", "hears", "link_hash", "packet_bytes", "state", "step")
+    __slots__ = ("figures", "hears", "packet_bytes", "seed", "state", "step")
 
-    def __init__(
-        self,
-        state: AnyLinkState,
-        step: int,
-        link_hash: Callable[[int, int, int], int],
-        packet_bytes: int,
-    ) -> None:
+    def __init__(self, state: AnyLinkState, step: int, seed: int, packet_bytes: int) -> None:
         # Over the links in range (large fleets) only what a verdict reads is held: a shaper
         # holds every step a transfer may still run into (up to ``max_stall_s`` ahead).
         self.state = state.for_verdicts()
-        self.step, self.link_hash, self.packet_bytes = step, link_hash, packet_bytes
+        self.step, self.seed, self.packet_bytes = step, seed, packet_bytes
         self.figures: dict[int, _Figures] = {}
         #: Each sender's carrier-sense domain, as the state gives it (read once a sender).
         self.hears: dict[int, np.ndarray] = {}
@@ -143,7 +136,7 @@ class _StepLinks:
             st = self.state
             handle = st.link(i, j)
             latency = st.latency(handle, i, j)
-            step_hash = splitmix64(self.link_hash(i, j, pair) ^ self.step)
+            step_hash = keyed_hash(self.seed, i, j, self.step)
             if st.has(handle):
                 bad, residual = bool(st.bad[handle]), float(st.residual[handle])
                 one_packet = chunk_loss_probability(True, bad, residual, 1, self.packet_bytes,
@@ -254,7 +247,6 @@ class WirelessLinkShaper:
         self.counters: dict[tuple[int, int], LinkCounters] = {}
         self.journal: list[PlannedMessage] | None = [] if journal else None
         self._lock = threading.Lock()
-        self._link_hash: dict[int, int] = {}  # by i * n + j
         self._views: dict[int, _StepLinks] = {}
         self._start_step = 0  # the step of the latest message's start
 
@@ -301,9 +293,9 @@ class WirelessLinkShaper:
         """One message's verdict (``step``, ``view``: the step of ``start`` and its links)."""
         cfg, model = self.settings, self.model
         pair = i * model.n + j
-        figures = view.figures.get(pair) or view.link(i, j, pair)
+        figures = view.link(i, j, pair)
         latency = figures[2]
-        # keyed_hash(step, index, start=link), its keys being non-negative and below 2**64
+        # keyed_hash(seed, i, j, step, index): its keys are non-negative and below 2**64
         message_hash = splitmix64(figures[6] ^ index)
         if cfg.jitter_ms > 0:
             u = _uniform(message_hash, _JITTER)
@@ -323,7 +315,7 @@ class WirelessLinkShaper:
                 v, on, h = view, figures, message_hash
             else:
                 v = self._view(chunk_step)
-                on = v.figures.get(pair) or v.link(i, j, pair)
+                on = v.link(i, j, pair)
                 h = splitmix64(on[6] ^ index)
             loss = v.chunk_loss(on, size)
             if loss > 0 and _uniform(h, _CHUNK + c) < loss:
@@ -337,13 +329,6 @@ class WirelessLinkShaper:
                 return True, t - start + cfg.loss_timeout_ms / 1000.0
         return False, t - start
 
-    def _hash_of(self, i: int, j: int, pair: int) -> int:
-        """Link i->j's hash (``pair``: ``i * n + j``), the start of its messages' draws."""
-        link = self._link_hash.get(pair)
-        if link is None:
-            link = self._link_hash[pair] = keyed_hash(self.model.seed, i, j)
-        return link
-
     def _view(self, step: int) -> _StepLinks:
         """The model's state of ``step`` with the figures of the links asked in it so far
         (kept from :data:`_KEEP_BEHIND` steps before the latest start on: most messages in
@@ -351,7 +336,7 @@ class WirelessLinkShaper:
         view = self._views.get(step)
         if view is None:
             state = self.model.state(step)
-            view = _StepLinks(state, step, self._hash_of, self.settings.packet_bytes)
+            view = _StepLinks(state, step, self.model.seed, self.settings.packet_bytes)
             self._views[step] = view
             floor = self._start_step - _KEEP_BEHIND
             for old in [s for s in self._views if s < floor]:
@@ -375,8 +360,7 @@ class WirelessLinkShaper:
                 view, figures = known[1], known[2]
             else:
                 view = self._view(step)
-                pair = i * model.n + j
-                figures = view.figures.get(pair) or view.link(i, j, pair)
+                figures = view.link(i, j, i * model.n + j)
             if not figures[1]:
                 return t, True
             end = (step + 1) * dt
