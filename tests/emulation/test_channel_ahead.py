@@ -1,6 +1,6 @@
 """A dense model's steps computed ahead in a worker process are the steps computed here.
 
-The worker is a real process (``python -m emulation.channel.ahead``) holding its own copy of
+The worker is a real process (``python -m emulation.channel.worker``) holding its own copy of
 the model; the tests lower :data:`~emulation.channel.model.AHEAD_MIN_NODES` so that a small
 model (fast to compute) uses it.
 """
