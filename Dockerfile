@@ -5,16 +5,17 @@
 #
 # Build arguments:
 #   BASE_IMAGE       a Debian-like image with Python >= 3.11 and `python3 -m venv`
-#   TORCH            the torch requirement (default: torch, the CPU build)
+#   TORCH            the torch requirement (default: the lock's pin, the CPU build)
 #   TORCH_INDEX_URL  where torch comes from (default: PyTorch's CPU index; empty: the
 #                    default index, e.g. for a GPU or aarch64 build from PyPI)
+# Everything else comes from requirements/runtime.lock, hashes checked, nothing resolved anew.
 # Wheels and a CA bundle put in deploy/docker/extra/ are used by pip when present (see its
 # README). The image runs as the unprivileged user `airgossip`; an agent that shapes its
 # own links in the kernel runs as root with NET_ADMIN (docs/deployment.md).
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
-ARG TORCH=torch
+ARG TORCH=
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PATH=/opt/airgossip/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
@@ -27,22 +28,26 @@ RUN set -eu; python3 -m venv /opt/airgossip; \
     } > /opt/airgossip/pip.conf
 # torch first, on its own layer: the largest download, and it changes least. Its C++
 # headers and CMake files serve extension builds only.
+COPY requirements/runtime.lock /src/requirements/
 RUN set -eu; \
-    if [ -n "$TORCH_INDEX_URL" ]; then pip install --index-url "$TORCH_INDEX_URL" "$TORCH"; \
-    else pip install "$TORCH"; fi; \
+    torch="${TORCH:-$(grep -oE '^torch==[^ ]+' /src/requirements/runtime.lock)}"; \
+    if [ -n "$TORCH_INDEX_URL" ]; then pip install --index-url "$TORCH_INDEX_URL" "$torch"; \
+    else pip install "$torch"; fi; \
     site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
     rm -rf "$site/torch/include" "$site/torch/share/cmake"
-# Then the dependencies (a layer kept while only the code changes), then the code.
+# Then the dependencies from the lock (a layer kept while only the code changes), torch's
+# entry left out (installed above, from its own index), then the code, built with the lock's
+# setuptools (no isolated build fetching another).
+RUN python -c 'import re, sys; sys.stdout.write(re.sub(r"(?ms)^torch==.*?(?=^\S)", "", open(sys.argv[1]).read()))' \
+        /src/requirements/runtime.lock > /tmp/requirements.txt \
+    && pip install --require-hashes --no-deps -r /tmp/requirements.txt && pip check
 COPY pyproject.toml README.md /src/
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
 COPY protos /src/protos
 COPY edge /src/edge
 COPY coordinator /src/coordinator
 COPY emulation /src/emulation
 COPY airgossip /src/airgossip
-RUN pip install --no-deps /src && rm -rf /src/build /opt/airgossip/pip.conf
+RUN pip install --no-deps --no-build-isolation /src && rm -rf /src/build /opt/airgossip/pip.conf
 
 FROM ${BASE_IMAGE}
 ENV PATH=/opt/airgossip/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 
 #: The extra that holds Flower's simulation engine, and the module that says it is there.
 EXTRA, ENGINE_MODULE = "baseline", "ray"
+#: The checkout's lock, when airgossip runs from one (its .venv): an extra installed on first
+#: use takes the versions it pins, as every other distribution there did.
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "dev.lock"
 
 baseline_app = typer.Typer(
     help="Run an app with another system's own runtime, written as our results.",
@@ -39,7 +44,7 @@ baseline_app = typer.Typer(
 
 @baseline_app.command("flower")
 def flower(
-    app: Annotated[str, typer.Argument(help="The Flower app's project folder (pyproject.toml).")],
+    app: Annotated[str, typer.Argument(show_default=False)],
     agents: Annotated[
         int, typer.Option(help="Simulated nodes, one partition each, as agents have.")
     ] = 8,
@@ -68,7 +73,10 @@ def flower(
     ] = None,
 ) -> None:
     """Run a Flower app on Flower's simulation engine with its own ServerApp (FedAvg for a
-    quickstart app): the centralized baseline of a serverless run."""
+    quickstart app): the centralized baseline of a serverless run.
+
+    APP is the Flower app's project folder (with its pyproject.toml).
+    """
     check_baseline_flags(app, agents, rounds, client_cpus)
     ensure_simulation_engine()
     from emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
@@ -155,6 +163,18 @@ def extra_requirements(extra: str = EXTRA) -> list[str]:
     ]
 
 
+def lock_pins(lock: Path, constraints: Path) -> list[str]:
+    """pip's arguments that hold an install to the versions ``lock`` pins (none without one).
+
+    The lock's hashes are left out: in a constraints file they would demand a hash of every
+    requirement, the extra's own unpinned names too."""
+    if not lock.is_file():
+        return []
+    pins = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*==\S+)", lock.read_text(), re.M)
+    constraints.write_text("\n".join(pins) + "\n")
+    return ["-c", str(constraints)]
+
+
 def ensure_simulation_engine() -> None:
     """Install the ``[baseline]`` extra (Flower's simulation engine, Ray: about 220 MB
     installed) on first use, after saying so in one line; a failed install is one line."""
@@ -168,10 +188,12 @@ def ensure_simulation_engine() -> None:
         f"{' '.join(requirements)}, Ray, about 220 MB)",
         highlight=False, markup=False, soft_wrap=True,
     )  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", *requirements],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        pins = lock_pins(LOCK, Path(folder) / "constraints.txt")
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", *pins, *requirements],
+            capture_output=True, text=True,
+        )  # fmt: skip
     importlib.invalidate_caches()
     if result.returncode != 0 or importlib.util.find_spec(ENGINE_MODULE) is None:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

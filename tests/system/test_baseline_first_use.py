@@ -10,13 +10,14 @@ on the extra's requirements, and Flower's simulation engine runs the example app
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from airgossip.cli.baseline import extra_requirements, following_total
+from airgossip.cli.baseline import LOCK, extra_requirements, following_total, lock_pins
 from airgossip.cli.display import ProgressDisplay
 from emulation.fleets import FleetProgress
 from tests.support.cli import ROOT
@@ -46,6 +47,18 @@ app(prog_name="airgossip", args=sys.argv[1:])
 def test_the_extra_is_the_one_pyproject_declares() -> None:
     declared = (ROOT / "pyproject.toml").read_text().split("\nbaseline = ", 1)[1]
     assert json.loads(declared.split("\n", 1)[0]) == extra_requirements() != []
+
+
+def test_an_extra_installed_on_first_use_takes_the_lock_s_versions(tmp_path: Path) -> None:
+    assert LOCK == ROOT / "requirements" / "dev.lock"
+    constraints = tmp_path / "constraints.txt"
+    assert lock_pins(LOCK, constraints) == ["-c", str(constraints)]
+    pins = constraints.read_text().split()
+    locked = re.findall(r"^(ray|flwr)==(\S+) ", LOCK.read_text(), re.M)
+    assert len(locked) == 2 and all(f"{name}=={version}" in pins for name, version in locked)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==\S+", pin) for pin in pins)  # no hashes
+    # Installed elsewhere than a checkout (no lock beside it): pip resolves as usual.
+    assert lock_pins(tmp_path / "no.lock", constraints) == []
 
 
 def test_the_bar_takes_the_run_s_total_from_its_progress() -> None:
