@@ -69,7 +69,7 @@ def init(
 
 @certs_app.command("issue")
 def issue(
-    identity: Annotated[str, typer.Argument(help="The agent id (or 'coordinator').")],
+    identity: Annotated[str, typer.Argument(show_default=False)],
     folder: FolderOption = Path("certs"),
     out: Annotated[
         Path | None,
@@ -78,7 +78,10 @@ def issue(
     days: Annotated[float, typer.Option(help="How long the certificate is valid.")] = 365,
     force: Annotated[bool, typer.Option(help="Replace an existing certificate.")] = False,
 ) -> None:
-    """Issue a certificate and key naming IDENTITY, signed by the authority in --dir."""
+    """Issue a certificate and key naming IDENTITY, signed by the authority in --dir.
+
+    IDENTITY is the agent id (or 'coordinator').
+    """
     from edge.security.certificates import issue as issue_certificate
     from edge.security.tls import SecurityError
 

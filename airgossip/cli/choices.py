@@ -155,11 +155,18 @@ class HelpCommand(typer.core.TyperCommand):
 
 
 class RegistryHelpCommand(HelpCommand):
-    """A command whose options' help names what the registries hold, read when shown."""
+    """A command whose help names what the registries hold, read when shown.
+
+    Placeholders are filled in the command's own help and in its options'. A positional
+    argument's accepted values are said in the command's help: whether a CLI library shows
+    an argument's own help at all has changed between releases (click 8.5 with typer 0.20
+    drops it), while a command's help is always shown."""
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.help:
+            self.help = fill(self.help)
         for param in self.params:
             text = getattr(param, "help", None)
             if isinstance(text, str):
-                param.help = fill(text)  # type: ignore[attr-defined]
+                setattr(param, "help", fill(text))  # noqa: B010 (not every Parameter declares it)
         super().format_help(ctx, formatter)

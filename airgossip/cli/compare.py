@@ -12,7 +12,7 @@ from airgossip.cli.display import console, fail, fmt
 
 
 def compare(
-    runs: Annotated[list[Path], typer.Argument(help="Run folders (each with results.json).")],
+    runs: Annotated[list[Path], typer.Argument(show_default=False)],
     out: Annotated[Path, typer.Option(help="Where to write the plot (PNG).")] = Path(
         "comparison.png"
     ),
@@ -20,7 +20,10 @@ def compare(
         float, typer.Option(help="Accuracy whose first crossing the table reports.")
     ] = 0.9,
 ) -> None:
-    """Compare runs: accuracy against round, bytes moved and wall time."""
+    """Compare runs: accuracy against round, bytes moved and wall time.
+
+    RUNS are run folders, each with its results.json.
+    """
     if not 0 < target <= 1:
         fail(f"--target must be within (0, 1], got {target}")
     if out.suffix.lower() != ".png":

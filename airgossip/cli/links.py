@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -16,10 +15,7 @@ from airgossip.cli.scenario import flag_overrides, scenario_base
 
 
 def links_command(
-    scenario: Annotated[
-        str,
-        typer.Argument(help=escape("A preset ({presets}) or a TOML file with a [wireless] table.")),
-    ],
+    scenario: Annotated[str, typer.Argument(show_default=False)],
     at: Annotated[float, typer.Option("--at", help="Seconds into the scenario.")] = 0.0,
     agents: Annotated[
         int | None, typer.Option(help="Number of agents (default: the scenario's).")
@@ -30,7 +26,10 @@ def links_command(
     ),
     limit: Annotated[int, typer.Option(help="Rows of the table to print (0: all).")] = 40,
 ) -> None:
-    """Print a wireless scenario's link table at one moment and draw its topology."""
+    """Print a wireless scenario's link table at one moment and draw its topology.
+
+    SCENARIO is a preset ({presets}) or a TOML file with a \\[wireless] table.
+    """
     from airgossip.cli.early import check_flags, check_scenario
 
     if at < 0:

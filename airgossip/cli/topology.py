@@ -10,15 +10,15 @@ from airgossip.cli.display import fail, say
 
 
 def topology_info(
-    name: Annotated[
-        str,
-        typer.Argument(help="{named_topologies}, or the coordinator's k-out (its first graph)."),
-    ],
+    name: Annotated[str, typer.Argument(show_default=False)],
     agents: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for random graphs.")] = 0,
     out_degree: Annotated[int, typer.Option(help="Out-neighbours per agent for k-out.")] = 2,
 ) -> None:
-    """Describe a topology: degree, period, connectivity and mixing |λ2|."""
+    """Describe a topology: degree, period, connectivity and mixing |λ2|.
+
+    NAME is one of {named_topologies}, or the coordinator's k-out (its first graph).
+    """
     from coordinator.policy import POLICIES, TopologySpec, make_policy
     from edge.config.identity import agent_ids
     from edge.topology import (
