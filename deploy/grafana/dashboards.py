@@ -291,9 +291,11 @@ def network() -> db.Dashboard:
                 ),
                 series(
                     "Rate per link",
-                    "Emulated physical rate of each out-link.",
-                    "bps",
-                    query(f"airgossip_link_rate_bits_per_second{{{LINK}}}", "{{agent}} → {{peer}}"),
+                    "Emulated physical rate of each out-link (bytes/s: its bit rate / 8).",
+                    "Bps",
+                    query(
+                        f"airgossip_link_rate_bytes_per_second{{{LINK}}}", "{{agent}} → {{peer}}"
+                    ),
                 ).min(0),
             ],
         ],

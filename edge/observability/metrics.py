@@ -177,8 +177,10 @@ class AgentMetrics:
             "airgossip_link_sinr_decibels", "Emulated SINR of the link to peer, dB.", ["peer"],
             registry=r,
         )  # fmt: skip
+        # In bytes/s, the base unit (promtool refuses "bits"): the PHY's bit rate over 8.
         self.link_rate = Gauge(
-            "airgossip_link_rate_bits_per_second", "Emulated physical rate of the link to peer.",
+            "airgossip_link_rate_bytes_per_second",
+            "Emulated physical rate of the link to peer (its bit rate / 8).",
             ["peer"], registry=r,
         )  # fmt: skip
         self.link_error = Gauge(
@@ -243,7 +245,7 @@ class AgentMetrics:
         for link in links:
             self.link_in_range.labels(link.peer).set(1.0 if link.in_range else 0.0)
             self.link_sinr.labels(link.peer).set(link.sinr_db)
-            self.link_rate.labels(link.peer).set(link.rate_bps)
+            self.link_rate.labels(link.peer).set(link.rate_bps / 8)
             self.link_error.labels(link.peer).set(link.error_ratio)
             self.link_burst.labels(link.peer).set(1.0 if link.burst_bad else 0.0)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
 from edge.config.seeds import keyed_uniform
 from edge.observability.metrics import AgentMetrics
@@ -17,6 +18,7 @@ from emulation.fleets import run_fleet
 from emulation.networks.shaper import WirelessLinkShaper
 from emulation.networks.wireless import LAMBDA2_DENSE_LIMIT, WirelessLinks, WirelessRun
 from emulation.scenario import WirelessSettings, preset_names, scenario_path
+from tests.support.prometheus import promtool_check
 
 
 class Clock:
@@ -174,6 +176,11 @@ def test_an_agent_exports_the_radio_state_of_its_out_links(tmp_path: Path) -> No
         figures[2].sinr_db
     )
     assert sample("airgossip_link_burst_bad", {"peer": "agent-1"}) == 0.0
+    # Bytes/s, Prometheus's base unit: the PHY's bit rate over 8.
+    assert sample("airgossip_link_rate_bytes_per_second", {"peer": "agent-2"}) == pytest.approx(
+        figures[1].rate_bps / 8
+    )
+    promtool_check(generate_latest(metrics.registry).decode())
 
 
 def test_presets_load_and_have_links() -> None:

@@ -124,11 +124,24 @@ def test_prometheus_discovers_the_fleet_and_answers_promql(
         prometheus.close()
 
 
-def test_a_launched_fleet_exposes_service_discovery(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("links", "exported"),
+    [
+        ([], "airgossip_agent_messages_sent_total{"),
+        # Office Wi-Fi: 3 agents in one room are in range, so every agent exports the radio
+        # gauges of its out-links (in a 2 km lte-urban square, 3 agents hear nobody).
+        (["--scenario", "wifi-indoor"], "airgossip_link_rate_bytes_per_second{"),
+    ],
+    ids=["static", "wireless"],
+)
+def test_a_launched_fleet_exposes_service_discovery_and_metrics_promtool_accepts(
+    tmp_path: Path, links: list[str], exported: str
+) -> None:
     port = free_port()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "airgossip", "run", "--task", "consensus", "--agents", "3",
-         "--rounds", "1000000", "--metrics-port", str(port), "--out", str(tmp_path / "run")],
+         "--rounds", "1000000", "--metrics-port", str(port), "--out", str(tmp_path / "run"),
+         *links],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -142,8 +155,15 @@ def test_a_launched_fleet_exposes_service_discovery(tmp_path: Path) -> None:
         assert sorted(g["labels"]["agent"] for g in groups) == ["agent-0", "agent-1", "agent-2"]
         ports = {int(g["targets"][0].rsplit(":", 1)[1]) for g in groups}
         assert len(ports) == 3 and port not in ports  # every agent picked its own free port
-        for group in groups:
-            promtool_check(scrape(f"http://{group['targets'][0]}/metrics"))
+        agents = [f"http://{group['targets'][0]}/metrics" for group in groups]
+        # Lint what a running fleet exports: every agent has pushed (per-peer series) and, on
+        # radio links, exported its links' radio state.
+        while not all(exported in scrape(url) for url in agents):
+            assert time.monotonic() < deadline, [scrape(url) for url in agents]
+            assert launcher.poll() is None, launcher.communicate()[1]
+            time.sleep(0.5)
+        for url in [f"http://127.0.0.1:{port}/metrics", *agents]:
+            promtool_check(scrape(url))
     finally:
         launcher.send_signal(signal.SIGINT)
         try:
