@@ -5,7 +5,7 @@ read and write slices, the bytes of each frame. With glibc's defaults, such a bu
 mapped fresh from the kernel and unmapped when freed (or the top of the heap is given back
 once more than twice the last such size lies free there), so every page of it is faulted in
 and zeroed again on the next push: about a quarter of a push's CPU time here (measured with
-``perf``: ``docs/performance.md``). Pinning the two thresholds at values glibc's own
+``perf``: ``docs/performance-history.md``). Pinning the two thresholds at values glibc's own
 adaptive rule reaches by itself for buffers of a few megabytes (it goes up to 32 MB and
 64 MB) keeps those pages in the heap and reuses them; larger blocks (whole models, tensors)
 are still mapped and given back as before.

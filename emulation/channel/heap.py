@@ -10,7 +10,7 @@ given back when freed) and a heap top kept up to 256 MB leave those pages mapped
 next block: a loop of such blocks went from 2.0 s to 0.77 s of kernel time, a 10,000-node
 step in lte-urban's 2 km square by about 0.5-1 s of its 4.5-5.6 s when measured (the rest
 was the step's whole-size arrays, from ``mmap``; since, the step writes into arrays sized
-once and reuses the scan's, see docs/performance.md, issue 18's eighth pass).
+once and reuses the scan's, see docs/performance-history.md, issue 18's eighth pass).
 """
 
 from __future__ import annotations
