@@ -12,6 +12,11 @@ class ConfigError(ValueError):
     """A scenario or flag value that is not valid; the message says what and what is allowed."""
 
 
+def unknown_setting(where: str) -> str:
+    """What a key no setting has reads as (``where``: its dotted path)."""
+    return f"unknown setting '{where}'"
+
+
 def format_validation_error(err: ValidationError) -> str:
     """Every problem of ``err`` on one line: ``where: what`` joined by ``; ``."""
     problems = []
@@ -19,7 +24,7 @@ def format_validation_error(err: ValidationError) -> str:
         where = ".".join(str(p) for p in e["loc"]) or "config"
         message = str(e["msg"]).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            problems.append(f"unknown setting '{where}'")
+            problems.append(unknown_setting(where))
         elif e["type"] in ("literal_error",):
             problems.append(f"{where}: {message}, got {e.get('input')!r}")
         else:

@@ -1,33 +1,43 @@
 """Flags checked before anything heavy is imported, so that a bad one is answered at once.
 
 The settings' own validation (``emulation.config``) needs the registries, and they import
-torch: seconds before a typo is reported. What a flag can be checked against without them
-is checked here first, with the names ``registry_names.json`` holds (generated from the
-registries and checked against them) and the same bounds, in the same words as the full
-validation: ``tests/system/test_cli_early.py`` holds the two to the same message for every
-bad value. What needs the registries themselves (a graph an algorithm refuses, a custom
-task) is left to the full validation that follows.
+torch: seconds before a typo is reported. What a setting can be checked against without them
+is checked here first: with the names ``registry_names.json`` holds and the keys a scenario
+may hold (``setting_keys.json``; both generated from the models and registries and checked
+against them), and with the torch-free rules the full validation itself asks (a codec spec:
+``edge.compression.forms``; what an algorithm asks of its graph: ``edge.algorithms.graph_needs``
+with the graph built by ``edge.topology``; a user's ``module:callable`` task:
+``edge.tasks.custom``), in the same words as the full validation:
+``tests/system/test_cli_early.py`` holds the two to the same message for every bad value.
 """
 
 from __future__ import annotations
 
-import sys
+import json
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airgossip.cli.choices import registry_names
 from airgossip.cli.display import fail
-from emulation.errors import format_validation_error
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from edge.compression.forms import check_compression
+from emulation.errors import ConfigError, format_validation_error, unknown_setting
+from emulation.scenario_file import Settings, merge, read_scenario
 
 if TYPE_CHECKING:
-    from emulation.config import Settings
+    from emulation.config import KeyTree
+
+#: The keys a scenario may hold and the defaults of the settings that make its graph, as
+#: generated (:func:`write_setting_keys`) from ``emulation.config``: the file is read where
+#: importing that module would import torch.
+SETTING_KEYS = Path(__file__).with_name("setting_keys.json")
+#: The settings the first graph of a run is built from.
+_GRAPH_SETTINGS = ("algorithm", "topology", "agents", "seed", "edges", "edge_probability")
+#: The most agents whose graph is built here too (a 16 MB dense graph): beyond, building it
+#: twice costs more than the import it spares.
+_EARLY_GRAPH_AGENTS = 4096
 
 
 class _Network(BaseModel):
@@ -67,16 +77,11 @@ def _settings_problem(flags: Settings) -> str | None:
             f"{registry_names()['algorithms']}"
         )
     compression = flags.get("compression")
-    families = {form.partition(":")[0] for form in _names("codecs")}
-    if (
-        isinstance(compression, str)
-        and compression != "none"
-        and compression.partition(":")[0] not in families
-    ):
-        return (
-            f"compression: unknown compression '{compression}'; choose one of: none, "
-            f"{registry_names()['codecs']}"
-        )
+    if isinstance(compression, str):
+        try:
+            check_compression(compression)
+        except ValueError as err:
+            return f"compression: {err}"
     try:
         _Flags.model_validate(flags)
     except ValidationError as err:
@@ -84,26 +89,68 @@ def _settings_problem(flags: Settings) -> str | None:
     return None
 
 
-def check_scenario_file(path: Path) -> None:
-    """Refuse a scenario file that cannot be read or is not TOML, as ``read_scenario`` does."""
+def check_scenario_file(path: Path) -> Settings:
+    """Refuse a scenario file that cannot be read or is not TOML, as the full check does;
+    its settings, as read."""
     try:
-        with path.open("rb") as handle:
-            tomllib.load(handle)
-    except FileNotFoundError:
-        fail(f"scenario file {path} does not exist")
-    except tomllib.TOMLDecodeError as err:
-        fail(f"scenario file {path} is not valid TOML: {err}")
-    except OSError as err:
-        fail(f"cannot read scenario file {path}: {err.strerror}")
+        return read_scenario(path)
+    except ConfigError as err:
+        fail(str(err))
+
+
+@cache
+def setting_keys() -> dict[str, Any]:
+    """What ``setting_keys.json`` holds: ``keys`` (a :data:`~emulation.config.KeyTree`) and
+    ``defaults`` (of the settings a run's graph is built from)."""
+    data: dict[str, Any] = json.loads(SETTING_KEYS.read_text())
+    return data
+
+
+def read_setting_keys() -> dict[str, Any]:
+    """What ``setting_keys.json`` should hold, read from ``emulation.config`` (imports torch)."""
+    from emulation.config import RunConfig
+    from emulation.config import setting_keys as model_keys
+
+    defaults = {name: RunConfig.model_fields[name].default for name in _GRAPH_SETTINGS}
+    return {"keys": model_keys(), "defaults": defaults}
+
+
+def write_setting_keys() -> None:
+    """Generate ``setting_keys.json`` from ``emulation.config``::
+
+    python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"
+    """
+    SETTING_KEYS.write_text(json.dumps(read_setting_keys(), indent=2) + "\n")
+
+
+def unknown_settings(data: Any, keys: KeyTree, where: tuple[str | int, ...] = ()) -> list[str]:
+    """The keys of ``data`` that ``keys`` does not hold, dotted, in the order the settings'
+    validation names them (each table's known keys in its model's order, then its unknown
+    ones)."""
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for key, inner in keys.items():
+        value = data.get(key)
+        if inner is None or value is None:
+            continue
+        if "[]" in inner and isinstance(value, list):
+            items = inner["[]"] or {}
+            for index, item in enumerate(value):
+                found += unknown_settings(item, items, (*where, key, index))
+        else:
+            found += unknown_settings(value, inner, (*where, key))
+    return found + [".".join(map(str, (*where, key))) for key in data if key not in keys]
 
 
 def check_flags(flags: Settings, config: Path | None = None) -> None:
     """Refuse (one line, exit 2) flag values the full validation would refuse, worded as it
     words them; ``config``: the scenario file the flags override (it names the source, and
     is read here: a missing or broken file is refused first, as the full check does)."""
-    if config is not None:
-        check_scenario_file(config)
-    problem = _settings_problem(flags)
+    scenario = check_scenario_file(config) if config is not None else {}
+    unknown = unknown_settings(scenario, setting_keys()["keys"])
+    flags = merge(scenario, flags)  # a value the file holds is checked as a flag's is
+    problem = "; ".join(map(unknown_setting, unknown)) or _settings_problem(flags)
     if problem is not None:
         source = f"scenario {config}" if config is not None else "settings"
         fail(f"bad {source}: {problem}")
@@ -117,6 +164,50 @@ def check_flags(flags: Settings, config: Path | None = None) -> None:
             f"unknown task '{name}'; choose one of: {registry_names()['tasks']}, "
             "or give your own as module:callable"
         )
+
+
+def check_run(
+    flags: Settings, config: Path | None = None, *, wireless: bool = False, app: bool = False
+) -> None:
+    """Refuse (one line, exit 2) what a run's preflight would refuse of settings that passed
+    :func:`check_flags`, in its words: an algorithm on a graph it cannot run on, a task of
+    the user's that cannot be found (imported when found, with whatever it imports).
+    ``wireless``: a ``--scenario`` gives the run its graph; ``app``: a Flower app is the
+    task."""
+    from edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
+
+    scenario = check_scenario_file(config) if config is not None else {}
+    run: dict[str, Any] = merge(merge(setting_keys()["defaults"], scenario), flags)
+    algorithm, topology, agents = run["algorithm"], run["topology"], run["agents"]
+    static = not wireless and "wireless" not in scenario and "switching" not in scenario
+    if (
+        static
+        and isinstance(algorithm, str)
+        and not supports_directed(algorithm)
+        and isinstance(topology, str)
+        and isinstance(agents, int)
+        and agents <= _EARLY_GRAPH_AGENTS
+    ):
+        from edge.topology.graphs import build_graph
+
+        try:  # the named graphs are connected by construction: no SciPy to check it
+            graph = build_graph(
+                topology, agents, seed=run["seed"], edges=run["edges"],
+                p=run["edge_probability"], require_strongly_connected=topology == "edges",
+            )  # fmt: skip
+        except (ValueError, TypeError, IndexError):
+            graph = None  # the full validation says what is wrong with them
+        if graph is not None and not graph.is_undirected:
+            fail(directed_graph_refusal(algorithm, topology))
+    task = run.get("task")
+    task = task.get("name") if isinstance(task, dict) else None
+    if not app and isinstance(task, str) and ":" in task and task not in _names("tasks"):
+        from edge.tasks.custom import TaskError, import_task_factory
+
+        try:
+            import_task_factory(task)
+        except TaskError as err:
+            fail(str(err))
 
 
 def check_scenario(scenario: str | None) -> None:

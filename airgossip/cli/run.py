@@ -130,7 +130,7 @@ def run(
         loss=loss, seed=seed, mode=mode, device=device, compression=compression,
     )  # fmt: skip
     # Everything the flags alone can say is wrong is said before torch is imported.
-    from airgossip.cli.early import check_flags, check_port, check_scenario
+    from airgossip.cli.early import check_flags, check_port, check_run, check_scenario
 
     check_port("--coordinator-port", coordinator_port)
     check_port("--metrics-port", metrics_port, lowest=1)
@@ -138,10 +138,9 @@ def run(
         fail("give either --task or --flower-app, not both")
     check_flags(overrides, config)
     check_scenario(scenario)
+    check_run(overrides, config, wireless=scenario is not None, app=flower_app is not None)
 
     from emulation.config import ConfigError, load_config
-    from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
-    from emulation.runtime.folder import refuse_used_out_dir
 
     flower = flower_overrides(
         flower_app, run_config, accuracy_metric, loss_metric, server_app=server_app
@@ -150,12 +149,19 @@ def run(
         overrides["task"] = flower
     try:
         base = scenario_base(scenario) if scenario is not None else None
+        # A setting wrong on its own is refused here, before the fleets (and torch) load.
         cfg = with_flower_rounds(load_config(config, overrides, base=base), flower)
-        if record:
-            if cfg.wireless is None:
-                fail("--record needs a wireless scenario (--scenario NAME|FILE)")
-            wireless = cfg.wireless.model_copy(update={"record": True})
-            cfg = cfg.model_copy(update={"wireless": wireless})
+    except ConfigError as err:
+        fail(str(err))
+    if record:
+        if cfg.wireless is None:
+            fail("--record needs a wireless scenario (--scenario NAME|FILE)")
+        cfg = cfg.model_copy(update={"wireless": cfg.wireless.model_copy(update={"record": True})})
+
+    from emulation.fleets import FLEETS, FleetError, preflight, run_fleet
+    from emulation.runtime.folder import refuse_used_out_dir
+
+    try:
         plan = preflight(cfg)
         out_dir = out or cfg.out or default_out()
         refuse_used_out_dir(out_dir)

@@ -1,78 +1,56 @@
-"""Gossip algorithms: pure tensor code, no I/O and no clocks."""
+"""Gossip algorithms: pure tensor code, no I/O and no clocks.
 
-from collections.abc import Mapping
-from typing import Any
+The names below are loaded on first use (PEP 562): :mod:`edge.algorithms.graph_needs`, what
+an algorithm asks of its graph, is read by checks that run before torch is imported.
+"""
 
-import torch
+from __future__ import annotations
 
-from edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
-from edge.algorithms.base import (
-    Ack,
-    GossipAlgorithm,
-    InvalidPayload,
-    Payload,
-    ProtocolError,
-    parse_algorithm_options,
-)
-from edge.algorithms.dpsgd import DPSGD
-from edge.algorithms.ensemble import EnsembleCompression
-from edge.algorithms.gradient_tracking import GradientTracking
-from edge.algorithms.local_sgd import LocalSGD
-from edge.algorithms.push_sum import PlainPushSum, PushSum
-from edge.algorithms.robust import ClippedGossip, CSPlusGossip
-from edge.algorithms.robust_push_sum import RobustPushSum
-from edge.algorithms.shared_copy import Choco, QuantizedPushSum, SharedCopyGossip
-from edge.compression import Codec
+import importlib
+from typing import TYPE_CHECKING, Any
 
-#: Algorithms by the name users pick with ``--algorithm``.
-ALGORITHMS: dict[str, type[GossipAlgorithm]] = {
-    cls.name: cls
-    for cls in (
-        PushSum,
-        PlainPushSum,
-        DPSGD,
-        AdaptiveConsensusDPSGD,
-        QuantizedPushSum,
-        Choco,
-        GradientTracking,
-        LocalSGD,
-        EnsembleCompression,
-        ClippedGossip,
-        CSPlusGossip,
-        RobustPushSum,
+if TYPE_CHECKING:
+    from edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
+    from edge.algorithms.base import Ack, GossipAlgorithm, InvalidPayload, Payload, ProtocolError
+    from edge.algorithms.dpsgd import DPSGD
+    from edge.algorithms.ensemble import EnsembleCompression
+    from edge.algorithms.gradient_tracking import GradientTracking
+    from edge.algorithms.local_sgd import LocalSGD
+    from edge.algorithms.push_sum import PlainPushSum, PushSum
+    from edge.algorithms.registry import (
+        ALGORITHMS,
+        algorithm_class,
+        check_algorithm_settings,
+        create_algorithm,
     )
-}
+    from edge.algorithms.robust import ClippedGossip, CSPlusGossip
+    from edge.algorithms.robust_push_sum import RobustPushSum
+    from edge.algorithms.shared_copy import Choco, QuantizedPushSum, SharedCopyGossip
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    "AdaptiveConsensusDPSGD": "edge.algorithms.adaptive_consensus",
+    **dict.fromkeys(["Ack", "GossipAlgorithm", "InvalidPayload", "Payload", "ProtocolError"],
+                    "edge.algorithms.base"),
+    "DPSGD": "edge.algorithms.dpsgd",
+    "EnsembleCompression": "edge.algorithms.ensemble",
+    "GradientTracking": "edge.algorithms.gradient_tracking",
+    "LocalSGD": "edge.algorithms.local_sgd",
+    **dict.fromkeys(["PlainPushSum", "PushSum"], "edge.algorithms.push_sum"),
+    **dict.fromkeys(["ALGORITHMS", "algorithm_class", "check_algorithm_settings",
+                     "create_algorithm"], "edge.algorithms.registry"),
+    **dict.fromkeys(["ClippedGossip", "CSPlusGossip"], "edge.algorithms.robust"),
+    "RobustPushSum": "edge.algorithms.robust_push_sum",
+    **dict.fromkeys(["Choco", "QuantizedPushSum", "SharedCopyGossip"],
+                    "edge.algorithms.shared_copy"),
+}  # fmt: skip
 
 
-def algorithm_class(name: str) -> type[GossipAlgorithm]:
-    """The class of algorithm ``name``; ``ValueError`` naming the allowed ones."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm '{name}'; choose one of: {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name]
-
-
-def create_algorithm(
-    name: str,
-    initial: torch.Tensor,
-    *,
-    dtype: torch.dtype,
-    codec: Codec | None = None,
-    seed: int = 0,
-    options: Mapping[str, Any] | None = None,
-    shared_start: bool = False,
-) -> GossipAlgorithm:
-    """Build the algorithm ``name`` around initial parameters; ``ValueError`` if unknown or
-    given options or a codec it cannot use (see :class:`GossipAlgorithm` for the arguments)."""
-    return algorithm_class(name)(
-        initial, dtype=dtype, codec=codec, seed=seed, options=options, shared_start=shared_start
-    )
-
-
-def check_algorithm_settings(name: str, codec: Codec, options: Mapping[str, Any]) -> None:
-    """Everything about an algorithm's settings that can be checked without a model."""
-    cls = algorithm_class(name)
-    cls.check_codec(codec)
-    parse_algorithm_options(name, cls.options_model, options)
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from edge.algorithms.graph_needs import supports_directed
 from edge.compression import (
     Codec,
     Encoded,
@@ -249,8 +250,9 @@ class GossipAlgorithm(ABC):
     """
 
     name: str = ""
-    #: Whether the algorithm runs on directed graphs (column-stochastic weights suffice).
-    supports_directed: bool = True
+    #: Whether the algorithm runs on directed graphs (column-stochastic weights suffice); set
+    #: from :data:`~edge.algorithms.graph_needs.UNDIRECTED_ONLY` by the algorithm's name.
+    supports_directed: ClassVar[bool] = True
     #: Weighting scheme of the mixing matrix the algorithm needs (see ``edge.topology``).
     mixing: ClassVar[str] = "column-stochastic"
     #: Most blocks one message may carry (the receiver refuses more before buffering).
@@ -260,6 +262,10 @@ class GossipAlgorithm(ABC):
     #: Combines models by distillation (:meth:`teachers`): the task must implement
     #: :class:`~edge.tasks.base.Distiller`.
     needs_distillation: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.supports_directed = supports_directed(cls.name)
 
     def __init__(
         self,

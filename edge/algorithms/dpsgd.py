@@ -36,7 +36,6 @@ class DPSGD(GossipAlgorithm):
     lost messages."""
 
     name = "dpsgd"
-    supports_directed = False
     mixing = "metropolis-hastings"
 
     @classmethod

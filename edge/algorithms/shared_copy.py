@@ -287,5 +287,4 @@ class Choco(SharedCopyGossip):
     """CHOCO-Gossip/SGD (Koloskova et al. 2019) with per-edge copies, exact under loss."""
 
     name = "choco"
-    supports_directed = False
     mixing = "metropolis-hastings"

@@ -1,17 +1,47 @@
-"""Codecs: flat vectors to bytes and back (raw dtypes, qsgd quantization, sparsifiers)."""
+"""Codecs: flat vectors to bytes and back (raw dtypes, qsgd quantization, sparsifiers).
 
-from edge.compression.codec import (
-    Codec,
-    DecodeError,
-    Encoded,
-    RawCodec,
-    decode_blocks,
-    encode_blocks,
-    join_blocks,
-)
-from edge.compression.quantize import QSGD_BUCKET, QSGDCodec
-from edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
-from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec, random_indices
+The names below are loaded on first use (PEP 562): :mod:`edge.compression.forms`, the
+torch-free grammar of codec specs, is imported by checks that run before torch is.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edge.compression.codec import (
+        Codec,
+        DecodeError,
+        Encoded,
+        RawCodec,
+        decode_blocks,
+        encode_blocks,
+        join_blocks,
+    )
+    from edge.compression.quantize import QSGD_BUCKET, QSGDCodec
+    from edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
+    from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec, random_indices
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    **dict.fromkeys(
+        ["Codec", "DecodeError", "Encoded", "RawCodec", "decode_blocks", "encode_blocks",
+         "join_blocks"], "edge.compression.codec"),
+    **dict.fromkeys(["QSGD_BUCKET", "QSGDCodec"], "edge.compression.quantize"),
+    **dict.fromkeys(["CODEC_FORMS", "CODECS", "get_codec", "raw_codec_for"],
+                    "edge.compression.registry"),
+    **dict.fromkeys(["RandomKCodec", "SlimCodec", "TopKCodec", "random_indices"],
+                    "edge.compression.sparsify"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "CODECS",

@@ -41,15 +41,6 @@ class QSGDCodec(Codec):
         # vector's own norm: error feedback then grows the error it should shrink.
         self.feedback_safe = bits >= 2
 
-    @classmethod
-    def from_argument(cls, argument: str | None) -> QSGDCodec:
-        if argument is None or not argument.isdigit() or not 1 <= int(argument) <= 8:
-            raise ValueError(
-                f"codec qsgd needs a bit width: qsgd:BITS with BITS within 1..8, "
-                f"got {'qsgd' if argument is None else 'qsgd:' + argument}"
-            )
-        return cls(int(argument))
-
     def _buckets(self, numel: int) -> int:
         return math.ceil(numel / QSGD_BUCKET)
 

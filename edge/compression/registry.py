@@ -1,48 +1,59 @@
 """The codec registry: every codec by name, and the parser of codec specs.
 
 A leaf module: it imports the codecs, and no codec imports it, so adding a codec is one
-module and one line in :data:`_REGISTERED`. Each line names a codec, how users write it,
-and the factory that builds it from the argument after the colon.
+module, its spec in :mod:`edge.compression.forms` (how users write it, what its argument may
+be: torch-free, so settings are checked before torch is imported) and one line in
+:data:`_BUILDERS` (the class built from the parsed argument), checked complete at import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 from edge.compression.codec import RAW_DTYPES, Codec, RawCodec
+from edge.compression.forms import CODEC_FORMS as CODEC_FORMS
+from edge.compression.forms import CODEC_NAMES, RAW_FORMS, parse_codec_spec
 from edge.compression.quantize import QSGDCodec
 from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec
 
+#: Builds a codec from its parsed argument (:func:`~edge.compression.forms.parse_codec_spec`).
+CodecBuilder = Callable[[Any], Codec]
 #: Builds a codec from the argument after the colon (None when the spec has none).
 CodecFactory = Callable[[str | None], Codec]
 
 
-def _raw(spec: str) -> CodecFactory:
-    def factory(argument: str | None) -> Codec:
-        if argument is not None:
-            raise ValueError(f"codec '{spec}' takes no argument, got '{spec}:{argument}'")
+def _raw(spec: str) -> CodecBuilder:
+    def build(_: None) -> Codec:
         return RawCodec(spec)
+
+    return build
+
+
+#: Each codec's class, by the name :mod:`edge.compression.forms` gives its spec.
+_BUILDERS: dict[str, CodecBuilder] = {
+    **{spec: _raw(spec) for spec in RAW_DTYPES},
+    "qsgd": QSGDCodec,
+    "topk": TopKCodec,
+    "randomk": RandomKCodec,
+    "slim": lambda arguments: SlimCodec(*arguments),
+}
+assert tuple(RAW_DTYPES) == RAW_FORMS, "a raw codec without its dtype, or the other way"
+assert tuple(_BUILDERS) == CODEC_NAMES, "every codec spec needs its class, and no more"
+
+
+def _factory(name: str) -> CodecFactory:
+    def factory(argument: str | None) -> Codec:
+        return get_codec(name if argument is None else f"{name}:{argument}")
 
     return factory
 
 
-#: (name, how users write it, factory), in the order help texts list them.
-_REGISTERED: tuple[tuple[str, str, CodecFactory], ...] = (
-    *((spec, spec, _raw(spec)) for spec in RAW_DTYPES),
-    ("qsgd", "qsgd:BITS", QSGDCodec.from_argument),
-    ("topk", "topk:FRACTION", TopKCodec.from_argument),
-    ("randomk", "randomk:FRACTION", RandomKCodec.from_argument),
-    ("slim", "slim:FRACTION:EXPLORE", SlimCodec.from_argument),
-)
-
 #: Codecs by name; parametrised ones take ``name:ARGUMENT``.
-CODECS: dict[str, CodecFactory] = {name: factory for name, _, factory in _REGISTERED}
-#: How users write each codec (for help texts and error messages).
-CODEC_FORMS: tuple[str, ...] = tuple(form for _, form, _ in _REGISTERED)
-assert len(CODECS) == len(_REGISTERED), "two codecs registered under one name"
+CODECS: dict[str, CodecFactory] = {name: _factory(name) for name in CODEC_NAMES}
 
 
 @lru_cache(maxsize=64)
@@ -51,10 +62,8 @@ def get_codec(spec: str) -> Codec:
 
     Instances are cached (codecs are stateless), so a receiver may call this per message.
     """
-    name, sep, argument = spec.partition(":")
-    if name not in CODECS:
-        raise ValueError(f"unknown codec '{spec}'; choose one of: {', '.join(CODEC_FORMS)}")
-    return CODECS[name](argument if sep else None)
+    name, argument = parse_codec_spec(spec)
+    return _BUILDERS[name](argument)
 
 
 def raw_codec_for(dtype: torch.dtype) -> Codec:

@@ -23,20 +23,6 @@ from edge.compression.codec import Codec, DecodeError, Encoded
 from edge.config.seeds import GOLDEN64, splitmix64_array
 
 
-def _fraction(name: str, argument: str | None) -> float:
-    try:
-        value = float(argument) if argument is not None else math.nan
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value <= 1.0:
-        shown = name if argument is None else f"{name}:{argument}"
-        raise ValueError(
-            f"codec {name} needs a fraction of coordinates to keep: {name}:FRACTION with "
-            f"0 < FRACTION <= 1, got {shown}"
-        )
-    return value
-
-
 def kept(numel: int, fraction: float) -> int:
     """Coordinates a sparsifier keeps of ``numel`` (at least one of a non-empty vector)."""
     return min(numel, max(1, math.ceil(fraction * numel))) if numel else 0
@@ -52,10 +38,6 @@ class _Sparsifier(Codec):
             raise ValueError(f"{self.name} fraction must be within (0, 1], got {fraction}")
         self.fraction = fraction
         self.spec = f"{self.name}:{fraction!r}"
-
-    @classmethod
-    def from_argument(cls, argument: str | None) -> _Sparsifier:
-        return cls(_fraction(cls.name, argument))
 
     def _scatter(
         self, numel: int, indices: torch.Tensor, values: torch.Tensor, dtype: torch.dtype
@@ -148,21 +130,6 @@ class RandomKCodec(_Sparsifier):
         return self._scatter(n, indices, values, dtype)
 
 
-def _slim_arguments(argument: str | None) -> tuple[float, float]:
-    parts = argument.split(":") if argument is not None else []
-    try:
-        fraction, explore = (float(p) for p in parts) if len(parts) == 2 else (math.nan,) * 2
-    except ValueError:
-        fraction = explore = math.nan
-    if not (0.0 < fraction <= 1.0 and 0.0 <= explore < 1.0):
-        shown = "slim" if argument is None else f"slim:{argument}"
-        raise ValueError(
-            "codec slim needs slim:FRACTION:EXPLORE with 0 < FRACTION <= 1 (coordinates sent) "
-            f"and 0 <= EXPLORE < 1 (the share of them drawn at random), got {shown}"
-        )
-    return fraction, explore
-
-
 class SlimCodec(_Sparsifier):
     """Slim-DP's partial exchange: the most significant coordinates plus a random explore set.
 
@@ -186,10 +153,6 @@ class SlimCodec(_Sparsifier):
             raise ValueError(f"slim explore share must be within [0, 1), got {explore}")
         self.explore = explore
         self.spec = f"slim:{fraction!r}:{explore!r}"
-
-    @classmethod
-    def from_argument(cls, argument: str | None) -> SlimCodec:
-        return cls(*_slim_arguments(argument))
 
     def split(self, numel: int) -> tuple[int, int]:
         """``(k_top, k_explore)`` for a vector of ``numel`` elements (``k_top >= 1`` if any)."""

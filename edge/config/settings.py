@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge.algorithms import ALGORITHMS, algorithm_class, check_algorithm_settings
-from edge.compression import CODEC_FORMS, CODECS, Codec, get_codec, raw_codec_for
+from edge.compression.forms import check_compression
 from edge.privacy.settings import PrivacySettings
+
+if TYPE_CHECKING:
+    import torch
+
+    from edge.compression import Codec
+
+# The registries (and torch, which they import) are imported where a check needs them: a
+# setting that is wrong on its own (a bound, a type, a name) is refused without them, so
+# the command line answers it at once.
 
 
 class TaskSettings(BaseModel):
@@ -60,6 +67,8 @@ class AgentSettings(BaseModel):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, value: str) -> str:
+        from edge.algorithms.registry import ALGORITHMS
+
         if value not in ALGORITHMS:
             raise ValueError(f"unknown algorithm '{value}'; choose one of: {', '.join(ALGORITHMS)}")
         return value
@@ -67,17 +76,13 @@ class AgentSettings(BaseModel):
     @field_validator("compression")
     @classmethod
     def _known_compression(cls, value: str) -> str:
-        if value == "none":
-            return value
-        if value.partition(":")[0] not in CODECS:
-            raise ValueError(
-                f"unknown compression '{value}'; choose one of: none, {', '.join(CODEC_FORMS)}"
-            )
-        get_codec(value)  # a bad argument raises a ValueError that says what is allowed
-        return value
+        return check_compression(value)  # a bad one raises a ValueError saying what is allowed
 
     @model_validator(mode="after")
     def _algorithm_accepts(self) -> AgentSettings:
+        from edge.algorithms.registry import algorithm_class, check_algorithm_settings
+        from edge.compression.registry import get_codec
+
         codec = get_codec(self.compression) if self.compression != "none" else get_codec("float32")
         check_algorithm_settings(self.algorithm, codec, self.algorithm_options)
         if self.privacy.enabled and algorithm_class(self.algorithm).needs_distillation:
@@ -91,6 +96,8 @@ class AgentSettings(BaseModel):
 
 def gossip_dtype(settings: AgentSettings, task_dtype: torch.dtype) -> torch.dtype:
     """The gossip state's dtype: the setting, or what the task asks for."""
+    import torch
+
     if settings.precision == "float64":
         return torch.float64
     if settings.precision == "float32":
@@ -100,6 +107,8 @@ def gossip_dtype(settings: AgentSettings, task_dtype: torch.dtype) -> torch.dtyp
 
 def resolve_codec(settings: AgentSettings, dtype: torch.dtype) -> Codec:
     """The codec of every message: the ``compression`` setting, or lossless in ``dtype``."""
+    from edge.compression.registry import get_codec, raw_codec_for
+
     if settings.compression == "none":
         return raw_codec_for(dtype)
     return get_codec(settings.compression)
@@ -107,6 +116,8 @@ def resolve_codec(settings: AgentSettings, dtype: torch.dtype) -> Codec:
 
 def resolve_device(choice: str) -> torch.device:
     """``auto`` picks CUDA when present; ``cuda`` without a GPU is an error."""
+    import torch
+
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice == "cuda" and not torch.cuda.is_available():

@@ -1,17 +1,44 @@
-"""Tasks: the Task protocol, built-in tasks and loading users' own."""
+"""Tasks: the Task protocol, built-in tasks and loading users' own.
 
-from edge.tasks.base import (
-    Distiller,
-    EvalResult,
-    PrivateTraining,
-    SupportsPrivateTraining,
-    Task,
-    TaskContext,
-    TaskError,
-    TrainConfig,
-    TrainResult,
-)
-from edge.tasks.registry import BUILTIN_TASKS, load_task, resolve_task_factory
+The names below are loaded on first use (PEP 562): :mod:`edge.tasks.custom`, which finds a
+user's ``module:callable``, is used by checks that run before torch is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edge.tasks.base import (
+        Distiller,
+        EvalResult,
+        PrivateTraining,
+        SupportsPrivateTraining,
+        Task,
+        TaskContext,
+        TaskError,
+        TrainConfig,
+        TrainResult,
+    )
+    from edge.tasks.registry import BUILTIN_TASKS, load_task, resolve_task_factory
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    **dict.fromkeys(
+        ["Distiller", "EvalResult", "PrivateTraining", "SupportsPrivateTraining", "Task",
+         "TaskContext", "TaskError", "TrainConfig", "TrainResult"], "edge.tasks.base"),
+    **dict.fromkeys(["BUILTIN_TASKS", "load_task", "resolve_task_factory"],
+                    "edge.tasks.registry"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "BUILTIN_TASKS",

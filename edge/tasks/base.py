@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from edge.tasks.custom import TaskError as TaskError
+
 
 @dataclass(frozen=True)
 class TaskContext:
@@ -132,10 +134,6 @@ class SupportsPrivateTraining(Protocol):
     def private_training(self, parameters: torch.Tensor, config: TrainConfig) -> PrivateTraining:
         """The model loaded with ``parameters``, the data and the loss for ``config``'s round."""
         ...
-
-
-class TaskError(ValueError):
-    """A task that cannot be built (unknown name, bad options, import failure)."""
 
 
 @torch.no_grad()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Callable
 from typing import cast
 
@@ -12,6 +9,7 @@ import torch
 
 from edge.tasks.base import Task, TaskContext, TaskError
 from edge.tasks.consensus import ConsensusTask
+from edge.tasks.custom import import_task_factory
 from edge.tasks.digits import DigitsTask
 from edge.tasks.separable import SeparableTask
 
@@ -43,22 +41,7 @@ def resolve_task_factory(spec: str) -> TaskFactory:
             f"unknown task '{spec}'; choose one of: {', '.join(BUILTIN_TASKS)}, "
             "or give your own as module:callable"
         )
-    module_name, _, attr = spec.partition(":")
-    # Resolve from the current directory as ``python -m`` does: the ``airgossip`` console
-    # script's own folder is on sys.path instead, and a user's ``mytasks.linear`` next to
-    # them would not be found.
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-        importlib.invalidate_caches()
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise TaskError(f"task '{spec}': cannot import module '{module_name}': {err}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise TaskError(f"task '{spec}': module '{module_name}' has no callable '{attr}'")
-    return cast(TaskFactory, factory)
+    return cast(TaskFactory, import_task_factory(spec))
 
 
 def load_task(spec: str, context: TaskContext) -> Task:

@@ -1,38 +1,105 @@
-"""Graphs, mixing weights and spectral gap (numpy and scipy)."""
+"""Graphs, mixing weights and spectral gap (numpy and scipy).
 
-from edge.topology.assignment import Assignment, assignments_for_graph, transition
-from edge.topology.graphs import (
-    SPARSE_LIMIT,
-    TOPOLOGIES,
-    Graph,
-    TopologyError,
-    adjacency_edges,
-    adjacency_row,
-    build_graph,
-    is_strongly_connected,
-    sparse_adjacency,
-    transposed,
-)
-from edge.topology.mixing import (
-    Phase,
-    column_stochastic,
-    metropolis_hastings,
-    mixing_lambda2,
-    mixing_matrices,
-    node_phases,
-    second_largest_eigenvalue,
-    sparse_mixing_matrices,
-    sparse_node_phases,
-)
-from edge.topology.switching import (
-    FleetFigures,
-    SwitchingSettings,
-    TopologySwitcher,
-    consensus_distance,
-    fleet_figures,
-    parse_switching,
-    switched_assignments,
-)
+The names below are loaded on first use (PEP 562): :mod:`edge.topology.graphs` builds a
+dense graph with numpy alone, so the CLI checks an algorithm against its graph before SciPy
+(and torch) are imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edge.topology.assignment import Assignment, assignments_for_graph, transition
+    from edge.topology.graphs import (
+        SPARSE_LIMIT,
+        TOPOLOGIES,
+        Graph,
+        TopologyError,
+        adjacency_edges,
+        adjacency_row,
+        build_graph,
+        is_strongly_connected,
+        sparse_adjacency,
+        transposed,
+    )
+    from edge.topology.mixing import (
+        Phase,
+        column_stochastic,
+        metropolis_hastings,
+        mixing_lambda2,
+        mixing_matrices,
+        node_phases,
+        second_largest_eigenvalue,
+        sparse_mixing_matrices,
+        sparse_node_phases,
+    )
+    from edge.topology.switching import (
+        FleetFigures,
+        SwitchingSettings,
+        TopologySwitcher,
+        consensus_distance,
+        fleet_figures,
+        parse_switching,
+        switched_assignments,
+    )
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    **dict.fromkeys(
+        ["Assignment", "assignments_for_graph", "transition"], "edge.topology.assignment"
+    ),
+    **dict.fromkeys(
+        [
+            "SPARSE_LIMIT",
+            "TOPOLOGIES",
+            "Graph",
+            "TopologyError",
+            "adjacency_edges",
+            "adjacency_row",
+            "build_graph",
+            "is_strongly_connected",
+            "sparse_adjacency",
+            "transposed",
+        ],
+        "edge.topology.graphs",
+    ),
+    **dict.fromkeys(
+        [
+            "Phase",
+            "column_stochastic",
+            "metropolis_hastings",
+            "mixing_lambda2",
+            "mixing_matrices",
+            "node_phases",
+            "second_largest_eigenvalue",
+            "sparse_mixing_matrices",
+            "sparse_node_phases",
+        ],
+        "edge.topology.mixing",
+    ),
+    **dict.fromkeys(
+        [
+            "FleetFigures",
+            "SwitchingSettings",
+            "TopologySwitcher",
+            "consensus_distance",
+            "fleet_figures",
+            "parse_switching",
+            "switched_assignments",
+        ],
+        "edge.topology.switching",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "SPARSE_LIMIT",

@@ -11,12 +11,15 @@ gives the edges of either form as index arrays.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-from scipy.sparse import csr_array, issparse
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_array
 
 TOPOLOGIES = (
     "complete",
@@ -36,7 +39,16 @@ TOPOLOGIES = (
 SPARSE_LIMIT = 65_536
 
 #: A phase: a dense ``(n, n)`` boolean array, or a sparse boolean CSR array of that shape.
-Adjacency: TypeAlias = np.ndarray | csr_array
+Adjacency: TypeAlias = "np.ndarray | csr_array"
+
+
+def issparse(adjacency: object) -> bool:
+    """Whether ``adjacency`` is a SciPy sparse array. SciPy is imported only by what builds or
+    converts a sparse graph (a dense graph, up to :data:`SPARSE_LIMIT` nodes, never needs
+    it: the CLI builds one to check an algorithm before anything heavy is imported), and
+    nothing can be sparse before it is."""
+    sparse = sys.modules.get("scipy.sparse")
+    return sparse is not None and bool(sparse.issparse(adjacency))
 
 
 class TopologyError(ValueError):
@@ -89,12 +101,16 @@ class Graph:
     def is_undirected(self) -> bool:
         """True when every phase is symmetric (each edge exists both ways)."""
         if self.sparse:
+            from scipy.sparse import csr_array
+
             return all(csr_array(a != a.T).count_nonzero() == 0 for a in self.phases)
         return all(bool((a == a.T).all()) for a in self.phases)
 
     def union(self) -> Adjacency:
         """Adjacency of the union of all phases."""
         if self.sparse:
+            from scipy.sparse import csr_array
+
             total = self.phases[0]
             for a in self.phases[1:]:
                 total = total + a
@@ -106,6 +122,8 @@ class Graph:
 
     def edge_count(self) -> int:
         if self.sparse:
+            from scipy.sparse import csr_array
+
             return int(sum(csr_array(a).count_nonzero() for a in self.phases))
         return int(sum(int(a.sum()) for a in self.phases))
 
@@ -116,6 +134,8 @@ def adjacency_edges(adjacency: Adjacency) -> tuple[np.ndarray, np.ndarray]:
     if not issparse(adjacency):
         senders, receivers = np.nonzero(adjacency)
         return senders, receivers
+    from scipy.sparse import csr_array
+
     coo = csr_array(adjacency).tocoo()
     keep = coo.data != 0
     senders, receivers = coo.row[keep].astype(np.int64), coo.col[keep].astype(np.int64)
@@ -128,6 +148,8 @@ def adjacency_row(adjacency: Adjacency, node: int) -> np.ndarray:
     :func:`transposed` one, its in-neighbours), ascending."""
     if not issparse(adjacency):
         return np.flatnonzero(adjacency[node])
+    from scipy.sparse import csr_array
+
     rows = adjacency if isinstance(adjacency, csr_array) else csr_array(adjacency)
     if not rows.has_sorted_indices:
         rows.sort_indices()
@@ -139,6 +161,8 @@ def transposed(adjacency: Adjacency) -> Adjacency:
     (each node's senders; made anew, so a caller that asks for many nodes keeps it)."""
     if not issparse(adjacency):
         return adjacency.T
+    from scipy.sparse import csr_array
+
     rows = csr_array(adjacency.T)
     rows.sort_indices()
     return rows
@@ -146,6 +170,8 @@ def transposed(adjacency: Adjacency) -> Adjacency:
 
 def sparse_adjacency(n: int, senders: np.ndarray, receivers: np.ndarray) -> csr_array:
     """A sparse boolean adjacency from edges (duplicates merged, self loops dropped)."""
+    from scipy.sparse import csr_array
+
     keep = senders != receivers
     data = np.ones(int(keep.sum()), dtype=bool)
     a = csr_array((data, (senders[keep], receivers[keep])), shape=(n, n), dtype=bool)
@@ -155,7 +181,7 @@ def sparse_adjacency(n: int, senders: np.ndarray, receivers: np.ndarray) -> csr_
 
 def is_strongly_connected(adjacency: np.ndarray) -> bool:
     """Whether every node can reach every other along directed edges."""
-    from scipy.sparse import csr_array  # imported here: agents that never build graphs skip it
+    from scipy.sparse import csr_array
     from scipy.sparse.csgraph import connected_components
 
     n = adjacency.shape[0]

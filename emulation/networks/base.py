@@ -32,6 +32,7 @@ import numpy as np
 from coordinator.policy import TopologySpec
 from edge.agent import Agent
 from edge.algorithms import algorithm_class
+from edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
 from edge.algorithms.robust import CSPlusOptions, cs_plus_never_mixing
 from edge.config.identity import agent_id
 from edge.observability.stats import RoundRecord, StatsSink
@@ -214,11 +215,8 @@ class Network(ABC):
         """:class:`ConfigError` when the algorithm cannot run on ``graph`` (dpsgd on a
         directed one, say)."""
         config = self.config
-        if not algorithm_class(config.algorithm).supports_directed and not graph.is_undirected:
-            raise ConfigError(
-                f"algorithm '{config.algorithm}' needs an undirected graph; topology "
-                f"'{config.topology}' is directed (use ring, complete, or a symmetric edge list)"
-            )
+        if not supports_directed(config.algorithm) and not graph.is_undirected:
+            raise ConfigError(directed_graph_refusal(config.algorithm, config.topology))
         if config.algorithm == "cs-plus-gossip" and graph.phases:
             self._check_cs_plus(graph)
 

@@ -21,7 +21,15 @@ from typer.testing import CliRunner
 
 from airgossip.cli import app
 from airgossip.cli.choices import registry_names
-from airgossip.cli.early import _Flags, _Network, check_flags
+from airgossip.cli.early import (
+    SETTING_KEYS,
+    _Flags,
+    _Network,
+    check_flags,
+    check_run,
+    read_setting_keys,
+    setting_keys,
+)
 from coordinator.policy import POLICIES
 from edge.tasks import TaskError, resolve_task_factory
 from edge.tasks.flower import FlowerAppError, load_flower_app
@@ -35,7 +43,7 @@ from emulation.config import (
     load_config,
     read_scenario,
 )
-from emulation.fleets import fleet_class
+from emulation.fleets import fleet_class, preflight
 from emulation.results import FinalFigures, RoundFigures, RunResults
 from emulation.scenario import ScenarioNotFound, scenario_path
 from tests.support.cli import ROOT
@@ -77,6 +85,10 @@ assert isinstance(MOST_AGENTS, int)
 SCENARIO = Path(tempfile.gettempdir()) / f"airgossip-early-{os.getpid()}.toml"
 #: A scenario file that is not TOML.
 BROKEN = SCENARIO.with_suffix(".broken.toml")
+#: A scenario file with misspelt keys, some in tables.
+MISSPELT = SCENARIO.with_suffix(".misspelt.toml")
+#: A scenario file with a value out of bounds.
+OUT_OF_BOUNDS = SCENARIO.with_suffix(".bounds.toml")
 
 #: A command line with a bad flag, and what the full validation says of it.
 CASES: list[tuple[list[str], Callable[[], str]]] = [
@@ -92,6 +104,31 @@ CASES: list[tuple[list[str], Callable[[], str]]] = [
     (
         ["run", "--config", str(SCENARIO), "--agents", "0"],
         lambda: _settings({"agents": 0}, SCENARIO),
+    ),
+    (["run", "--compression", "qsgd:9"], lambda: _settings({"compression": "qsgd:9"})),
+    (["run", "--compression", "fp16:2"], lambda: _settings({"compression": "fp16:2"})),
+    (["run", "--config", str(MISSPELT)], lambda: _settings({}, MISSPELT)),
+    (["run", "--config", str(OUT_OF_BOUNDS)], lambda: _settings({}, OUT_OF_BOUNDS)),
+    (
+        ["run", "--algorithm", "dpsgd"],
+        lambda: _raised(lambda: preflight(load_config(None, {"algorithm": "dpsgd"})), ConfigError),
+    ),
+    (
+        ["run", "--algorithm", "choco", "--topology", "one-peer-exponential"],
+        lambda: _raised(
+            lambda: preflight(
+                load_config(None, {"algorithm": "choco", "topology": "one-peer-exponential"})
+            ),
+            ConfigError,
+        ),
+    ),
+    (
+        ["run", "--task", "no_such_module:thing"],
+        lambda: _raised(lambda: resolve_task_factory("no_such_module:thing"), TaskError),
+    ),
+    (
+        ["run", "--task", "json:no_such_callable"],
+        lambda: _raised(lambda: resolve_task_factory("json:no_such_callable"), TaskError),
     ),
     (["run", "--mode", "cloud"], lambda: _raised(lambda: fleet_class("cloud"), ConfigError)),
     (["run", "--task", "mnist"], lambda: _raised(lambda: resolve_task_factory("mnist"), TaskError)),
@@ -169,9 +206,13 @@ def imported_modules(importtime: str) -> set[str]:
 def scenario_file() -> object:
     SCENARIO.write_text("agents = 4\nrounds = 3\n")
     BROKEN.write_text("agents = [4\n")
+    MISSPELT.write_text("agentz = 4\n[network]\nlossy = 0.2\n[ray]\nnum_cpu = 2\n")
+    OUT_OF_BOUNDS.write_text('rounds = 0\n[task]\nname = "digits"\n')
     yield
     SCENARIO.unlink()
     BROKEN.unlink()
+    MISSPELT.unlink()
+    OUT_OF_BOUNDS.unlink()
 
 
 @pytest.mark.parametrize(("argv", "full"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
@@ -196,15 +237,38 @@ def test_every_registry_name_passes_the_early_check() -> None:
     """The early check refuses only what the full one refuses: every name a registry holds
     gets through it (the full check's own tests cover what it then refuses)."""
     names = registry_names()
-    families = [form.partition(":")[0] for form in names["codecs"].split(", ")]
+    raw = [form for form in names["codecs"].split(", ") if ":" not in form]
     flags: list[Settings] = [{"topology": t} for t in names["topologies"].split(", ")]
     flags += [{"algorithm": a} for a in names["algorithms"].split(", ")]
     flags += [{"mode": m} for m in names["mode_names"].split(", ")]
     flags += [{"task": {"name": t}} for t in [*names["tasks"].split(", "), "mytasks:linear"]]
-    flags += [{"compression": c} for c in ["none", "qsgd:4", "topk:0.1", *families]]
+    flags += [
+        {"compression": c}
+        for c in ["none", "qsgd:4", "topk:0.1", "randomk:1", "slim:0.1:0.5", *raw]
+    ]
     flags += [{"agents": 10_000, "rounds": 1, "seed": 0, "device": "cuda", "network": {"loss": 0}}]
     for flag in flags:
         check_flags(flag)  # exits (typer.Exit) if refused
+
+
+def test_the_setting_keys_are_the_models() -> None:
+    """``setting_keys.json`` is what ``emulation.config`` accepts now; regenerate it with
+    ``python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"``."""
+    assert setting_keys() == read_setting_keys(), f"{SETTING_KEYS.name} is stale"
+
+
+def test_what_a_run_accepts_passes_the_early_run_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every algorithm on a graph it runs on, on the graph that is directed by name but not
+    on so few agents, and a user's task that exists get through (the task imported)."""
+    monkeypatch.chdir(ROOT)
+    names = registry_names()
+    for algorithm in names["algorithms"].split(", "):
+        check_run({"algorithm": algorithm, "topology": "ring"})
+    check_run({"algorithm": "dpsgd", "agents": 3})  # exponential on 3 nodes is complete
+    check_run({"algorithm": "dpsgd", "topology": "edges", "edges": [[0, 1], [1, 0]], "agents": 2})
+    check_run({"algorithm": "dpsgd"}, wireless=True)  # the channel model's graph: full check
+    check_run({"task": {"name": "examples.linear_task:LinearTask"}})
+    check_run({"task": {"name": "no_such_module:thing"}}, app=True)  # a Flower app is the task
 
 
 @pytest.mark.parametrize("field", ["agents", "rounds", "seed"])
