@@ -29,9 +29,9 @@ Example scenario (every key optional)::
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -43,21 +43,14 @@ from pydantic import (
     model_validator,
 )
 
-from edge.config.settings import AgentSettings
+from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import TOPOLOGIES, SwitchingSettings
 from emulation.errors import ConfigError as ConfigError
 from emulation.errors import format_validation_error
 from emulation.scenario import WirelessSettings
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
-
-#: Settings as written, before they are validated: a scenario file's tables, flags shaped
-#: like them, what an agent declares to its coordinator (TOML and JSON both fit).
-Settings = dict[str, JsonValue]
+from emulation.scenario_file import Settings as Settings
+from emulation.scenario_file import merge as merge
+from emulation.scenario_file import read_scenario as read_scenario
 
 #: Message loss a run that emulates every link on one machine (``airgossip run``) applies when
 #: its scenario says nothing: a lossy network is what the emulator is for.
@@ -226,30 +219,31 @@ class RunConfig(AgentSettings):
         )
 
 
-def read_scenario(path: Path) -> Settings:
-    """Parse a scenario TOML file into its settings; :class:`ConfigError` if unreadable."""
-    try:
-        with path.open("rb") as handle:
-            data: Settings = tomllib.load(handle)
-            return data
-    except FileNotFoundError:
-        raise ConfigError(f"scenario file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"scenario file {path} is not valid TOML: {err}") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read scenario file {path}: {err.strerror}") from None
+#: The keys a scenario may hold: each table's keys in its model's order, a nested table
+#: (or, under ``"[]"``, the tables of an array) by its own keys, None where any value goes.
+KeyTree = dict[str, "KeyTree | None"]
 
 
-def merge(base: Settings, overrides: Settings) -> Settings:
-    """Overlay ``overrides`` on ``base``, merging nested tables."""
-    out = dict(base)
-    for key, value in overrides.items():
-        table = out.get(key)
-        if isinstance(value, dict) and isinstance(table, dict):
-            out[key] = merge(table, value)
-        else:
-            out[key] = value
-    return out
+def setting_keys(model: type[BaseModel] = RunConfig) -> KeyTree:
+    """The keys ``model`` accepts, its closed tables (``extra="forbid"``) walked down.
+
+    Generated into ``airgossip/cli/setting_keys.json`` for the CLI, which refuses a
+    misspelled key with it before torch is imported (and a test holds the two equal)."""
+    return {name: _field_keys(field.annotation) for name, field in model.model_fields.items()}
+
+
+def _field_keys(annotation: Any) -> KeyTree | None:
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    tables = [a for a in options or (annotation,) if a is not type(None)]
+    if len(tables) != 1:
+        return None
+    (table,) = tables
+    if get_origin(table) is list and len(get_args(table)) == 1:
+        items = _field_keys(get_args(table)[0])
+        return {"[]": items} if items is not None else None
+    if isinstance(table, type) and issubclass(table, BaseModel):
+        return setting_keys(table) if table.model_config.get("extra") == "forbid" else None
+    return None
 
 
 def load_config(
@@ -267,10 +261,36 @@ def load_config(
     data = merge(data, read_scenario(path) if path is not None else {})
     data = merge(data, overrides or {})
     try:
-        return RunConfig.model_validate(data)
+        return with_private_defaults(RunConfig.model_validate(data))
     except ValidationError as err:
         source = f"scenario {path}" if path is not None else "settings"
         raise ConfigError(f"bad {source}: {format_validation_error(err)}") from None
+
+
+def private_defaults(task: str) -> dict[str, JsonValue]:
+    """The options a ``[privacy]`` run of built-in task ``task`` uses where ``[task]`` sets
+    none (its ``private_defaults``: digits' step size); none for a user's own task."""
+    from edge.tasks.registry import BUILTIN_TASKS  # torch: only where a run is private
+
+    factory = BUILTIN_TASKS.get(task)
+    return dict(getattr(factory, "private_defaults", {}))
+
+
+def with_private_defaults(config: RunConfig) -> RunConfig:
+    """``config`` with its task's private defaults filled in where ``[privacy]`` is on and
+    ``[task]`` leaves them unset: a private round is one clipped, noisy step on the whole
+    shard, which the task's own step size (for several small local steps) leaves far behind
+    (docs/privacy.md). Resolved here, once per run: the result carries the values as if
+    written (``config.json``, ``results.json``), so every agent runs them and a config read
+    back is unchanged; a value the user set is kept."""
+    if not config.privacy.enabled:
+        return config
+    options = config.task.options
+    missing = {k: v for k, v in private_defaults(config.task.name).items() if k not in options}
+    if not missing:
+        return config
+    task = TaskSettings.model_validate({**config.task.model_dump(), **missing})
+    return config.model_copy(update={"task": task})
 
 
 def scenario_toml(config: RunConfig) -> str:

@@ -119,17 +119,25 @@ class ProgressDisplay:
 
 def run_banner(config: RunConfig, links: str, out_dir: Path) -> str:
     """The line ``airgossip run`` starts with: the fleet, its links, where results go."""
+    task = task_label(config.task.model_dump(), private=config.privacy.enabled)
     return (
         f"airgossip: {config.agents} agents · {links} · {config.algorithm} · task "
-        f"{task_label(config.task.model_dump())} · {config.mode} · out {out_dir}"
+        f"{task} · {config.mode} · out {out_dir}"
     )
 
 
-def task_label(task: JsonValue) -> str:
-    """A run's task (its settings) for people: its name, or the Flower app it runs."""
+def task_label(task: JsonValue, *, private: bool = False) -> str:
+    """A run's task (its settings) for people: its name, or the Flower app it runs; for a
+    private run (``private``) with the step size it trains at (``digits, lr 4``: a private
+    run's default differs from the task's own, docs/privacy.md)."""
     if not isinstance(task, dict):
         return str(task)
-    return f"flower app {task.get('app')}" if task.get("name") == "flower" else str(task["name"])
+    if task.get("name") == "flower":
+        return f"flower app {task.get('app')}"
+    lr = task.get("lr")
+    if private and isinstance(lr, int | float) and not isinstance(lr, bool):
+        return f"{task['name']}, lr {lr:g}"
+    return str(task["name"])
 
 
 def summary_table(
@@ -150,7 +158,7 @@ def summary_table(
             + ("" if config["compression"] == "none" else f"{config['compression']} · ")
             + f"{config['mode']}",
         ),
-        ("task", task_label(config["task"])),
+        ("task", task_label(config["task"], private=results.privacy is not None)),
         ("mixing |λ2|", fmt(config["lambda2"], 3)),
         ("rounds", f"{final.round} of {config['rounds']}"),
         *_agent_rows(results),
