@@ -10,7 +10,9 @@ it for any fleet and scenario into a folder of its own, next to the scenario fil
   volume (existing ones are kept); everything else starts once it has succeeded and speaks
   mutual TLS.
 * The coordinator reads the scenario and hands it to every agent, keeps its SQLite database
-  on a named volume, serves ``/sd`` and writes the run's results there when it is complete.
+  on a named volume, serves ``/sd`` and writes the run's results there when it is complete;
+  then it and the agents stay up, idle, serving their final state (``/metrics``) until the
+  stack is brought down.
 * Agents are replicas of one service; each claims an index in a shared volume (the image's
   entry point), takes its own certificate from the certificates volume, advertises its own
   address, keeps checkpoints on a volume (a restarted container resumes from them), and
@@ -56,9 +58,10 @@ CLAIMS = "/var/lib/airgossip/claims"
 CERTS = "/var/lib/airgossip/certs"
 AUTHORITY = "/var/lib/airgossip/ca"
 CHECKPOINTS = "/var/lib/airgossip/checkpoints"
-#: How long agents keep serving after their last round: the fleet stays on the dashboards
-#: until it is brought down.
-LINGER_S = 86_400
+#: After the last round the coordinator and the agents keep serving their final state, idle,
+#: until the stack is brought down (``--serve-until-stopped``): the fleet stays on the
+#: dashboards, every Prometheus target up.
+SERVE_UNTIL_STOPPED = "--serve-until-stopped"
 
 
 def repository_root() -> Path | None:
@@ -107,15 +110,15 @@ def compose_document(
     token = "${AIRGOSSIP_TOKEN:-}"
     coordinator_command: list[JsonValue] = [
         "coordinator", "--listen", "0.0.0.0:7070", "--metrics-port", "9470",
-        "--db", "/var/lib/airgossip/data/fleet.db", "--config", SCENARIO_IN_CONTAINER,
-        "--agents", fleet, "--certs", CERTS,
+        "--db", "/var/lib/airgossip/data/fleet.db", SERVE_UNTIL_STOPPED,
+        "--config", SCENARIO_IN_CONTAINER, "--agents", fleet, "--certs", CERTS,
     ]  # fmt: skip
     # The agents get the scenario (and the fleet size) from the coordinator; the entry point
     # adds --certs with the claimed index's own certificate (AIRGOSSIP_CERTS).
     agent_command: list[JsonValue] = [
         "agent", "--coordinator", "coordinator:7070", "--listen", "0.0.0.0:7000",
         "--metrics-listen", "0.0.0.0:9100", "--kernel-links", "eth0",
-        "--linger-s", str(LINGER_S), "--threads", "1", "--checkpoint-dir", CHECKPOINTS,
+        SERVE_UNTIL_STOPPED, "--threads", "1", "--checkpoint-dir", CHECKPOINTS,
     ]  # fmt: skip
     certs_ready: dict[str, JsonValue] = {"certs": {"condition": "service_completed_successfully"}}
     certs: dict[str, JsonValue] = {
@@ -149,7 +152,8 @@ def compose_document(
         ],
         "ports": ["127.0.0.1:${AIRGOSSIP_COORDINATOR_PORT:-9470}:9470"],
         "depends_on": certs_ready,
-        # It exits when the run is complete; it comes back (from its database) if it fails.
+        # It serves the finished run until the stack is brought down; it comes back (from
+        # its database) if it fails.
         "restart": "on-failure",
     }
     agent: dict[str, JsonValue] = {
@@ -281,10 +285,12 @@ airgossip: a coordinator, agents, Prometheus and Grafana on one Docker host.
 
 Everything speaks mutual TLS with certificates the one-shot `certs` service issues into a
 volume (one trust domain on this host: see docs/deployment.md). Each agent shapes its own
-links in the kernel inside its container (root, NET_ADMIN) and keeps checkpoints. The
-scenario is deploy/compose/scenario.toml (AIRGOSSIP_SCENARIO=FILE for another); other
-variables: AIRGOSSIP_IMAGE, BASE_IMAGE, AIRGOSSIP_TOKEN, PROMETHEUS_IMAGE,
-PROMETHEUS_UPSTREAM, GRAFANA_IMAGE, AIRGOSSIP_{COORDINATOR,PROMETHEUS,GRAFANA}_PORT.
+links in the kernel inside its container (root, NET_ADMIN) and keeps checkpoints. After the
+last round the coordinator and the agents stay up, idle, serving their final state to
+Prometheus until `down`. The scenario is deploy/compose/scenario.toml
+(AIRGOSSIP_SCENARIO=FILE for another); other variables: AIRGOSSIP_IMAGE, BASE_IMAGE,
+AIRGOSSIP_TOKEN, PROMETHEUS_IMAGE, PROMETHEUS_UPSTREAM, GRAFANA_IMAGE,
+AIRGOSSIP_{COORDINATOR,PROMETHEUS,GRAFANA}_PORT.
 docs/deployment.md has the details.
 Written by `python -m airgossip.compose` (airgossip/compose.py): edit that, not this file.
 """

@@ -7,8 +7,9 @@ an agent that dies or leaves simply disappears from the next scrape, with no sta
 
 Routes served next to ``/metrics``:
 
-* ``/sd``: Prometheus HTTP service discovery, one target group per live agent that exposes
-  metrics, labelled ``agent=<id>``;
+* ``/sd``: Prometheus HTTP service discovery, one target group per live or finished agent
+  that exposes metrics, labelled ``agent=<id>`` (a finished agent still serves its final
+  state while it lingers, or until it is stopped: ``--serve-until-stopped``);
 * ``/fleet``: the fleet as JSON (members, states, epoch, graph), for operators and tests.
 """
 
@@ -200,11 +201,12 @@ class FleetCollector(Collector):
 
 
 def service_discovery(view: FleetView) -> list[TargetGroup]:
-    """Prometheus HTTP SD target groups: one per live agent with a metrics address."""
+    """Prometheus HTTP SD target groups: one per live or finished agent with a metrics
+    address (dead and departed agents serve nothing)."""
     return [
         {"targets": [m.metrics_address], "labels": {"agent": m.agent_id}}
-        for m in view.alive
-        if m.metrics_address
+        for m in view.members
+        if m.state in (ALIVE, FINISHED) and m.metrics_address
     ]
 
 

@@ -69,6 +69,15 @@ def agent(
             "this long (with static peers: this long)."
         ),
     ] = 10.0,
+    serve_until_stopped: Annotated[
+        bool,
+        typer.Option(
+            "--serve-until-stopped",
+            help="After the run and the linger, keep serving gossip and /metrics (the final "
+            "round, accuracy...), idle, until SIGTERM or Ctrl-C: for devices and containers "
+            "whose final state stays on the dashboards until the fleet is brought down."
+        ),
+    ] = False,
     ready_timeout_s: Annotated[
         float,
         typer.Option(help="Longest wait for the coordinator, the fleet to fill or the peers."),
@@ -143,6 +152,7 @@ def agent(
         coordinator=coordinator, peers=peers, token=token, metrics_listen=metrics_listen,
         metrics_advertise=metrics_advertise, metrics_tls=metrics_tls, metrics_user=metrics_user,
         metrics_password_file=metrics_password_file, stats_dir=stats_dir, linger_s=linger_s,
+        serve_until_stopped=serve_until_stopped,
         ready_timeout_s=ready_timeout_s, parent_pid=parent_pid, threads=threads,
         host_agents=host_agents,
         link_shaping=link_shaping, kernel_links=kernel_links, device=device, certs=certs,

@@ -89,6 +89,14 @@ def coordinator(
             "mutual TLS, each agent may act only for itself."
         ),
     ] = None,
+    serve_until_stopped: Annotated[
+        bool,
+        typer.Option(
+            "--serve-until-stopped",
+            help="Once every agent has finished and the results are written, keep serving "
+            "/metrics, /sd and /fleet (the final state), idle, until SIGTERM or Ctrl-C."
+        ),
+    ] = False,
     insecure: InsecureOption = False,
     metrics_tls: MetricsTlsOption = False,
     metrics_user: MetricsUserOption = None,
@@ -96,7 +104,8 @@ def coordinator(
 ) -> None:
     """Run the coordinator of a run: agents started by hand register, get the scenario and
     their neighbours, report their rounds; results.json, the plot and the summary are written
-    when every agent has finished (then the coordinator exits)."""
+    when every agent has finished (then the coordinator exits, or with --serve-until-stopped
+    serves the final state until it is stopped)."""
     stopped = threading.Event()  # SIGTERM from here on: stop as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     # What the flags alone say is wrong, before torch and gRPC are imported.
@@ -158,14 +167,22 @@ def coordinator(
         sys.stdout.flush()
 
     interrupted = not run.follow(stopped, show, PROGRESS_EVERY_S)
-    results = run.collect(interrupted=interrupted)
+    stay = serve_until_stopped and not interrupted
+    results = run.collect(interrupted=interrupted, keep_serving=stay)
     if results is None:
         say(f"run {run_id} stopped before any agent reported a round; nothing written")
-        raise typer.Exit(130 if interrupted else 0)
-    console.print(summary_table(results, run.out_dir, links, title=f"run {run_id}"))
-    write_summary(run.out_dir / "summary.txt", results, run.out_dir, links, title=f"run {run_id}")
+    else:
+        console.print(summary_table(results, run.out_dir, links, title=f"run {run_id}"))
+        write_summary(
+            run.out_dir / "summary.txt", results, run.out_dir, links, title=f"run {run_id}"
+        )
+    if stay:
+        say(f"run {run_id} complete; serving its final state until stopped (SIGTERM)")
+        sys.stdout.flush()
+        run.serve_until(stopped)
     if interrupted:
-        say(f"interrupted: partial results in {run.out_dir}")
+        if results is not None:
+            say(f"interrupted: partial results in {run.out_dir}")
         raise typer.Exit(130)
 
 

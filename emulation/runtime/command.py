@@ -43,6 +43,7 @@ class AgentCommand:
     metrics_password_file: Path | None = None
     stats_dir: Path | None = None
     linger_s: float = 10.0
+    serve_until_stopped: bool = False
     ready_timeout_s: float = 120.0
     parent_pid: int | None = None
     threads: int | None = None

@@ -4,9 +4,10 @@
 :class:`DeviceRun` takes the run's settings (:class:`DeviceRunSettings`), resolves its
 config and builds its network once (the topology the coordinator hands out, the first graph
 checked against the algorithm), serves the coordinator (:meth:`~DeviceRun.start`), follows
-the run until every agent has finished or it is told to stop (:meth:`~DeviceRun.follow`) and
+the run until every agent has finished or it is told to stop (:meth:`~DeviceRun.follow`),
 writes ``results.json`` and the plot from the round records the agents reported
-(:meth:`~DeviceRun.collect`). Whatever keeps it from starting is one
+(:meth:`~DeviceRun.collect`) and, when asked, keeps serving the finished run until it is
+told to stop (:meth:`~DeviceRun.serve_until`). Whatever keeps it from starting is one
 :class:`DeviceRunError` line.
 """
 
@@ -192,19 +193,38 @@ class DeviceRun:
             return False
         return True
 
-    def collect(self, *, interrupted: bool) -> RunResults | None:
+    def collect(self, *, interrupted: bool, keep_serving: bool = False) -> RunResults | None:
         """Write the run's results from the round records the agents reported and stop the
-        coordinator; None (nothing written) when no agent reported a round."""
+        coordinator (with ``keep_serving``, leave it serving: :meth:`serve_until`); None
+        (nothing written) when no agent reported a round."""
         server = self._server()
         complete_at = time.monotonic()
+        stop_now = not keep_serving
         try:
             return self._collect(server, interrupted)
+        except BaseException:
+            stop_now = True  # nothing to serve the final state of
+            raise
         finally:
-            if not interrupted:
-                # Agents that finished first ask every STATUS_POLL_S whether the run is
-                # complete: answer them (twice over) before going, or they leave believing
-                # the coordinator gone.
-                time.sleep(max(0.0, complete_at + 2 * STATUS_POLL_S - time.monotonic()))
+            if stop_now:
+                if not interrupted:
+                    # Agents that finished first ask every STATUS_POLL_S whether the run is
+                    # complete: answer them (twice over) before going, or they leave
+                    # believing the coordinator gone.
+                    time.sleep(max(0.0, complete_at + 2 * STATUS_POLL_S - time.monotonic()))
+                server.stop()
+
+    def serve_until(self, stopped: threading.Event) -> None:
+        """After :meth:`collect` with ``keep_serving``: keep serving the finished run
+        (``/metrics``, ``/sd``, ``/fleet``, the run's status to agents), idle, until
+        ``stopped`` is set or Ctrl-C; then stop the coordinator."""
+        server = self._server()
+        try:
+            while not stopped.wait(3600.0):
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
             server.stop()
 
     def _collect(self, server: CoordinatorServer, interrupted: bool) -> RunResults | None:

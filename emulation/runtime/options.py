@@ -28,6 +28,9 @@ class AgentProcessOptions:
     token: str = ""
     stats_dir: Path | None = None
     linger_s: float = 10.0
+    #: After the run (and the linger), keep serving gossip and metrics, idle, until told to
+    #: stop: a device or container whose final state stays on the dashboards.
+    serve_until_stopped: bool = False
     ready_timeout_s: float = 120.0
     #: host:port of the Prometheus endpoint (None: no metrics); port 0 picks a free port.
     metrics_listen: str | None = None
@@ -113,7 +116,8 @@ def agent_options(command: AgentCommand) -> tuple[RunConfig | None, AgentProcess
         agent_id=agent_id, index=command.index,
         listen=command.listen, advertise=advertise, coordinator=command.coordinator,
         peers=peers, token=command.token, stats_dir=command.stats_dir,
-        linger_s=command.linger_s, ready_timeout_s=command.ready_timeout_s,
+        linger_s=command.linger_s, serve_until_stopped=command.serve_until_stopped,
+        ready_timeout_s=command.ready_timeout_s,
         metrics_listen=None if metrics == "off" else metrics,
         metrics_advertise=command.metrics_advertise, metrics_security=guard,
         shape_links=command.link_shaping,

@@ -6,8 +6,10 @@ truth), then serves gossip (and gRPC health) on ``--listen``, registers, trains 
 for the run's rounds, reports its rounds as it goes and, after the last, leaves as finished
 and keeps serving until every agent has finished (so that its neighbours' last pushes still
 land) or ``--linger-s`` passes. With a static peer list it reads its scenario from
-``--config`` and lingers ``--linger-s``. Every wait (for the coordinator, the fleet to fill,
-the peers) says what it waits for every few seconds; SIGTERM/SIGINT leave cleanly.
+``--config`` and lingers ``--linger-s``. With ``--serve-until-stopped`` it then stays up,
+idle, serving its final state (gossip, ``/metrics``) until it is told to stop. Every wait
+(for the coordinator, the fleet to fill, the peers) says what it waits for every few
+seconds; SIGTERM/SIGINT leave cleanly.
 """
 
 from __future__ import annotations
@@ -332,8 +334,10 @@ def _run_agent(
     if held.kernel is not None:
         held.kernel.follow(lambda: agent.assignment.peers if agent.assignment else {})
     # A network whose graph changes with time installs it from now on; the radio figures
-    # of the agent's out-links go to its metrics.
-    links.follow(agent, stop, metrics.observe_links if metrics is not None else None)
+    # of the agent's out-links go to its metrics (until training ends, for an agent that
+    # stays serving afterwards).
+    following = threading.Event() if options.serve_until_stopped else stop
+    links.follow(agent, following, metrics.observe_links if metrics is not None else None)
     log.info(
         "%s starts: %d rounds, out-neighbours %s",
         options.agent_id,
@@ -343,13 +347,36 @@ def _run_agent(
     runner = WallClockRunner(agent)
     if run is not None:
         runner.rejoin(run.fleet_round)  # a run under way: start where the fleet is
-    runner.run()
-    if stop.is_set():
+    try:
+        runner.run()
+        if stop.is_set():
+            return 0
+        held.finished = True
+        log.info("%s finished %d rounds", options.agent_id, agent.round)
+        _linger(agent.agent_id, client, run, options, stop)
+        if options.serve_until_stopped:
+            _serve_until_stopped(agent.agent_id, held, following, stop)
         return 0
-    held.finished = True
-    log.info("%s finished %d rounds", options.agent_id, agent.round)
-    _linger(agent.agent_id, client, run, options, stop)
-    return 0
+    finally:
+        if following is not stop:
+            following.set()
+
+
+def _serve_until_stopped(
+    agent_id: str, held: _Held, following: threading.Event, stop: threading.Event
+) -> None:
+    """After the run: keep serving gossip and ``/metrics`` with the final state until
+    ``stop``, idle (no graph followed, the kernel's shaping taken off and its last counts in
+    the metrics)."""
+    following.set()
+    if held.kernel is not None:
+        report = held.kernel.close()
+        if held.kernel_report is not None:
+            report.write(held.kernel_report)
+        held.kernel = None
+    log.info("%s serving its final state until stopped (SIGTERM)", agent_id)
+    while not stop.wait(3600.0):
+        pass
 
 
 def _linger(

@@ -205,6 +205,19 @@ def test_coordinator_exposition_and_service_discovery() -> None:
         server.stop()
 
 
+def test_service_discovery_keeps_finished_agents_and_drops_departed_ones() -> None:
+    # A finished agent still serves its final state (while it lingers, or until stopped).
+    fleet, _ = small_fleet()
+    fleet.leave("agent-0", "finished")
+    fleet.leave("agent-1", "stopped")
+    states = {m.agent_id: m.state for m in fleet.view().members}
+    assert states == {"agent-0": "finished", "agent-1": "left", "agent-2": "alive"}
+    assert service_discovery(fleet.view()) == [
+        {"targets": ["127.0.0.1:9100"], "labels": {"agent": "agent-0"}},
+        {"targets": ["127.0.0.1:9102"], "labels": {"agent": "agent-2"}},
+    ]
+
+
 def test_metrics_server_refuses_a_busy_port_in_one_line() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

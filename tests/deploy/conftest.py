@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -30,8 +31,13 @@ IMAGE = "airgossip:latest"
 #: What deploy/docker/build makes beside the airgossip image (the compose file's default).
 PROMETHEUS_IMAGE = "airgossip-prometheus:latest"
 BASE_IMAGE = "airgossip-base:bookworm"
-#: Compose projects of the tests are named with this prefix (and a random part).
+#: Compose projects of the tests are named with this prefix, then this session's own part
+#: (:data:`SESSION_PROJECTS`), then a random part per project.
 PROJECT_PREFIX = "agtest"
+#: What every compose project of this test session is named with: on a Docker host shared
+#: with other people (and other test sessions) the fixtures remove only what this session
+#: made, never all of ``agtest*`` nor every container fleet (label ``airgossip.run``).
+SESSION_PROJECTS = f"{PROJECT_PREFIX}{uuid.uuid4().hex[:6]}"
 
 
 def load_script(name: str) -> ModuleType:
@@ -99,10 +105,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
                 pytest.fail(f"dockerd did not start: {log.read_text()[-2000:]}")
             time.sleep(0.5)
     engine = Engine(docker, compose)
-    remove_stale(engine)
     try:
         yield engine
     finally:
+        remove_session(engine)
         if daemon is not None:
             daemon.send_signal(signal.SIGTERM)
             try:
@@ -111,31 +117,32 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
                 daemon.kill()
 
 
-def remove_stale(engine: Engine) -> None:
-    """Remove what an earlier, killed test session left on this engine (a CI machine may be
-    a snapshot of a used one): containers and networks of container fleets (label
-    ``airgossip.run``), and containers, networks and volumes of the tests' compose projects.
-    Names are unique per run, so this is about address pools, ports and disk, not names."""
+def remove_session(engine: Engine) -> None:
+    """Remove what this test session's compose projects left on the engine (a test that
+    failed before its own ``down``): their containers, networks and volumes, and nothing
+    else. Other people's fleets and other sessions' projects on a shared engine are left
+    alone; so is what a killed session left (its projects are named ``agtest<its part>*``:
+    ``docker-compose -p NAME down -v`` removes one by hand). Container fleets remove their
+    own containers and network (``airgossip.run=<tag>``), and their tests remove only the
+    fleet they started."""
 
-    def of_tests(kind: str, name: str) -> list[str]:
+    def of_session(kind: str, name: str) -> list[str]:
         fields = f'{{{{{name}}}}} {{{{.Label "com.docker.compose.project"}}}}'
-        listed = engine.run(*kind.split(), "--format", fields).splitlines()
+        listed = engine.run(*kind.split(), "--format", fields, check=False).splitlines()
         return [
             name for name, _, project in (line.partition(" ") for line in listed)
-            if project.startswith(PROJECT_PREFIX)
+            if project.startswith(SESSION_PROJECTS)
         ]  # fmt: skip
 
-    containers = engine.run("ps", "-aq", "--filter", "label=airgossip.run").split()
-    networks = engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split()
-    containers += of_tests("ps -a", ".ID")
-    networks += of_tests("network ls", ".ID")
+    containers = of_session("ps -a", ".ID")
     if containers:
-        engine.run("rm", "-f", *containers, timeout=300)
+        engine.run("rm", "-f", *containers, timeout=300, check=False)
+    networks = of_session("network ls", ".ID")
     if networks:
-        engine.run("network", "rm", *networks)
-    volumes = of_tests("volume ls", ".Name")
+        engine.run("network", "rm", *networks, check=False)
+    volumes = of_session("volume ls", ".Name")
     if volumes:
-        engine.run("volume", "rm", "-f", *volumes)
+        engine.run("volume", "rm", "-f", *volumes, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.deploy.conftest import PROJECT_PREFIX, PROMETHEUS_IMAGE, Engine, load_script
+from tests.deploy.conftest import PROMETHEUS_IMAGE, SESSION_PROJECTS, Engine, load_script
 from tests.support.cli import ROOT
 from tests.support.processes import free_port
 
@@ -37,9 +37,14 @@ pytestmark = pytest.mark.slow
 
 AGENTS = 4
 LOSS = 0.05
-#: A run longer than the test: the test ends it with `down`.
+#: A run longer than the test (it ends it with `down`) unless one asks for fewer rounds.
+ROUNDS = 100000
+#: The rounds of a run that ends while the stack is up, and how long after its last round
+#: every target must still be up (the issue's "done when": 60 s).
+SHORT_ROUNDS = 30
+SERVED_AFTER_S = 60.0
 SCENARIO = f"""\
-rounds = 100000
+rounds = {{rounds}}
 
 [task]
 name = "digits"
@@ -142,10 +147,12 @@ class Stack:
         ]
 
 
-def new_stack(engine: Engine, image: str, tmp_path: Path, **env: str) -> Stack:
+def new_stack(
+    engine: Engine, image: str, tmp_path: Path, rounds: int = ROUNDS, **env: str
+) -> Stack:
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text(SCENARIO)
-    project = f"{PROJECT_PREFIX}{uuid.uuid4().hex[:10]}"
+    scenario.write_text(SCENARIO.format(rounds=rounds))
+    project = f"{SESSION_PROJECTS}{uuid.uuid4().hex[:8]}"
     variables = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("PROMETHEUS_", "GRAFANA_"))},
         "AIRGOSSIP_AGENTS": str(AGENTS),
@@ -283,3 +290,93 @@ def test_compose_stack_learns_over_kernel_shaped_links_and_survives_a_killed_age
         f"\nmean accuracy {learned_at_first:.3f} before the kill, {learned_again:.3f} after; "
         f"drop rate {drop_rate:.4f} of {packets:.0f} packets; dashboard {png}"
     )
+
+
+def served_cpu_s(engine: Engine, containers: list[str]) -> dict[str, int]:
+    """CPU seconds so far of the ``airgossip`` process each container serves with (``ps``
+    on the engine's host, through ``docker top``)."""
+    used = {}
+    for container in containers:
+        rows = engine.run("top", container, "-o", "pid,cputimes,args").splitlines()[1:]
+        serving = [
+            row.split(None, 2) for row in rows
+            if "airgossip" in row and not any(other in row for other in ("init", "health"))
+        ]  # fmt: skip
+        assert len(serving) == 1, rows
+        used[container] = int(serving[0][1])
+    return used
+
+
+@pytest.mark.timeout(600)
+def test_the_stack_serves_its_final_state_after_the_last_round_until_stopped(
+    engine: Engine, image: str, prometheus_image: str, tmp_path: Path
+) -> None:
+    """A run that ends while the stack is up: coordinator and agents stay up, idle, every
+    Prometheus target up and the final round on it SERVED_AFTER_S after the last round;
+    SIGTERM (``stop``) still ends every one of them promptly, with exit code 0."""
+    stack = new_stack(engine, image, tmp_path, rounds=SHORT_ROUNDS)
+    ids = [f"agent-{i}" for i in range(AGENTS)]
+    try:
+        up = stack.readme_up()
+        assert up.returncode == 0, up.stdout + up.stderr
+        run = stack.wait(
+            "the run to complete",
+            lambda: (r := stack.get(f"{stack.coordinator}/fleet")["run"]) and r["complete"] and r,
+            300,
+        )  # fmt: skip
+        assert run["rounds"] == SHORT_ROUNDS
+        ended = time.time()
+
+        def final_round() -> dict[str, float] | None:
+            rounds = stack.by_agent("airgossip_agent_round")
+            return rounds if rounds == dict.fromkeys(ids, SHORT_ROUNDS) else None
+
+        stack.wait("Prometheus to scrape every agent's final round", final_round, 30)
+        containers = stack.compose("ps", "-q", "coordinator", "agent").split()
+        assert len(containers) == AGENTS + 1
+        cpu_before, idle_from = served_cpu_s(stack.engine, containers), time.monotonic()
+        time.sleep(max(0.0, ended + SERVED_AFTER_S - time.time()))
+
+        # Every target up now, and at every scrape since the last round (5 s apart).
+        window = f"{SERVED_AFTER_S - 5:.0f}s"
+        targets = stack.get(f"{stack.prometheus}/api/v1/targets")["data"]["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"].get("agent", "")): t["health"] for t in targets}
+        assert health == {
+            ("airgossip-coordinator", ""): "up",
+            **{("airgossip-agents", agent): "up" for agent in ids},
+        }, health
+        served = stack.query(f"min_over_time(up[{window}]) * count_over_time(up[{window}])")
+        assert len(served) == AGENTS + 1, served
+        assert all(float(r["value"][1]) >= 10 for r in served), served  # up at 10+ scrapes
+        # The final state, idle: the last round and accuracies, no round since.
+        assert stack.by_agent("airgossip_agent_round") == dict.fromkeys(ids, SHORT_ROUNDS)
+        accuracy = stack.by_agent("airgossip_agent_accuracy_ratio")
+        assert sorted(accuracy) == ids and all(a > 0.5 for a in accuracy.values()), accuracy
+        assert stack.by_agent(f"increase(airgossip_agent_rounds_total[{window}])") == dict.fromkeys(
+            ids, 0.0
+        )
+        assert stack.value('airgossip_fleet_agents{state="finished"}') == AGENTS
+        # Idle: the CPU time of each serving process (not the image's health checks, a
+        # process every 10 s) grew by less than a tenth of the time that passed.
+        cpu_after, idle_s = served_cpu_s(stack.engine, containers), time.monotonic() - idle_from
+        cpu = {c[:12]: cpu_after[c] - cpu_before[c] for c in containers}
+        assert all(used < 0.1 * idle_s for used in cpu.values()), (cpu, idle_s)
+
+        # SIGTERM still ends them promptly and cleanly.
+        started = time.monotonic()
+        stack.compose("stop", "--timeout", "30", "coordinator", "agent")
+        stopped_s = time.monotonic() - started
+        codes = [
+            stack.engine.run("inspect", "--format", "{{.State.ExitCode}}", c) for c in containers
+        ]
+        assert codes == ["0"] * len(containers), codes
+        assert stopped_s < 20, f"stop took {stopped_s:.1f} s"
+        print(
+            f"\nevery target up {time.time() - ended:.0f} s after the last round (round "
+            f"{SHORT_ROUNDS}, accuracies {sorted(round(a, 3) for a in accuracy.values())}); "
+            f"CPU s in the last {idle_s:.0f} s {sorted(cpu.values())}; stopped in "
+            f"{stopped_s:.1f} s"
+        )
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", "--timeout", "10")
+        assert not stack.left(), f"left behind by {stack.project}: {stack.left()}"

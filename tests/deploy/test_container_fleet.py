@@ -23,29 +23,72 @@ from tests.support.cli import ROOT, airgossip, assert_tcp_carried_every_message
 pytestmark = pytest.mark.slow
 
 
-def remove_new(engine: Engine, before: list[str]) -> None:
-    """Remove the labelled containers and networks that are not in ``before``."""
+# On a Docker host shared with other people, other container fleets (label airgossip.run)
+# come and go during a test: a test checks and removes only the fleet it started, found by
+# what its containers mount of the test's own run folder.
+
+
+def fleet_tags(engine: Engine, out: Path) -> set[str]:
+    """The tags (label ``airgossip.run``) of the fleets whose containers mount part of the
+    run folder ``out``: the fleet this test started, and no one else's."""
     containers = engine.run("ps", "-aq", "--filter", "label=airgossip.run").split()
-    if fresh := [c for c in containers if c not in before]:
-        engine.run("rm", "-f", *fresh, check=False)
-    networks = engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split()
-    if fresh := [n for n in networks if n not in before]:
-        engine.run("network", "rm", *fresh, check=False)
+    if not containers:
+        return set()
+    fields = '{{index .Config.Labels "airgossip.run"}}{{range .Mounts}} {{.Source}}{{end}}'
+    listed = engine.run("inspect", "--format", fields, *containers, check=False).splitlines()
+    run = str(out.resolve())
+    return {
+        tag for tag, *sources in (line.split() for line in listed if line.strip())
+        if any(source == run or source.startswith(f"{run}/") for source in sources)
+    }  # fmt: skip
 
 
-def labelled(engine: Engine) -> list[str]:
-    """Containers and networks of any container fleet."""
-    return [
-        *engine.run("ps", "-aq", "--filter", "label=airgossip.run").split(),
-        *engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split(),
-    ]
+def of_fleet(engine: Engine, tags: set[str]) -> list[str]:
+    """Containers and networks of the fleets ``tags``."""
+    found: list[str] = []
+    for tag in sorted(tags):
+        where = f"label=airgossip.run={tag}"
+        found += engine.run("ps", "-aq", "--filter", where).split()
+        found += engine.run("network", "ls", "-q", "--filter", where).split()
+    return found
+
+
+def remove_fleet(engine: Engine, tags: set[str]) -> None:
+    """Remove the containers and networks of the fleets ``tags`` (and nothing else)."""
+    for tag in sorted(tags):
+        where = f"label=airgossip.run={tag}"
+        if containers := engine.run("ps", "-aq", "--filter", where).split():
+            engine.run("rm", "-f", *containers, check=False)
+        if networks := engine.run("network", "ls", "-q", "--filter", where).split():
+            engine.run("network", "rm", *networks, check=False)
+
+
+def left_by_run(engine: Engine, out: Path, networks_before: list[str]) -> list[str]:
+    """What a finished run left: containers mounting its folder, and fleet networks made
+    since ``networks_before`` that no container uses (a fleet removes its network with its
+    last container; another fleet's network has its containers)."""
+    left = [*of_fleet(engine, fleet_tags(engine, out))]
+    for network in engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split():
+        if network in networks_before:
+            continue
+        attached = engine.run(
+            "network", "inspect", "--format", "{{len .Containers}}", network, check=False
+        )  # fmt: skip
+        if attached == "0":
+            left.append(network)
+    return left
+
+
+def fleet_networks(engine: Engine) -> list[str]:
+    """The networks of every container fleet on the engine now (to compare with later)."""
+    return engine.run("network", "ls", "-q", "--filter", "label=airgossip.run").split()
 
 
 @pytest.mark.timeout(900)
 def test_eight_agents_in_containers_end_with_results(
     engine: Engine, image: str, tmp_path: Path
 ) -> None:
-    before = labelled(engine)
+    before = fleet_networks(engine)
     out = tmp_path / "run"
     result = airgossip("run", "--mode", "containers", "--agents", "8", "--out", str(out),
                        timeout=800)  # fmt: skip
@@ -67,7 +110,7 @@ def test_eight_agents_in_containers_end_with_results(
     assert dropped / seen == pytest.approx(0.1, rel=0.2)
     # No message was dropped by an in-agent shaper: TCP carried them through the drops.
     assert_tcp_carried_every_message(out, results)
-    assert labelled(engine) == before, "containers or networks left behind"
+    assert not left_by_run(engine, out, before), "containers or networks left behind"
 
 
 @pytest.mark.timeout(900)
@@ -127,7 +170,7 @@ def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_ever
     """One fleet for two checks (each fleet start costs torch imports in every container):
     agents without NET_ADMIN say so and shape their links themselves; Ctrl-C stops them,
     writes partial results and removes containers and network."""
-    before = labelled(engine)
+    tags: set[str] = set()
     scenario = tmp_path / "no-net-admin.toml"
     scenario.write_text(
         'agents = 3\nrounds = 100000\ntopology = "complete"\n\n'
@@ -148,10 +191,11 @@ def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_ever
                 break
             time.sleep(1)
         assert launcher.poll() is None, launcher.communicate()
-        assert len(labelled(engine)) > len(before)  # the fleet's containers and network
+        tags = fleet_tags(engine, out)
+        assert len(tags) == 1, tags  # the fleet's containers and network
         # Mutual TLS: each container sees the CA's certificate and its own pair, read-only,
         # and nothing else of the run's certs/ folder.
-        running = engine.run("ps", "-q", "--filter", "label=airgossip.run").split()
+        running = engine.run("ps", "-q", "--filter", f"label=airgossip.run={min(tags)}").split()
         assert len(running) == 3
         for container in running:
             agent_id = engine.run("inspect", "--format", "{{.Name}}", container).split("-", 2)[2]
@@ -169,13 +213,13 @@ def test_without_net_admin_agents_shape_links_themselves_and_ctrl_c_removes_ever
             launcher.kill()
             # A killed launcher cleans nothing up: remove what this fleet started, so a
             # failed check does not leave three agents training on the machine.
-            remove_new(engine, before)
+            remove_fleet(engine, tags or fleet_tags(engine, out))
     assert launcher.returncode == 130, stderr
     assert "interrupted" in stderr
     assert (out / "certs" / "ca.pem").is_file()  # the run's throwaway authority
     results = json.loads((out / "results.json").read_text())
     assert results["interrupted"] is True
-    assert labelled(engine) == before, "containers or networks left behind"
+    assert not of_fleet(engine, tags), "containers or networks left behind"
     kernel = json.loads((out / "kernel.json").read_text())
     assert kernel["agents_shaping_in_kernel"] == 0
     assert all("NET_ADMIN" in reason for reason in kernel["fallback"].values())
