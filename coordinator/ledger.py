@@ -89,9 +89,10 @@ class RunLedger:
         return self.rounds.at_round(round_index)
 
     def fleet_round(self) -> int:
-        """The round the run's agents have reached: the median of the latest round each
-        reported (0 before any report), so that one agent cannot move it far."""
-        return self.rounds.median_latest()
+        """The round the run's agents have reached, as a restarted agent skips to it: the
+        highest round a quorum of them reported reaching (at least two and a majority, so
+        that one agent's reports cannot set it; 0 before two have reported)."""
+        return self.rounds.quorum_latest()
 
     def latest_round(self, agent_id: str) -> int | None:
         """The latest round ``agent_id`` reported (None: none)."""

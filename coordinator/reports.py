@@ -13,7 +13,14 @@ Refusal`) when one of its records
   resumed at (its latest report of a round is kept). A call retried because its reply was
   lost starts with the same round as the call before it: its records already held are taken
   as received again and not stored twice;
-* or is out of order within its call (``INVALID_ARGUMENT``).
+* is out of order within its call (``INVALID_ARGUMENT``);
+* or says something that cannot be true (``INVALID_ARGUMENT``, :func:`check_meaning`): an
+  accuracy outside [0, 1], a loss, distance, weight or privacy figure that is negative, a
+  figure, time or estimate value that is not finite, or counters that go back. An agent's
+  counters (:class:`~edge.observability.stats.Counters`) add up what it sent and received
+  since it started, so within one registration they never decrease, from record to record
+  of a call and from one call to the next (the cursor keeps the last). A restarted agent
+  registers again and starts them afresh (from its checkpoint's, or from 0).
 
 Each agent therefore holds at most one record per round of the run, whatever it sends: the
 database is bounded by agents x (rounds + 1) records of bounded size.
@@ -21,11 +28,25 @@ database is bounded by agents x (rounds + 1) records of bounded size.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from coordinator.refusal import Refusal
-from edge.observability.stats import RoundRecord
+from edge.observability.stats import Counters, RoundRecord
+from edge.privacy.figures import EPSILON, EPSILON_MEAN, EXHAUSTED, STEPS
+
+#: Figures that are fractions, in [0, 1]: ``accuracy`` and ``<anything>_accuracy``.
+FRACTION = re.compile(r"(.+_)?accuracy")
+#: Figures that cannot be negative: losses, distances, push-sum weights (``weight`` and a
+#: shared copy's ``y1``, ``y2``, ...), the learning rate and the privacy figures.
+NON_NEGATIVE = re.compile(
+    r"(.+_)?loss|(.+_)?distance|disagreement|weight|y[0-9]+|lr|"
+    + "|".join(re.escape(name) for name in (EPSILON, EPSILON_MEAN, STEPS, EXHAUSTED))
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,8 @@ class ReportCursor:
 
     last_round: int | None = None
     first_of_last_call: int | None = None
+    #: The counters of its latest record (they only grow within a registration).
+    counters: Counters | None = None
 
 
 def wrong_length(round_index: int, elements: int, estimate_length: int | None) -> Refusal:
@@ -55,6 +78,58 @@ def wrong_length(round_index: int, elements: int, estimate_length: int | None) -
         "FAILED_PRECONDITION",
         f"round {round_index}: an estimate of {elements} elements; {expected}",
     )
+
+
+def check_meaning(record: RoundRecord) -> None:
+    """Refuse (``INVALID_ARGUMENT``) a record that says something that cannot be true: an
+    accuracy outside [0, 1], a negative loss, distance, weight or privacy figure, a figure or
+    time that is not finite, an estimate with a value that is not finite, a negative counter.
+
+    Figures of other names (a user's task may report anything) need only be finite.
+    """
+    where = f"round {record.round}"
+    if not (math.isfinite(record.wall_s) and record.wall_s >= 0):
+        raise Refusal(
+            "INVALID_ARGUMENT",
+            f"{where}: wall_s is {record.wall_s!r}; it must be a finite number of seconds, "
+            "at least 0",
+        )
+    for kind, figures in (("metric", record.metrics), ("scalar", record.scalars)):
+        for name, value in figures.items():
+            _check_figure(where, kind, name, value)
+    if record.estimate is not None and not np.isfinite(record.estimate).all():
+        raise Refusal("INVALID_ARGUMENT", f"{where}: the estimate holds NaN or infinity")
+    negative = [name for name, value in record.counters.as_dict().items() if value < 0]
+    if negative:
+        raise Refusal("INVALID_ARGUMENT", f"{where}: counter {negative[0]} is negative")
+
+
+def _check_figure(where: str, kind: str, name: str, value: float) -> None:
+    shown = f"{where}: {kind} '{name[:64]}' is {value!r}"
+    if not math.isfinite(value):
+        raise Refusal("INVALID_ARGUMENT", f"{shown}; figures must be finite numbers")
+    if FRACTION.fullmatch(name) and not 0.0 <= value <= 1.0:
+        raise Refusal("INVALID_ARGUMENT", f"{shown}; an accuracy is a fraction in [0, 1]")
+    if NON_NEGATIVE.fullmatch(name) and value < 0:
+        raise Refusal("INVALID_ARGUMENT", f"{shown}; it cannot be negative")
+
+
+def check_counters_grow(
+    agent_id: str, round_index: int, counters: Counters, before: Counters | None
+) -> None:
+    """Refuse (``INVALID_ARGUMENT``) counters of ``round_index`` below ``before`` (those of
+    the agent's previous record in this registration): they add up since the agent started."""
+    if before is None:
+        return
+    now, then = counters.as_dict(), before.as_dict()
+    for name, value in now.items():
+        if value < then[name]:
+            raise Refusal(
+                "INVALID_ARGUMENT",
+                f"round {round_index}: {agent_id}'s {name} went back from {then[name]} to "
+                f"{value}; counters add up since the agent started and never decrease (an "
+                "agent that restarted registers again)",
+            )
 
 
 def admit(
@@ -88,6 +163,7 @@ def admit(
     if not records:
         return [], cursor
     previous = -1
+    counters: Counters | None = None
     for record in records:
         if record.round <= previous:
             raise Refusal(
@@ -103,6 +179,9 @@ def admit(
             )
         if record.estimate is not None and record.estimate.size != estimate_length:
             raise wrong_length(record.round, record.estimate.size, estimate_length)
+        check_meaning(record)
+        check_counters_grow(agent_id, record.round, record.counters, counters)
+        counters = record.counters
     first = records[0].round
     fresh = list(records)
     if cursor.last_round is not None and first <= cursor.last_round:
@@ -113,4 +192,7 @@ def admit(
                 "reports: rounds only move forward (an agent that restarted registers again)",
             )
         fresh = [r for r in records if r.round > cursor.last_round]
-    return fresh, ReportCursor(max(previous, cursor.last_round or 0), first)
+    if fresh:
+        check_counters_grow(agent_id, fresh[0].round, fresh[0].counters, cursor.counters)
+    last_counters = fresh[-1].counters.copy() if fresh else cursor.counters
+    return fresh, ReportCursor(max(previous, cursor.last_round or 0), first, last_counters)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coordinator.database import Database, Row
+from edge.agent.rejoin import fleet_round
 from edge.observability.stats import RoundRecord
 
 
@@ -81,10 +82,12 @@ class RoundStore:
         """What is held of ``agent_id``'s rounds."""
         return self._agents.get(agent_id, AgentRounds())
 
-    def median_latest(self) -> int:
-        """The median over agents of the latest round each reported (0: none reported)."""
-        latest = sorted(a.latest for a in self._agents.values() if a.latest is not None)
-        return latest[len(latest) // 2] if latest else 0
+    def quorum_latest(self) -> int:
+        """The highest round that a quorum of the agents that reported have reached (their
+        latest reports; :func:`~edge.agent.rejoin.fleet_round`): at least two of them and a
+        majority, so that one agent's reports cannot set it (0: fewer than two reported)."""
+        latest = {a: r.latest for a, r in self._agents.items() if r.latest is not None}
+        return fleet_round(latest) or 0
 
     def at_round(self, round_index: int) -> dict[str, RoundRecord]:
         """Every agent's record of ``round_index``, by agent (agents that did not report it

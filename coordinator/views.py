@@ -111,7 +111,7 @@ class RunStatus:
     registered: int
     finished: int
     complete: bool
-    #: The round the run's agents have reached: the median of their latest reports.
+    #: The round the run's agents have reached: the highest a quorum of them reported.
     fleet_round: int = 0
 
     def to_json(self) -> RunStatusJson:

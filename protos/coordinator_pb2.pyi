@@ -496,8 +496,10 @@ class RunReply(_message.Message):
     complete: _builtins.bool
     """Every agent of the run has finished, left or been declared dead."""
     fleet_round: _builtins.int
-    """The round the run's agents have reached: the median of the latest round each reported
-    (0 before any report). An agent that joins a run under way (a restart) starts there.
+    """The round the run's agents have reached: the highest round that a quorum of them (at
+    least two, and a majority of those that reported) reported reaching, so that one agent
+    cannot set it (0 before two have reported). An agent that joins a run under way (a
+    restart) starts there.
     """
     def __init__(
         self,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 import torch
@@ -57,6 +57,31 @@ log = logging.getLogger(__name__)
 
 #: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
 PATIENCE_ROUNDS = 4
+
+
+def wait_over(heard: Iterable[int], need: int) -> bool:
+    """Whether an agent that needs its in-neighbours at round ``need`` or later, and last
+    heard them at rounds ``heard``, stops waiting.
+
+    An in-neighbour between ``need - PATIENCE_ROUNDS`` and ``need`` is waited for; one
+    further behind is not (it is gone or restarting: waiting for it would cost every round
+    the whole timeout), unless every in-neighbour is that far behind. Then the agent has
+    nobody to pace it: were it to go on at once, it would run the rest of the run alone at
+    the speed of its own computation, and never be within reach of its in-neighbours again
+    (they can only fall further behind): in-process, with 80% loss on every link, agents
+    ran off 700 rounds in half a second. It waits out the timeout instead, at most one round
+    per timeout, until they are heard again. An agent without in-neighbours this round has
+    nobody to wait for.
+    """
+    oldest = need - PATIENCE_ROUNDS
+    any_in_reach = False
+    empty = True
+    for round_heard in heard:
+        empty = False
+        if oldest <= round_heard < need:
+            return False
+        any_in_reach |= round_heard >= need
+    return empty or any_in_reach
 
 
 class Agent:
@@ -193,10 +218,23 @@ class Agent:
         """Whether :meth:`stop` was called."""
         return self._stopped.is_set()
 
-    def peer_rounds(self) -> list[int]:
-        """The latest round each peer named (messages, acknowledgements)."""
+    def peer_rounds(self) -> dict[str, int]:
+        """The latest round each peer named (messages, acknowledgements), by peer: one entry
+        per agent id, however many messages it sent."""
         with self._lock:
-            return list(self._peer_rounds.values())
+            return dict(self._peer_rounds)
+
+    def peers_in_reach(self) -> int:
+        """How many distinct peers its schedule exchanges with (in- and out-neighbours of
+        every phase): the most that can name their rounds to it."""
+        with self._lock:
+            assignment = self._assignment
+            if assignment is None:
+                return 0
+            peers = {p for phase in assignment.schedule for p in phase.in_neighbours}
+            peers.update(p for phase in assignment.schedule for p in phase.out_weights)
+            peers.discard(self.agent_id)
+            return len(peers)
 
     def skip_to(self, round_index: int) -> None:
         """Make ``round_index`` the last round this agent ran: it rejoins a fleet ahead, with
@@ -284,7 +322,12 @@ class Agent:
 
     def neighbours_ready(self, round_index: int) -> bool:
         """Whether the wait of ``round_index`` is over: its sends are done and in-neighbours
-        are within ``staleness`` rounds (non-blocking; event-driven drivers poll this)."""
+        are within ``staleness`` rounds (non-blocking; event-driven drivers poll this).
+
+        An in-neighbour more than :data:`PATIENCE_ROUNDS` behind that is not waited for
+        (it is gone, or restarting), as long as another one is within reach; when every
+        in-neighbour is that far behind, the wait runs to its timeout (:func:`wait_over`).
+        """
         last = round_index >= self.settings.rounds
         need = round_index - (0 if last else self.settings.staleness)
         with self._lock:
@@ -294,8 +337,8 @@ class Agent:
             if self.outbox.inflight:
                 return False
             phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
-            heard, oldest = self._heard, need - PATIENCE_ROUNDS
-            return not any(oldest <= heard.get(p, 0) < need for p in phase.in_neighbours)
+            heard = self._heard
+            return wait_over((heard.get(p, 0) for p in phase.in_neighbours), need)
 
     def mix(self, round_index: int) -> None:
         with self._lock:

@@ -13,7 +13,13 @@ import logging
 from collections.abc import Callable
 
 from edge.agent.agent import Agent
-from edge.agent.rejoin import LATE_WEIGHT, REJOIN_WAIT_S, fleet_round, rejoin_round
+from edge.agent.rejoin import (
+    LATE_WEIGHT,
+    MIN_QUORUM,
+    REJOIN_WAIT_S,
+    fleet_round,
+    rejoin_round,
+)
 
 log = logging.getLogger("edge.agent.agent")
 
@@ -95,14 +101,24 @@ class WallClockRunner:
             agent.skip_to(target - 1)
 
     def catch_up(self, wait_s: float = 0.0) -> None:
-        """:meth:`rejoin` the fleet at its peers' round, decided once, as soon as peers have
-        named their rounds (acknowledgements, messages), waiting at most ``wait_s`` for the
-        first."""
-        self._wait(lambda: bool(self.agent.peer_rounds()), wait_s)
-        heard = fleet_round(self.agent.peer_rounds())
+        """:meth:`rejoin` the fleet at its peers' round, decided once, as soon as
+        :data:`~edge.agent.rejoin.MIN_QUORUM` distinct peers have named their rounds
+        (acknowledgements, messages), waiting at most ``wait_s`` for them.
+
+        The round is one a quorum of the peers heard agree on
+        (:func:`~edge.agent.rejoin.fleet_round`): one peer cannot make the agent skip. An
+        agent whose phase has fewer peers than a quorum never skips on its peers' word (its
+        coordinator's, :meth:`rejoin`, is another matter).
+        """
+        agent = self.agent
+        if agent.peers_in_reach() < MIN_QUORUM:
+            self._rejoining = False  # no quorum can ever be heard: go on
+            return
+        self._wait(lambda: len(agent.peer_rounds()) >= MIN_QUORUM, wait_s)
+        heard = fleet_round(agent.peer_rounds())
         if heard is None:
             if wait_s > 0:
-                self._rejoining = False  # no peer answers: go on alone
-            return  # nothing heard yet: decide after the next round's exchanges
+                self._rejoining = False  # too few peers answer: go on without skipping
+            return  # too few heard yet: decide after the next round's exchanges
         self._rejoining = False
         self.rejoin(heard)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge.agent.admission import FORMER_ROUNDS
-from edge.agent.agent import PATIENCE_ROUNDS
+from edge.agent.agent import wait_over
 from edge.algorithms.base import SEQ_SLACK
 from edge.algorithms.push_sum import STARVED_WEIGHT
 from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
@@ -366,10 +366,9 @@ class VirtualPushSum:
             return
         last = round_index >= self.rounds
         need = round_index - (0 if last else self.staleness)
-        oldest, heard = need - PATIENCE_ROUNDS, a.heard
-        for p in a.incoming:
-            if oldest <= heard.get(p, 0) < need:
-                return
+        heard = a.heard
+        if not wait_over((heard.get(p, 0) for p in a.incoming), need):
+            return
         self._finish_round(a, round_index)
 
     def _timeout(self, a: _Agent, round_index: int) -> None:
