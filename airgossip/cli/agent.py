@@ -75,7 +75,7 @@ def agent(
             "--serve-until-stopped",
             help="After the run and the linger, keep serving gossip and /metrics (the final "
             "round, accuracy...), idle, until SIGTERM or Ctrl-C: for devices and containers "
-            "whose final state stays on the dashboards until the fleet is brought down."
+            "whose final state stays on the dashboards until the fleet is brought down.",
         ),
     ] = False,
     ready_timeout_s: Annotated[

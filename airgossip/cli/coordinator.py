@@ -94,7 +94,7 @@ def coordinator(
         typer.Option(
             "--serve-until-stopped",
             help="Once every agent has finished and the results are written, keep serving "
-            "/metrics, /sd and /fleet (the final state), idle, until SIGTERM or Ctrl-C."
+            "/metrics, /sd and /fleet (the final state), idle, until SIGTERM or Ctrl-C.",
         ),
     ] = False,
     insecure: InsecureOption = False,
