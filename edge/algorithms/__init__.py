@@ -6,8 +6,9 @@ an algorithm asks of its graph, is read by checks that run before torch is impor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edge.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
@@ -46,11 +47,7 @@ _HOMES = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [

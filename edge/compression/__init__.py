@@ -6,8 +6,9 @@ torch-free grammar of codec specs, is imported by checks that run before torch i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edge.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from edge.compression.codec import (
@@ -36,11 +37,7 @@ _HOMES = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [

@@ -7,8 +7,9 @@ dense graph with numpy alone, so the CLI checks an algorithm against its graph b
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edge.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from edge.topology.assignment import Assignment, assignments_for_graph, transition
@@ -94,11 +95,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [
