@@ -177,12 +177,18 @@ class HandStartedFleet:
         return re.findall(pattern, text)
 
 
-def checkpoint_round(folder: Path) -> int:
-    """The round the newest checkpoint in ``folder`` holds (from its JSON skeleton)."""
-    from edge.agent.checkpoints import CheckpointStore
+def checkpoint_round(folder: Path, certs: Path) -> int:
+    """The round the newest checkpoint in ``folder`` holds (verified under the key of the
+    agent whose folder it is, whatever run it names)."""
+    from edge.agent.checkpoints import CheckpointError, CheckpointKey, CheckpointStore, decode_state
 
-    loaded = CheckpointStore(folder, folder.name).load_latest()
-    return int(loaded.state["round"]) if loaded is not None else -1
+    key = CheckpointKey.of_private_key((certs / f"{folder.name}.key").read_bytes())
+    for path in reversed(CheckpointStore(folder, folder.name, key=key).paths()):
+        try:
+            return int(decode_state(path.read_bytes(), key)["round"])
+        except (OSError, CheckpointError):
+            continue
+    return -1
 
 
 def run_scenario(work: Path, scenario: Scenario) -> Result:
@@ -208,8 +214,8 @@ def run_scenario(work: Path, scenario: Scenario) -> Result:
                     shutil.copytree(fleet.folder / f"old-{index}", fleet.checkpoints(index))
                 elif scenario.restart == "none":
                     shutil.rmtree(fleet.checkpoints(index), ignore_errors=True)
-            ages = [at - checkpoint_round(fleet.checkpoints(i)) for i in scenario.victims
-                    if scenario.restart != "none"]  # fmt: skip
+            ages = [at - checkpoint_round(fleet.checkpoints(i), fleet.certs)
+                    for i in scenario.victims if scenario.restart != "none"]  # fmt: skip
             time.sleep(12.0)
             for index in scenario.victims:
                 fleet.start_agent(index)

@@ -52,18 +52,29 @@ class RunLedger:
         self.started_unix = now_unix
         self.store.mark_started(now_unix)
 
-    def check_estimate_length(self, agent_id: str, length: int) -> None:
-        """Refuse an agent whose estimates would not be the run's length."""
-        if self.estimate_length is not None and length != self.estimate_length:
+    def _length_in_force(self, held: bool) -> bool:
+        """Whether the run's estimate length binds a newcomer: a live or finished member
+        holds it (``held``) or round records of that length are kept."""
+        return self.estimate_length is not None and (held or self.rounds.holds_any())
+
+    def check_estimate_length(self, agent_id: str, length: int, *, held: bool = True) -> None:
+        """Refuse an agent whose estimates would not be the run's length (``held``: a live
+        or finished member holds the length; when none does and no round is kept, the
+        length is free)."""
+        if self._length_in_force(held) and length != self.estimate_length:
             raise Refusal(
                 "FAILED_PRECONDITION",
                 f"agent '{agent_id}' reports estimates of {length} elements; the run's have "
                 f"{self.estimate_length} (a different model?)",
             )
 
-    def fix_estimate_length(self, length: int) -> None:
-        """The first registration fixes the length of the run's estimates."""
-        if self.estimate_length is None:
+    def fix_estimate_length(self, length: int, *, replace: bool = False) -> None:
+        """The first registration fixes the length of the run's estimates; with ``replace``
+        (no live or finished member holds it) a registration fixes it again, unless round
+        records of the old length are kept."""
+        if self.estimate_length == length:
+            return
+        if self.estimate_length is None or (replace and not self._length_in_force(False)):
             self.store.fix_estimate_length(length)
             self.estimate_length = length
 

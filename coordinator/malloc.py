@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+import threading
 
 #: ``M_ARENA_MAX`` of glibc's ``mallopt``.
 M_ARENA_MAX = -8
@@ -33,3 +34,117 @@ def cap_arenas(count: int = 2) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_ARENA_MAX, count))
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33 and later): sizes as ``size_t``."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+#: Free heap memory, grown by this much since its lowest point, is handed back.
+TRIM_SLACK_BYTES = 4 << 20
+#: How often the heap's free memory is looked at.
+TRIM_INTERVAL_S = 2.0
+
+
+class HeapTrimmer:
+    """Hands memory freed inside the heap back to the kernel (``malloc_trim(0)``).
+
+    Closed connections free their buffers (TLS records, HTTP/2 frames: tens of kB a
+    connection) in the middle of the heap, below memory still in use, where glibc's own
+    trimming (the top of the heap only) never reaches: measured, 1,000 mutual-TLS
+    connections held at once and closed left the coordinator 83 MB larger, and 95 MB after
+    a second thousand; ``malloc_trim(0)`` gave back all but 11 MB of it. Every
+    ``interval_s`` this looks at the free bytes glibc holds (``mallinfo2``, a walk of the
+    free lists, microseconds) and trims once they grew by ``slack_bytes`` since their
+    lowest point: a quiet or steady process is never trimmed again and again, and a busy
+    one reuses what it freed before it is handed back.
+    """
+
+    def __init__(
+        self, *, interval_s: float = TRIM_INTERVAL_S, slack_bytes: int = TRIM_SLACK_BYTES
+    ) -> None:
+        if interval_s <= 0 or slack_bytes < 0:
+            raise ValueError(
+                f"interval_s must be positive and slack_bytes not negative, "
+                f"got {interval_s:g} and {slack_bytes}"
+            )
+        self.interval_s = interval_s
+        self.slack_bytes = slack_bytes
+        #: How many times the heap was trimmed (tests, logs).
+        self.trims = 0
+        self._libc = _glibc()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._low: int | None = None
+
+    @property
+    def available(self) -> bool:
+        """Whether the C library can do it (glibc 2.33 or later)."""
+        return self._libc is not None
+
+    def free_bytes(self) -> int:
+        """Free bytes in glibc's arenas (``mallinfo2().fordblks``); 0 without glibc."""
+        if self._libc is None:
+            return 0
+        return int(self._libc.mallinfo2().fordblks)
+
+    def check(self) -> bool:
+        """Trim if the free bytes grew by the slack since their lowest point; whether it
+        trimmed."""
+        if self._libc is None:
+            return False
+        free = self.free_bytes()
+        if self._low is None or free < self._low:
+            self._low = free
+        if free - self._low < self.slack_bytes:
+            return False
+        self._libc.malloc_trim(0)
+        self.trims += 1
+        self._low = free  # what is free now is handed back: grow past it before the next
+        return True
+
+    def start(self) -> HeapTrimmer:
+        """Check every ``interval_s`` on a daemon thread (nothing without glibc); self."""
+        if self._libc is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="heap-trim", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (it checks no more)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.check()
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """glibc with ``malloc_trim`` and ``mallinfo2`` typed; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.mallinfo2.argtypes, libc.mallinfo2.restype = [], _Mallinfo2
+    except (OSError, AttributeError):  # musl, or a glibc older than 2.33
+        return None
+    return libc
+
+
+def return_freed_memory(
+    *, interval_s: float = TRIM_INTERVAL_S, slack_bytes: int = TRIM_SLACK_BYTES
+) -> HeapTrimmer:
+    """A started :class:`HeapTrimmer` (a coordinator process calls it once, beside
+    :func:`cap_arenas`)."""
+    return HeapTrimmer(interval_s=interval_s, slack_bytes=slack_bytes).start()

@@ -8,6 +8,13 @@ From then on every change (an agent that misses its heartbeats for ``heartbeat_t
 leaves, rejoins under its id, moves to a new address, or a newcomer the policy admits)
 produces a new graph and a new epoch, committed to the database before anyone hears of it.
 
+Only the run's members register (its :class:`~coordinator.roster.Roster`, by default the
+ids ``agent-0`` .. ``agent-(expected-1)``): anyone else is refused before anything is
+recorded. The run's task digest and estimate length are fixed by its members: by the live or
+finished ones, so that a member that registered with another task and then died or left
+releases them (a dead registrant holds nothing; the estimate length stays fixed once round
+records are kept, which are of that length).
+
 The fleet is also one run (:class:`~coordinator.run.RunSpec`): it starts when the fleet is
 released, keeps every agent's round reports (checked against the run by
 :func:`~coordinator.reports.admit`, kept in the database by
@@ -30,6 +37,7 @@ from coordinator.member import MEMBERS_PER_SLOT, LivenessSettings, Member, Watch
 from coordinator.policy import TopologyPolicy, TopologySpec
 from coordinator.refusal import Refusal
 from coordinator.reports import ReportCursor
+from coordinator.roster import Roster
 from coordinator.run import REASON_FINISHED, RunSpec
 from coordinator.store import FleetStore, MemberRecord, StoredFleet
 from coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, RunStatus
@@ -64,6 +72,9 @@ class Membership:
     run:
         The run this fleet is (a new id and no scenario when not given); a database that
         holds a run keeps its id.
+    roster:
+        The identities that may register (default: ``agent-0`` .. ``agent-(expected-1)``;
+        :meth:`Roster.anyone` admits any); it must name at least ``expected``.
     """
 
     def __init__(
@@ -78,11 +89,14 @@ class Membership:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         run: RunSpec | None = None,
+        roster: Roster | None = None,
     ) -> None:
         if expected < 1:
             raise ValueError(f"the coordinator needs to expect at least 1 agent, got {expected}")
         if max_agents < expected:
             raise ValueError(f"max_agents ({max_agents}) is below the expected {expected}")
+        self.roster = roster if roster is not None else Roster.indexed(expected)
+        self.roster.check_fits(expected)
         self.expected = expected
         self.spec = spec
         self.policy = policy
@@ -182,6 +196,7 @@ class Membership:
                 counters=dict(self.counters),
                 restored=self.restored,
                 run=self.status(),
+                roster=self.roster.describe(),
             )
 
     def run_records(self) -> dict[str, list[RoundRecord]]:
@@ -202,7 +217,10 @@ class Membership:
         ``estimate_length``: elements of the estimates its reports carry (0: none); the first
         registration fixes the run's, and an agent that declares another is refused. Every
         registration starts its reports afresh (:class:`~coordinator.reports.ReportCursor`).
+        An identity outside the roster is refused (``PERMISSION_DENIED``) with nothing
+        recorded or counted.
         """
+        self.roster.check(agent_id)
         with self.changed:
             member = self.members.get(agent_id)
             self._check_joining(agent_id, member, digest, estimate_length)
@@ -225,7 +243,7 @@ class Membership:
             member.last_seen = self.clock()
             member.stats = None if changed else member.stats
             member.cursor = ReportCursor()
-            self.ledger.fix_estimate_length(estimate_length)
+            self.ledger.fix_estimate_length(estimate_length, replace=not self._holders(agent_id))
             if not self.released:
                 if len(self.alive_ids()) >= self.expected:
                     self._rebuild("fleet complete")
@@ -239,17 +257,29 @@ class Membership:
             self.changed.notify_all()
             return self.epoch
 
+    def _holders(self, agent_id: str) -> list[Member]:
+        """The members other than ``agent_id`` that hold the run's task digest and estimate
+        length: the live and finished ones (a member that died or left holds nothing, so a
+        registration that was never followed by the run cannot keep the real agents out)."""
+        return [
+            m for i, m in self.members.items()
+            if i != agent_id and m.record.state in (ALIVE, FINISHED)
+        ]  # fmt: skip
+
     def _check_joining(
         self, agent_id: str, member: Member | None, digest: str, estimate_length: int
     ) -> None:
-        digests = {m.record.digest for i, m in self.members.items() if i != agent_id}
+        holders = self._holders(agent_id)
+        digests = {m.record.digest for m in holders}
         if digests and digest not in digests:
+            held = ", ".join(natural_order(m.record.agent_id for m in holders)[:4])
             raise Refusal(
                 "FAILED_PRECONDITION",
                 f"agent '{agent_id}' runs a different task or initial parameters than the "
-                f"fleet (digest {digest!r})",
+                f"fleet (digest {digest!r}; the fleet's is {sorted(digests)[0]!r}, held by "
+                f"{held}{', ...' if len(holders) > 4 else ''})",
             )
-        self.ledger.check_estimate_length(agent_id, estimate_length)
+        self.ledger.check_estimate_length(agent_id, estimate_length, held=bool(holders))
         if member is not None and member.alive:
             return
         alive = len(self.alive_ids())

@@ -78,6 +78,10 @@ class RoundStore:
         self._agents[agent_id] = after
         return after
 
+    def holds_any(self) -> bool:
+        """Whether any round record is kept."""
+        return any(r.held for r in self._agents.values())
+
     def of(self, agent_id: str) -> AgentRounds:
         """What is held of ``agent_id``'s rounds."""
         return self._agents.get(agent_id, AgentRounds())

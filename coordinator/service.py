@@ -26,6 +26,7 @@ from coordinator.limits import RateLimit, RateLimiter
 from coordinator.membership import FleetView, LivenessSettings, Membership
 from coordinator.observability import metrics_server
 from coordinator.policy import TopologySpec, make_policy
+from coordinator.roster import Roster
 from coordinator.run import MAX_REQUEST_BYTES, RunSpec
 from coordinator.servicer import CoordinatorServicer
 from coordinator.store import FleetStore
@@ -90,6 +91,10 @@ class CoordinatorServer:
     rate_limits:
         How often each identity may call each method (None: :func:`~coordinator.limits.
         call_limits` for the heartbeat interval; methods left out are not limited).
+    roster:
+        The identities that may call (default: ``agent-0`` .. ``agent-(expected-1)``, the
+        ids launchers give; :meth:`Roster.anyone` admits any); every other is refused
+        ``PERMISSION_DENIED``.
 
     Raises
     ------
@@ -99,6 +104,8 @@ class CoordinatorServer:
         A database that cannot be used or that holds another fleet.
     edge.topology.TopologyError
         An unknown or impossible topology.
+    ValueError
+        A roster that names fewer agents than ``expected``.
     """
 
     def __init__(
@@ -117,8 +124,11 @@ class CoordinatorServer:
         run: RunSpec | None = None,
         switcher: TopologySwitcher | None = None,
         rate_limits: Mapping[str, RateLimit] | None = None,
+        roster: Roster | None = None,
     ) -> None:
         policy = make_policy(topology, switcher)
+        if roster is not None:
+            roster.check_fits(expected)
         ensure_bindable(listen)
         refusals = RefusalCounts()
         self._store = FleetStore(db)
@@ -131,6 +141,7 @@ class CoordinatorServer:
                 liveness=liveness,
                 max_agents=max(max_agents, expected),
                 run=run,
+                roster=roster,
             )
             self.metrics: MetricsServer | None = None
             if metrics_listen:
@@ -224,6 +235,11 @@ class CoordinatorServer:
     def restored(self) -> bool:
         """Whether the fleet was taken back from the database."""
         return self._membership.restored
+
+    @property
+    def roster(self) -> Roster:
+        """The identities the run admits."""
+        return self._membership.roster
 
     @property
     def liveness(self) -> LivenessSettings:

@@ -2,7 +2,9 @@
 
 Each call is checked in the same order: the join token, the agent id, with TLS the caller's
 certificate (an agent registers, heartbeats, watches, reports and leaves only as itself,
-:mod:`edge.security.tls`), then the caller's rate (:mod:`coordinator.limits`), then the
+:mod:`edge.security.tls`), the run's roster (an identity the run does not expect is
+``PERMISSION_DENIED`` on every call, before it holds any state here:
+:mod:`coordinator.roster`), then the caller's rate (:mod:`coordinator.limits`), then the
 arguments; only then does it reach the membership. Requests are parsed from raw bytes
 (:func:`edge.transport.guard.parsed_service`). Every refusal has its gRPC status and a
 message that says what was wrong and what is allowed, a count by method and reason
@@ -124,7 +126,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, method: str, agent_id: str, token: str, context: grpc.ServicerContext
     ) -> None:
         """The caller may act for ``agent_id`` (right token, valid id, and with TLS the id of
-        its certificate), and has not used up its rate of ``method``."""
+        its certificate), ``agent_id`` is one of the run's members, and the caller has not
+        used up its rate of ``method``."""
         if self.token and token != self.token:
             self.refuse(context, method, "UNAUTHENTICATED", "wrong or missing join token", "token")
         if not AGENT_ID.fullmatch(agent_id):
@@ -142,6 +145,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     f"this certificate is {identity!r}'s; it cannot act for {agent_id!r}",
                     "identity_mismatch",
                 )  # fmt: skip
+        try:
+            self.membership.roster.check(agent_id)
+        except Refusal as refusal:
+            self.refuse(context, method, refusal.code, refusal.reason, "not_member")
         if not self.limiter.allow(agent_id, method):
             self.refuse(
                 context, method, "RESOURCE_EXHAUSTED",

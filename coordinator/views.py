@@ -59,6 +59,7 @@ class FleetJson(TypedDict):
     edges: list[list[list[str]]]
     counters: dict[str, int]
     run: RunStatusJson | None
+    roster: str
     members: list[MemberJson]
 
 
@@ -142,6 +143,8 @@ class FleetView:
     counters: dict[str, int] = field(default_factory=dict)
     restored: bool = False
     run: RunStatus | None = None
+    #: The identities the run admits, in words (:meth:`coordinator.roster.Roster.describe`).
+    roster: str = ""
 
     @property
     def alive(self) -> list[MemberView]:
@@ -161,5 +164,6 @@ class FleetView:
             "edges": [[list(e) for e in phase] for phase in self.edges],
             "counters": self.counters,
             "run": self.run.to_json() if self.run is not None else None,
+            "roster": self.roster,
             "members": [m.to_json() for m in self.members],
         }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, Vali
 
 from edge.observability.stats import RoundRecord
 from edge.privacy.figures import Spent
+from edge.security.private_files import open_private, write_private
 from edge.topology.switching import consensus_distance
 
 
@@ -213,9 +213,7 @@ class RunResults(_Figures):
     def write(self, path: Path) -> None:
         """Write ``path`` whole or not at all (a temporary file renamed over it): whoever
         waits for the file never reads it half written."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_private(path, json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> RunResults:
@@ -376,8 +374,15 @@ def plot_results(path: Path, results: RunResults, title: str) -> None:
         fig.subplots_adjust(left=0.055, right=0.945, bottom=0.12, top=0.88, wspace=0.34)
     else:
         fig.subplots_adjust(left=0.08, right=0.985, bottom=0.12, top=0.88, wspace=0.3)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Save a matplotlib figure to ``path`` as a private file (0600), in the format its
+    suffix names."""
+    with open_private(path, "wb") as handle:
+        fig.savefig(handle, dpi=110, format=path.suffix.lstrip(".") or "png")
 
 
 def _plot_links(ax: Any, rows: list[RoundFigures]) -> None:

@@ -129,11 +129,22 @@ def agent(
     insecure: InsecureOption = False,
     checkpoint_dir: Annotated[
         Path | None,
-        typer.Option(help="Keep checkpoints here and resume from the newest at start."),
+        typer.Option(
+            help="Keep checkpoints here and resume at start from the newest of this fleet, run "
+            "and agent (others are refused, one line each; none usable: start fresh)."
+        ),
     ] = None,
     checkpoint_interval_s: Annotated[
         float, typer.Option(help="Seconds between two checkpoints.")
     ] = 5.0,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            help="With --peers: names this run, so that its checkpoints are never taken up by "
+            "another run of the same scenario (default: a digest of the scenario and peer "
+            "list). With --coordinator the coordinator names the run."
+        ),
+    ] = None,
     metrics_tls: MetricsTlsOption = False,
     metrics_user: MetricsUserOption = None,
     metrics_password_file: MetricsPasswordFileOption = None,
@@ -157,7 +168,7 @@ def agent(
         host_agents=host_agents,
         link_shaping=link_shaping, kernel_links=kernel_links, device=device, certs=certs,
         insecure=insecure, checkpoint_dir=checkpoint_dir,
-        checkpoint_interval_s=checkpoint_interval_s,
+        checkpoint_interval_s=checkpoint_interval_s, run_id=run_id,
     )  # fmt: skip
     try:  # what the flags alone say is wrong, before torch and gRPC are imported
         check_command(command)

@@ -56,6 +56,18 @@ def coordinator(
     agents: Annotated[
         int | None, typer.Option(help="Agents to wait for (default: from config, else 8).")
     ] = None,
+    roster: Annotated[
+        str | None,
+        typer.Option(
+            help="The identities that may take part (with --certs, the certificate's): a "
+            "comma-separated list of ids (pi-kitchen), index ranges (0..15: agent-0..agent-15) "
+            "and id ranges (node-4..node-7); @FILE reads them from a file, one or more a line; "
+            "'any' admits every identity the CA (or the token) lets in. Any other caller is "
+            "refused (PERMISSION_DENIED) and changes nothing. It names at least --agents ids; "
+            "more are spares (k-out takes newcomers among them). Default: agent-0 .. "
+            "agent-(N-1) for N agents, the ids of agents started with --index."
+        ),
+    ] = None,
     rounds: Annotated[
         int | None, typer.Option(help="Rounds per agent (default: from config, else 40).")
     ] = None,
@@ -118,11 +130,12 @@ def coordinator(
         {k: v for k, v in (("agents", agents), ("rounds", rounds)) if v is not None}, config
     )
 
-    from coordinator.malloc import cap_arenas
+    from coordinator.malloc import cap_arenas, return_freed_memory
     from edge.security.tls import COORDINATOR_IDENTITY
     from emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
 
     cap_arenas()  # a burst of large requests leaves no memory behind in many arenas
+    return_freed_memory()  # the memory of closed connections handed back to the kernel
     guard = metrics_security(
         certs, COORDINATOR_IDENTITY, metrics_tls, metrics_user, metrics_password_file
     )
@@ -130,7 +143,7 @@ def coordinator(
         listen=listen, metrics_port=metrics_port, db=db, token=token, topology=topology,
         out_degree=out_degree, agents=agents, rounds=rounds, config=config, out=out,
         heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
-        certs=certs, metrics_security=guard,
+        certs=certs, metrics_security=guard, roster=roster,
     )  # fmt: skip
     try:
         run = DeviceRun(settings)
@@ -150,6 +163,10 @@ def coordinator(
         f"{links} · {cfg.algorithm} · task {cfg.task.name} · {cfg.rounds} rounds; "
         f"heartbeats every {run.liveness.heartbeat_interval_s:g} s, timeout "
         f"{run.liveness.heartbeat_timeout_s:g} s"
+    )
+    say(
+        f"roster: {run.roster.describe()}"
+        + (" (any identity may register: --roster any)" if run.roster.open else "")
     )
     say(
         f"metrics at {guard.scheme}://{server.metrics_address}/metrics (service discovery /sd, "

@@ -200,8 +200,10 @@ def _wall_time(results: RunResults) -> str:
 def write_summary(
     path: Path, results: RunResults, out_dir: Path, links: str, *, title: str = "airgossip run"
 ) -> None:
-    """The summary table as plain text at 80 columns (``summary.txt``)."""
-    with path.open("w") as handle:
+    """The summary table as plain text at 80 columns (``summary.txt``), a private file."""
+    from edge.security.private_files import open_private
+
+    with open_private(path, "w") as handle:
         Console(file=handle, width=80, color_system=None, force_terminal=False).print(
             summary_table(results, out_dir, links, title=title)
         )

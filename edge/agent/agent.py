@@ -15,8 +15,9 @@ state out of bounds. Every refusal is counted by reason and logged at a bounded 
 
 With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its own state
 (:class:`~edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` and can
-:meth:`Agent.resume` from the newest intact checkpoint after a crash, starting every edge
-over (:mod:`edge.agent.lineage`).
+:meth:`Agent.resume` from the newest usable checkpoint after a crash (intact, MACed, of its
+own fleet, run and task, values in bounds; else the one before, else it starts fresh),
+starting every edge over (:mod:`edge.agent.lineage`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from edge.agent.admission import Admission
-from edge.agent.checkpointing import AgentState, Checkpointer
+from edge.agent.checkpointing import AgentState, Checkpointer, check_loaded, check_values
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
 from edge.agent.influence import InNeighbourWatch
 from edge.agent.lineage import EdgeLineages, new_incarnation
@@ -55,6 +57,9 @@ from edge.transport.guard import RefusalLog
 
 log = logging.getLogger(__name__)
 
+#: What loading a checkpoint's gossip state raises when the state is refused
+#: (:class:`CheckpointError`, a ValueError) or has parts missing or of the wrong kind.
+_UNRESUMABLE = (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError)
 #: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
 PATIENCE_ROUNDS = 4
 
@@ -415,33 +420,44 @@ class Agent:
         self.checkpointer.write(state)
 
     def resume(self) -> int | None:
-        """Take up the newest intact checkpoint (however old), if any, as a new incarnation
-        that starts every edge over; return its round (None: none). A corrupt newer
-        checkpoint is reported (a warning naming it and why) and the one before it used.
+        """Take up the newest usable checkpoint (however old), if any, as a new incarnation
+        that starts every edge over; return its round (None: none, the agent starts fresh).
 
-        Raises
-        ------
-        CheckpointError
-            No checkpoint is intact, or the newest is another agent's, task's or algorithm's.
+        Usable: intact, MACed under this agent's key, of this fleet, run, agent and task,
+        and holding values a message could have left it with
+        (:func:`~edge.agent.checkpointing.check_values`, ``check_loaded``). Every newer
+        checkpoint is refused with one warning naming its file and why, and the one before
+        it tried; with none usable the agent starts fresh.
         """
         if self.checkpointer is None:
             return None
-        loaded = self.checkpointer.load(self.agent_id, self.digest)
+        loaded = self.checkpointer.load(self.digest, self._take_up)
         if loaded is None:
             return None
-        state, path = loaded
-        try:
-            with self._lock:
-                self.algorithm.load_state_dict(state.algorithm)
-                self.round = state.round
-                self.holds_past = True
-                self._counters = state.counters.copy()
-                previous = max(self.lineages.incarnation, state.incarnation)
-                self.lineages.restart(new_incarnation(previous))
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {path} cannot be resumed: {err}") from None
+        _, path = loaded
         log.info("%s: resumed round %d from %s", self.agent_id, self.round, path)
         return self.round
+
+    def _take_up(self, state: AgentState, path: Path) -> None:
+        """Make ``state`` this agent's, or raise :class:`CheckpointError` and leave the
+        agent as it was."""
+        if state.agent_id != self.agent_id:  # its store checks the file's owner already
+            raise CheckpointError(f"it is {state.agent_id!r}'s checkpoint, not {self.agent_id!r}'s")
+        check_values(state, self.settings.rounds)
+        with self._lock:
+            before = self.algorithm.state_dict()
+            try:
+                self.algorithm.load_state_dict(state.algorithm)
+                check_loaded(self.algorithm, before)
+            except _UNRESUMABLE as err:
+                self.algorithm.load_state_dict(before)
+                why = err if isinstance(err, CheckpointError) else f"cannot be resumed ({err})"
+                raise CheckpointError(str(why)) from None
+            self.round = state.round
+            self.holds_past = True
+            self._counters = state.counters.copy()
+            previous = max(self.lineages.incarnation, state.incarnation)
+            self.lineages.restart(new_incarnation(previous))
 
     def counters(self) -> Counters:
         """A copy of what this agent has sent and received so far."""

@@ -1,24 +1,34 @@
 """When an agent writes its checkpoints, what one holds, and taking one up again.
 
-The file format (atomic, checksummed, falling back to the previous file) is
-:mod:`edge.agent.checkpoints`; what an agent keeps is an :class:`AgentState`, and a
-:class:`Checkpointer` writes one every interval, one writer at a time, and loads the newest
-that belongs to the agent.
+The file format (atomic, bound to its fleet, run and agent, MACed, falling back to the
+previous file) is :mod:`edge.agent.checkpoints`; what an agent keeps is an
+:class:`AgentState`, and a :class:`Checkpointer` writes one every interval, one writer at a
+time, and loads the newest that belongs to the agent and holds values it may hold.
+
+The values are checked with the functions that hold incoming messages to the state bounds
+(:func:`~edge.algorithms.base.check_absorption`, :func:`~edge.algorithms.base.check_weight`,
+:func:`~edge.agent.admission.all_finite`): a checkpoint can leave an agent in no state that a
+message could not, and a refused one leaves it as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from edge.agent.admission import MAX_ROUND, all_finite
 from edge.agent.checkpoints import CheckpointError, CheckpointStore
+from edge.algorithms import GossipAlgorithm, InvalidPayload
+from edge.algorithms.base import check_absorption, check_weight
+from edge.algorithms.push_sum import PushSumCore
 from edge.observability.stats import Counters
 
 log = logging.getLogger(__name__)
@@ -75,11 +85,82 @@ class AgentState:
             agent_id=str(state["agent_id"]),
             digest=str(state["digest"]),
             round=int(state["round"]),
-            counters=Counters(**state["counters"]),
+            counters=Counters(**{k: int(v) for k, v in state["counters"].items()}),
             model=model,
             algorithm=algorithm,
             incarnation=int(state.get("incarnation", 0)),
         )
+
+
+#: How a checkpoint is named in the messages of the wire's checks.
+_SOURCE = "the checkpoint"
+
+
+def check_values(state: AgentState, rounds: int) -> None:
+    """:class:`CheckpointError` unless ``state`` holds only values an agent of a run of
+    ``rounds`` rounds may hold: every float finite (tensors and numbers, at any depth), the
+    model within the bounds of an incoming model, round, counters and incarnation in range.
+    Checked before anything is loaded."""
+    bad = _non_finite(state.algorithm, "algorithm")
+    if bad is None and not all_finite(state.model.detach().to(torch.float64).reshape(-1)):
+        bad = "model"
+    if bad is not None:
+        raise CheckpointError(f"{bad} holds NaN or infinite values")
+    if not 0 <= state.round <= min(rounds, MAX_ROUND):
+        raise CheckpointError(f"round {state.round} is outside this run's 0..{rounds}")
+    negative = [f.name for f in fields(Counters) if getattr(state.counters, f.name) < 0]
+    if negative or state.incarnation < 0:
+        raise CheckpointError(f"negative {', '.join(negative) or 'incarnation'}")
+    try:
+        check_absorption(state.model.to(torch.float64), 1.0, _SOURCE)
+    except InvalidPayload as err:
+        raise CheckpointError(f"out of the bounds messages are held to: {err}") from None
+
+
+def check_loaded(algorithm: GossipAlgorithm, before: dict[str, Any]) -> None:
+    """:class:`CheckpointError` unless the gossip state ``algorithm`` holds (just loaded from
+    a checkpoint; ``before``: its ``state_dict`` as built) is one a message could leave it
+    in: every tensor of the shape it was built with, a push-sum weight in
+    ``(0, MAX_WEIGHT]``, its mass and its estimate within the bounds of
+    :func:`~edge.algorithms.base.check_absorption`."""
+    after = algorithm.state_dict()
+    for name, built in before.items():
+        if isinstance(built, torch.Tensor) and (
+            not isinstance(after.get(name), torch.Tensor) or after[name].shape != built.shape
+        ):
+            raise CheckpointError(
+                f"algorithm.{name} has shape {tuple(getattr(after.get(name), 'shape', ()))}, "
+                f"this agent's {tuple(built.shape)}"
+            )
+    try:
+        if isinstance(algorithm, PushSumCore):
+            check_weight("y", _SOURCE, algorithm.y, positive=True)
+            check_absorption(algorithm.x, algorithm.y, _SOURCE)
+            check_absorption(*algorithm.mass(), _SOURCE)  # with what it holds unmixed
+        check_absorption(algorithm.estimate(), 1.0, _SOURCE)
+    except InvalidPayload as err:
+        raise CheckpointError(f"out of the bounds messages are held to: {err}") from None
+
+
+def _non_finite(node: object, where: str) -> str | None:
+    """Where in ``node`` (nested dicts and lists) a float is not finite (None: nowhere)."""
+    if isinstance(node, torch.Tensor):
+        if node.is_floating_point() and not all_finite(node.detach().to(torch.float64).reshape(-1)):
+            return where
+        return None
+    if isinstance(node, float):
+        return None if math.isfinite(node) else where
+    if isinstance(node, dict):
+        items: Any = node.items()
+    elif isinstance(node, list | tuple):
+        items = enumerate(node)
+    else:
+        return None
+    for key, value in items:
+        found = _non_finite(value, f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
 
 
 class Checkpointer:
@@ -111,32 +192,42 @@ class Checkpointer:
             self.store.save(state.to_checkpoint())
             self._last = self._clock()
 
-    def load(self, agent_id: str, digest: str) -> tuple[AgentState, Path] | None:
-        """The newest intact checkpoint of this agent and its file (None: it has none).
+    def load(
+        self, digest: str, take: Callable[[AgentState, Path], None]
+    ) -> tuple[AgentState, Path] | None:
+        """Take up the newest checkpoint of this fleet, run and agent that holds ``digest``'s
+        task and that ``take`` accepts (it raises :class:`CheckpointError` saying why not,
+        leaving the agent as it was); return it and its file (None: none was usable).
 
-        A corrupt newer checkpoint is reported (a warning naming it and why) and the one
-        before it used.
-
-        Raises
-        ------
-        CheckpointError
-            No checkpoint is intact, the newest is another agent's or task's, or it lacks
-            what an agent needs.
+        Every newer checkpoint is refused with one warning naming its file and why (corrupt,
+        altered, another run's, agent's or task's, values out of range); with none usable the
+        agent starts fresh, and a line says so.
         """
-        loaded = self.store.load_latest()
-        if loaded is None:
+        agent_id = self.store.agent_id
+        taken: list[AgentState] = []
+
+        def accept(raw: dict[str, Any], path: Path) -> None:
+            if raw.get("digest") != digest:
+                raise CheckpointError(
+                    f"it is of another task or initial parameters (digest "
+                    f"{str(raw.get('digest'))[:64]!r}, this agent's {digest!r})"
+                )
+            try:
+                state = AgentState.from_checkpoint(raw)
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise CheckpointError(f"it lacks what an agent resumes from ({err})") from None
+            take(state, path)
+            taken.append(state)
+
+        loaded = self.store.load_latest(accept)
+        for line in loaded.refused:
+            log.warning("%s: %s", agent_id, line)
+        if loaded.path is None:
+            if loaded.refused:
+                owner = self.store.owner
+                log.warning(
+                    "%s: no checkpoint in %s is usable for run %r; starting fresh",
+                    agent_id, self.store.directory, owner.run,
+                )  # fmt: skip
             return None
-        for line in loaded.skipped:
-            log.warning("%s: %s; resuming from %s instead", agent_id, line, loaded.path.name)
-        raw = loaded.state
-        if raw.get("agent_id") != agent_id or raw.get("digest") != digest:
-            raise CheckpointError(
-                f"checkpoint {loaded.path} belongs to {raw.get('agent_id')!r} with task digest "
-                f"{raw.get('digest')!r}, not to {agent_id!r} with {digest!r}; "
-                "point --checkpoint-dir elsewhere"
-            )
-        try:
-            state = AgentState.from_checkpoint(raw)
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {loaded.path} cannot be resumed: {err}") from None
-        return state, loaded.path
+        return taken[-1], loaded.path

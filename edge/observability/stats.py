@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edge.security.private_files import open_private, private_folder
+
 #: Estimates longer than this are reported as a count sketch (see :func:`probe_estimate`).
 EXACT_ESTIMATE_LIMIT = 1 << 20
 SKETCH_SIZE = 1 << 16
@@ -133,7 +135,7 @@ class FileStatsSink:
     raw file ``<agent>.estimates`` (float64, one vector per record that has one)."""
 
     def __init__(self, directory: Path, agent_id: str) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        private_folder(directory)  # what an agent learned is its owner's only
         self.json_path = directory / f"{agent_id}.jsonl"
         self.estimates_path = directory / f"{agent_id}.estimates"
         self._lock = threading.Lock()
@@ -144,12 +146,12 @@ class FileStatsSink:
         with self._lock:
             if record.estimate is not None:
                 vector = np.ascontiguousarray(record.estimate, dtype=np.float64)
-                with self.estimates_path.open("ab") as handle:
+                with open_private(self.estimates_path, "ab") as handle:
                     handle.write(vector.tobytes())
                 data["estimate_index"] = self._estimates
                 data["estimate_size"] = int(vector.size)
                 self._estimates += 1
-            with self.json_path.open("a") as handle:
+            with open_private(self.json_path, "a") as handle:
                 handle.write(json.dumps(data) + "\n")
 
 

@@ -15,6 +15,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from edge.security.private_files import open_private
+
 
 @dataclass
 class JournalEntry:
@@ -68,7 +70,8 @@ class PrivacyJournal:
         if self.path is None:
             return
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w") as handle:
+        tmp.unlink(missing_ok=True)
+        with open_private(tmp, "x") as handle:
             handle.write(json.dumps(asdict(self.entry)))
             handle.flush()
             os.fsync(handle.fileno())

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge.security.agreement import agreement_name
+from edge.security.private_files import private_folder, write_private
 from edge.security.tls import (
     CA_CERT,
     CA_KEY,
@@ -145,9 +146,15 @@ def make_certificate(
 def _write(path: Path, data: bytes, *, secret: bool, overwrite: bool) -> None:
     if path.exists() and not overwrite:
         raise SecurityError(f"{path} already exists; remove it first (or pass --force)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Folders it makes are private (0700) whatever the umask; one the user made keeps its mode.
+    private_folder(path.parent, tighten=False)
+    if secret:
+        write_private(path, data)
+        return
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    tmp.unlink(missing_ok=True)  # a stale one (or a link planted there) is not written through
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o644)  # a certificate is public: the umask decides
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     os.replace(tmp, path)

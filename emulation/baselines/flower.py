@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from edge.security.private_files import open_private, private_folder
 from emulation.baselines.job import FlowerJob, FlowerRound, RunConfigValue
 from emulation.config import ConfigError
 from emulation.fleets.base import FleetProgress
@@ -222,7 +223,8 @@ def run_flower_baseline(
     refuse_used_out_dir(out_dir)
     rounds_total = int(app.run_config.get(NUM_ROUNDS_KEY, 0))
     logs = out_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    private_folder(out_dir)
+    private_folder(logs)
     out_dir = out_dir.resolve()
     # Ray's session folder holds Unix sockets, whose paths must stay short: not the run's.
     ray_dir = tempfile.mkdtemp(prefix="ag-ray-")
@@ -250,7 +252,7 @@ def run_flower_baseline(
     tail = JsonLinesTail(out_dir / ROUNDS_FILE)
     rows: list[FlowerRound] = []
     interrupted = False
-    with log_path.open("wb") as log:
+    with open_private(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "emulation.baselines.flower_simulation", str(job_path)],
             stdout=log,

@@ -38,6 +38,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
+from edge.security.private_files import open_private
 from edge.tasks.flower import FlowerAppError, load_flower_app
 from edge.tasks.flower.client import SERVER_ROUND
 from edge.tasks.flower.initial import seeded
@@ -144,7 +145,7 @@ class Recorder:
 
     def _flush(self, before: int | None = None) -> None:
         done = sorted(r for r in self.rounds if before is None or r < before)
-        with self.path.open("a") as handle:
+        with open_private(self.path, "a") as handle:
             for number in done:
                 row = self.rounds.pop(number)
                 if row.failed and not (row.accuracies or row.losses):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from edge.security.private_files import write_private
+
 #: A value of a Flower run config (Flower's own types; Flower is imported only where it runs).
 RunConfigValue = bool | int | float | str
 
@@ -31,7 +33,7 @@ class FlowerJob(BaseModel):
 
     def write(self, path: Path) -> None:
         """Write the job where the simulation process reads it."""
-        path.write_text(self.model_dump_json(indent=2) + "\n")
+        write_private(path, self.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> FlowerJob:

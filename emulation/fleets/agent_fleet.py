@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
+from coordinator.roster import Roster
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from edge.config.identity import agent_ids
@@ -48,6 +49,7 @@ def start_embedded_coordinator(
         security=security,
         run=RunSpec(scenario=fleet.config.model_dump(mode="json"), rounds=fleet.config.rounds),
         switcher=links.switcher if links is not None else None,
+        roster=Roster.indexed(fleet.config.agents),  # the ids the fleet gives its agents
     )
     address = coordinator.start()
     if coordinator.metrics_address:

@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from edge.config.identity import agent_ids
+from edge.security.private_files import private_folder
 from edge.security.tls import CA_CERT
 from emulation.config import RunConfig
 from emulation.fleets.agent_fleet import AgentProcessFleet
@@ -164,7 +165,7 @@ class ContainerFleet(AgentProcessFleet):
         records folder, its checkpoints and its own credentials (read-only)."""
         agents, folder = self.agents, self.folder
         checkpoints = folder.checkpoint_dir(agent_id)
-        agents.stats_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(agents.stats_dir)
         mounts = [
             f"{folder.config_path}:{agents.seen(folder.config_path)}:ro",
             f"{agents.stats_dir}:{agents.seen(agents.stats_dir)}",

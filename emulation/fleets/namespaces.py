@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from edge.config.identity import agent_ids
+from edge.security.private_files import write_private
 from emulation.config import ConfigError, RunConfig
 from emulation.fleets.agent_fleet import AgentProcessFleet
 from emulation.fleets.base import Launch, refuse_round_driven
@@ -92,4 +93,4 @@ class NamespaceFleet(AgentProcessFleet):
 
 def write_peers(path: Path, peers: dict[str, str]) -> None:
     """Write a static peer list (``[peers]`` of id = "host:port") for ``--peers``."""
-    path.write_text("[peers]\n" + "".join(f'"{a}" = "{addr}"\n' for a, addr in peers.items()))
+    write_private(path, "[peers]\n" + "".join(f'"{a}" = "{addr}"\n' for a, addr in peers.items()))

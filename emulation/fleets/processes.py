@@ -39,6 +39,7 @@ from pydantic import JsonValue
 
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord, read_records
+from edge.security.private_files import open_private, private_folder
 from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
 from emulation.config import RunConfig
 from emulation.fleets.base import (
@@ -244,8 +245,8 @@ class AgentProcesses:
     ) -> AgentProcess:
         """Start agent ``index`` with :meth:`command` of ``own``; ``prefix`` wraps the
         command (``ip netns exec NS``)."""
-        self.stats_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self.stats_dir)
+        private_folder(self.logs_dir)
         log_path = self.logs_dir / f"{agent_id}.log"
         server = None if prefix else self.fork_server
         command = self.command(index, agent_id, own)
@@ -257,7 +258,7 @@ class AgentProcesses:
         if server is not None:
             process = server.spawn(AGENT_MODULE, command.argv(), log_path=log_path, cwd=Path.cwd())
         else:
-            with log_path.open("wb") as log:
+            with open_private(log_path, "wb") as log:
                 process = subprocess.Popen(
                     [*prefix, *self.host.command, *command.argv()],
                     stdout=log,
@@ -280,7 +281,7 @@ class AgentProcesses:
         return self.host.run_dir / path.relative_to(self.folder.path)
 
     def _start_fork_server(self) -> ForkServer:
-        self.folder.path.mkdir(parents=True, exist_ok=True)
+        private_folder(self.folder.path)
         return ForkServer(
             AGENT_PRELOAD,
             env=agent_environment(),

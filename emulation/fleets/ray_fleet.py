@@ -25,6 +25,7 @@ from typing import Any
 from coordinator.service import CoordinatorServer
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord
+from edge.security.private_files import private_folder, write_private
 from edge.security.tls import CA_CERT, COORDINATOR_IDENTITY
 from emulation.config import RunConfig
 from emulation.fleets.agent_fleet import start_embedded_coordinator
@@ -178,10 +179,10 @@ class RayFleet(FleetBase):
     def _gather(self, cluster: RayCluster) -> None:
         """Fetch each actor's log into ``logs/``, stop the actors, write ``ray.json``."""
         logs = self.folder.logs_dir
-        logs.mkdir(parents=True, exist_ok=True)
+        private_folder(logs)
         texts = cluster.call_all(self.actors, "log")
         for agent_id, text in texts.items():
-            (logs / f"{agent_id}.log").write_text(text if isinstance(text, str) else "")
+            write_private(logs / f"{agent_id}.log", text if isinstance(text, str) else "")
         for state in cluster.call_all(self.actors, "state").values():
             if isinstance(state, RayAgentState):
                 self._heard_quietly(state)
@@ -198,7 +199,7 @@ class RayFleet(FleetBase):
             "address": cluster.address, "placement": self.settings.placement,
             "nodes": cluster.nodes(), "agents": placements,
         }  # fmt: skip
-        (self.folder.path / "ray.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_private(self.folder.path / "ray.json", json.dumps(report, indent=2) + "\n")
 
     def _heard_quietly(self, state: RayAgentState) -> None:
         seen = self.states[state.agent_id]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.observability.stats import RoundRecord, StatsSink
+from edge.security.private_files import open_private
 from emulation.channel.model import ChannelBase
 from emulation.networks.gossip_graph import GraphEpoch, WirelessTopology
 from emulation.networks.shaper import PlannedMessage
@@ -85,7 +86,7 @@ def write_link_log(model: ChannelBase, ids: list[str], path: Path, until_s: floa
     """Write ``links.jsonl``: one line per model step up to ``until_s`` with node positions
     and every existing link's state (a replay log). Returns the number of steps written."""
     steps = model.step_of(until_s) + 1
-    with path.open("w") as handle:
+    with open_private(path, "w") as handle:
         for step in range(steps):
             st = model.state(step)
             src, dst = st.link_pairs()
@@ -109,6 +110,6 @@ def write_link_log(model: ChannelBase, ids: list[str], path: Path, until_s: floa
 
 
 def write_journal(journal: Iterable[PlannedMessage], path: Path) -> None:
-    with path.open("w") as handle:
+    with open_private(path, "w") as handle:
         for entry in journal:
             handle.write(json.dumps(asdict(entry)) + "\n")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.config.identity import agent_ids
+from edge.security.private_files import open_private
 from edge.topology import adjacency_edges
 from emulation.channel.state import FIGURES, AnyLinkState
 from emulation.networks.gossip_graph import GraphEpoch
@@ -104,5 +105,6 @@ def plot_links(report: LinkReport, path: Path, title: str) -> None:
     ax.set_aspect("equal", adjustable="datalim")
     ax.set_title(title.replace(" · t =", "\nt =", 1), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with open_private(path, "wb") as handle:
+        fig.savefig(handle, dpi=110, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)

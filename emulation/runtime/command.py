@@ -10,6 +10,7 @@ CLI's ``airgossip agent`` takes the same flags, with help for people
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import typing
 from dataclasses import MISSING, dataclass, fields
@@ -20,6 +21,8 @@ from emulation.errors import ConfigError
 
 #: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
 AGENT_MODULE = "emulation.runtime.agent"
+#: What a run id given with ``--run-id`` may be.
+RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: Flags whose name is not the field's.
 _FLAG_NAMES = {"agent_id": "id"}
 
@@ -55,6 +58,7 @@ class AgentCommand:
     insecure: bool = False
     checkpoint_dir: Path | None = None
     checkpoint_interval_s: float = 5.0
+    run_id: str | None = None
 
     def argv(self) -> list[str]:
         """The flags that differ from the defaults, as a command line."""
@@ -86,6 +90,16 @@ def check_command(command: AgentCommand) -> None:
         raise ConfigError(
             f"--checkpoint-interval-s must be positive, got {command.checkpoint_interval_s:g}"
         )
+    if command.run_id is not None:
+        if command.coordinator is not None:
+            raise ConfigError(
+                "--run-id names a run of static peers; with --coordinator the coordinator "
+                "names the run"
+            )
+        if not RUN_ID.fullmatch(command.run_id):
+            raise ConfigError(
+                f"--run-id {command.run_id[:80]!r}: 1-128 letters, digits, '.', '_', ':' or '-'"
+            )
     if command.peers is not None and command.config is None:
         raise ConfigError("--peers needs --config (the scenario every agent of the list runs)")
     if command.threads is not None and command.threads < 1:

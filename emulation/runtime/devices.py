@@ -22,12 +22,14 @@ from pathlib import Path
 from coordinator.client import STATUS_POLL_S
 from coordinator.membership import FleetView, LivenessSettings
 from coordinator.policy import POLICIES, TopologySpec
+from coordinator.roster import Roster
 from coordinator.run import RunSpec
 from coordinator.service import CoordinatorServer
 from coordinator.store import FleetStore, StoreError
 from edge.algorithms import algorithm_class
 from edge.config.identity import agent_ids
 from edge.observability.http import HttpSecurity
+from edge.security.private_files import private_folder
 from edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
 from edge.topology import TopologyError
 from emulation.config import ConfigError, RunConfig, Settings, load_config
@@ -62,6 +64,9 @@ class DeviceRunSettings:
     certs: Path | None = None
     #: TLS and basic auth in front of the metrics port (None: plain HTTP).
     metrics_security: HttpSecurity | None = None
+    #: The identities that may take part, as ``--roster`` takes them
+    #: (:meth:`~coordinator.roster.Roster.parse`; None: ``agent-0`` .. ``agent-(agents-1)``).
+    roster: str | None = None
 
 
 def _with_stored_epoch(config: RunConfig, db: Path | None) -> RunConfig:
@@ -98,6 +103,7 @@ class DeviceRun:
         try:
             self.liveness = LivenessSettings(s.heartbeat_interval_s, s.heartbeat_timeout_s)
             self._prepare()
+            self.roster = self._roster()
         except (ValueError, StoreError) as err:  # ValueError: ConfigError among them
             raise DeviceRunError(str(err)) from None
         self.server: CoordinatorServer | None = None
@@ -138,6 +144,16 @@ class DeviceRun:
         if self.network.round_driven:
             self.runtime = self.network.runtime(list(agent_ids(self.config.agents)))
 
+    def _roster(self) -> Roster:
+        """The run's roster: ``--roster``, or the ids a fleet of the run's size has."""
+        text = self.settings.roster
+        try:
+            roster = Roster.indexed(self.config.agents) if text is None else Roster.parse(text)
+            roster.check_fits(self.config.agents)
+        except ValueError as err:
+            raise ValueError(f"--roster: {err}") from None
+        return roster
+
     @property
     def links(self) -> str:
         """What the links are, in words."""
@@ -156,6 +172,7 @@ class DeviceRun:
                 run=RunSpec(scenario=self.config.model_dump(mode="json"),
                             rounds=self.config.rounds),
                 switcher=self.runtime.switcher if self.runtime is not None else None,
+                roster=self.roster,
             )  # fmt: skip
         except (OSError, StoreError, TopologyError, SecurityError) as err:
             raise DeviceRunError(str(err)) from None
@@ -241,7 +258,7 @@ class DeviceRun:
                 topology=self.spec.name, lambda2=view.lambda2, topology_period=len(phases),
                 edges_per_round=sum(phases) / len(phases),
             )  # fmt: skip
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self.out_dir)  # 0700 from the start, whatever the umask
         status, ended = view.run, time.time()
         wall_s = time.monotonic() - self.started
         if status is not None and status.started_unix is not None:

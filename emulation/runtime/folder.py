@@ -5,10 +5,13 @@ One ``airgossip run`` writes everything under one folder::
     config.json        the launch config every agent process reads
     agents/            each agent's round records (<id>.jsonl) and estimates
     logs/              each agent's log
-    checkpoints/<id>/  each agent's checkpoints (0700)
-    certs/             the run's throwaway credentials (0700): ca.pem, and one folder per
-                       member (0700) with ca.pem, <id>.pem and <id>.key (0600)
+    checkpoints/<id>/  each agent's checkpoints
+    certs/             the run's throwaway credentials: ca.pem, and one folder per member
+                       with ca.pem, <id>.pem and <id>.key
     results.json, results.png, kernel.json, ...   what the run found
+
+Everything in it is its owner's only, whatever the umask: folders 0700, files 0600, each
+made so by the call that creates it (:mod:`edge.security.private_files`).
 
 The throwaway certificate authority's key never touches the disk: every member's
 certificate is issued while it is in memory, so no agent process (or container) can read it,
@@ -18,7 +21,6 @@ and an agent's ``--certs`` folder holds its own key and the CA's certificate, no
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from edge.security.certificates import make_authority, make_certificate
+from edge.security.private_files import private_folder, write_private
 from edge.security.tls import CA_CERT, TlsCredentials
 from emulation.config import ConfigError, RunConfig
 
@@ -45,21 +48,6 @@ def refuse_used_out_dir(out_dir: Path) -> None:
             f"output folder {out_dir} already holds a run ({', '.join(used)}); "
             "choose a new --out or remove it"
         )
-
-
-def private_folder(path: Path) -> Path:
-    """``path`` made (with its parents) and readable by its owner only (0700)."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a file only its owner may read (0600), whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        os.fchmod(handle.fileno(), 0o600)
-        handle.write(data)
 
 
 @dataclass(frozen=True)
@@ -98,10 +86,18 @@ class RunFolder:
         refuse_used_out_dir(self.path)
 
     def write_config(self, config: RunConfig) -> Path:
-        """Make the folder and write the launch config every agent reads; its path."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
-        return self.config_path
+        """Make the folder (private, like everything in it) and write the launch config every
+        agent reads; its path."""
+        self.make()
+        text = json.dumps(config.model_dump(mode="json"), indent=2) + "\n"
+        return write_private(self.config_path, text)
+
+    def make(self) -> Path:
+        """The folder made private (0700) with its ``agents`` and ``logs``; its path."""
+        private_folder(self.path)
+        private_folder(self.records_dir)
+        private_folder(self.logs_dir)
+        return self.path
 
     def checkpoint_dir(self, agent_id: str) -> Path:
         """``agent_id``'s checkpoint folder, made private (0700, in a 0700 folder)."""
@@ -123,10 +119,10 @@ class RunFolder:
         authority, key = make_authority("airgossip run", days=CERTIFICATE_DAYS)
         ca_pem = authority.public_bytes(serialization.Encoding.PEM)
         private_folder(self.certs_dir)
-        (self.certs_dir / CA_CERT).write_bytes(ca_pem)
+        write_private(self.certs_dir / CA_CERT, ca_pem)
         for identity in identities:
             cert_pem, key_pem = make_certificate(authority, key, identity, days=CERTIFICATE_DAYS)
             folder = private_folder(self.credentials(identity))
-            (folder / CA_CERT).write_bytes(ca_pem)
-            (folder / f"{identity}.pem").write_bytes(cert_pem)
-            _write_private(folder / f"{identity}.key", key_pem)
+            write_private(folder / CA_CERT, ca_pem)
+            write_private(folder / f"{identity}.pem", cert_pem)
+            write_private(folder / f"{identity}.key", key_pem)

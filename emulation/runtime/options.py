@@ -54,6 +54,9 @@ class AgentProcessOptions:
     #: Where the agent keeps its checkpoints and resumes from (None: it keeps none).
     checkpoint_dir: Path | None = None
     checkpoint_interval_s: float = 5.0
+    #: The run its checkpoints are bound to, as the operator names it (static peers only;
+    #: None: the coordinator's run id, or a digest of the scenario and the peer list).
+    run_id: str | None = None
     #: torch CPU threads (None: from the model's size and ``host_agents``, see
     #: :mod:`emulation.runtime.threads`).
     threads: int | None = None
@@ -123,7 +126,7 @@ def agent_options(command: AgentCommand) -> tuple[RunConfig | None, AgentProcess
         shape_links=command.link_shaping,
         declared=declared, kernel_device=command.kernel_links, certs=command.certs,
         checkpoint_dir=command.checkpoint_dir,
-        checkpoint_interval_s=command.checkpoint_interval_s,
+        checkpoint_interval_s=command.checkpoint_interval_s, run_id=command.run_id,
         threads=command.threads, host_agents=command.host_agents,
     )  # fmt: skip
     return config, options

@@ -15,6 +15,8 @@ seconds; SIGTERM/SIGINT leave cleanly.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import signal
 import threading
@@ -27,8 +29,9 @@ import grpc
 import torch
 
 from coordinator.client import STATUS_POLL_S, CoordinatorClient, CoordinatorError, RunInfo
+from coordinator.run import PER_AGENT_SETTINGS
 from edge.agent import Agent, build_agent
-from edge.agent.checkpoints import CheckpointStore
+from edge.agent.checkpoints import UNKEYED, CheckpointKey, CheckpointOwner, CheckpointStore
 from edge.agent.lineage import new_incarnation
 from edge.agent.runner import WallClockRunner
 from edge.agent.waiting import WaitReporter
@@ -115,6 +118,21 @@ class _Held:
                 report.write(self.kernel_report)
         if self.exporter is not None:
             self.exporter.stop()
+
+
+def run_identity(run: RunInfo | None, config: RunConfig, options: AgentProcessOptions) -> str:
+    """The run an agent's checkpoints are bound to: the coordinator's run id; with static
+    peers the one ``--run-id`` names, else ``static-`` and a digest of the scenario (without
+    the settings each agent makes for itself) and the peer list, so that another scenario or
+    fleet is another run (and the same scenario run again is the same run: give
+    ``--run-id`` to tell them apart)."""
+    if run is not None:
+        return run.run_id
+    if options.run_id is not None:
+        return options.run_id
+    scenario = config.model_dump(mode="json", exclude=set(PER_AGENT_SETTINGS))
+    text = json.dumps([scenario, sorted((options.peers or {}).items())], sort_keys=True)
+    return f"static-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def kernel_links(
@@ -246,11 +264,17 @@ def _run_agent(
         options.agent_id, listen=options.listen, shaper=shaper, security=security,
         bulk_bytes=config.transport.bulk_bytes,
     )  # fmt: skip
-    checkpoints = (
-        CheckpointStore(options.checkpoint_dir, options.agent_id)
-        if options.checkpoint_dir is not None
-        else None
-    )
+    checkpoints = None
+    if options.checkpoint_dir is not None:
+        # Bound to this fleet, run and agent, MACed under a key derived from the agent's own
+        # TLS key (see edge.agent.checkpoints).
+        owner = CheckpointOwner(
+            options.agent_id, fleet_of(security), run_identity(run, config, options)
+        )
+        key = CheckpointKey.of_private_key(security.key_pem) if security else UNKEYED
+        checkpoints = CheckpointStore(
+            options.checkpoint_dir, options.agent_id, owner=owner, key=key
+        )
     client = held.client
     agent = held.agent = build_agent(
         options.agent_id,

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from edge.agent.checkpoints import CheckpointStore as AgentCheckpoints
-from edge.security.tls import CA_CERT
+from edge.security.private_files import private_folder, write_private
 from emulation.runtime.command import AgentCommand
-from emulation.runtime.folder import private_folder
 
 #: How often the agent's checkpoint folder is looked at for a new checkpoint to ship.
 SHIP_INTERVAL_S = 1.0
@@ -159,9 +158,7 @@ class RayAgent:
             return None
         folder = private_folder(self.home / "certs")
         for name, data in credentials.items():
-            path = folder / Path(name).name
-            path.write_bytes(data)
-            path.chmod(0o644 if name == CA_CERT else 0o600)
+            write_private(folder / Path(name).name, data)
         return folder
 
     def _take_back(self, checkpoints: Path) -> str | None:
@@ -174,7 +171,7 @@ class RayAgent:
         if held is None:
             return None
         name, data = held
-        (checkpoints / Path(name).name).write_bytes(data)
+        write_private(checkpoints / Path(name).name, data)
         return str(name)
 
     def _run(self) -> None:

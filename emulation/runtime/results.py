@@ -14,6 +14,7 @@ import torch
 from pydantic import JsonValue
 
 from edge.observability.stats import RoundRecord
+from edge.security.private_files import private_folder
 from edge.tasks.consensus import ConsensusOptions, true_average
 from emulation.config import RunConfig
 from emulation.networks import LinkRuntime, Network
@@ -90,6 +91,7 @@ def write_results(
         results.privacy = privacy
     if kernel is not None:
         results.kernel = kernel
+    private_folder(out_dir)  # a coordinator's out folder, made by whoever started it
     network.finish(results, dict(records), out_dir, end_time_s=end_time_s, runtime=runtime)
     results.write(out_dir / "results.json")
     if results.rounds:

@@ -12,6 +12,7 @@ import pytest
 from coordinator.client import CoordinatorClient, CoordinatorError
 from coordinator.convert import assignment_from_proto
 from coordinator.membership import LivenessSettings
+from coordinator.roster import Roster
 from coordinator.service import CoordinatorServer, TopologySpec
 from coordinator.views import MemberView
 from edge.config.identity import natural_key
@@ -69,8 +70,12 @@ def test_refusals(server: CoordinatorServer) -> None:
     for i in range(1, 4):
         register(server, f"agent-{i}")
     with pytest.raises(grpc.RpcError) as info:
-        register(server, "agent-9")
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        register(server, "agent-9")  # not one of the run's 4
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert info.value.details() == (
+        "'agent-9' is not a member of this run (roster: agent-0..agent-3); the coordinator's "
+        "--roster names the run's agents"
+    )
     register(server, "agent-2")  # re-registering a known id is fine
     with grpc.insecure_channel(server.address) as channel:
         stream = coordinator_pb2_grpc.CoordinatorStub(channel).WatchNeighbours(
@@ -78,7 +83,8 @@ def test_refusals(server: CoordinatorServer) -> None:
         )
         with pytest.raises(grpc.RpcError) as info:
             next(iter(stream))
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "agent-9" not in {m.agent_id for m in server.view().members}
 
 
 def test_client_reports_refusal_plainly(server: CoordinatorServer) -> None:
@@ -276,8 +282,9 @@ def test_agents_register_again_with_a_coordinator_that_forgot_them() -> None:
 
 def test_silent_agent_is_declared_dead_on_time_and_rejoins() -> None:
     liveness = LivenessSettings(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5)
+    # agent-9 is on the roster: a static fleet that is full refuses it all the same.
     server = CoordinatorServer(expected=3, topology=TopologySpec("exponential"), token="s3cret",
-                               liveness=liveness)  # fmt: skip
+                               liveness=liveness, roster=Roster.parse("0..9"))  # fmt: skip
     server.start()
     clients, received = follow_all(server.address, 3)
     mute = CoordinatorClient(server.address, "agent-2", token="s3cret")

@@ -135,3 +135,56 @@ def test_undecodable_requests_are_refused_and_counted(server: CoordinatorServer)
     assert (
         'airgossip_coordinator_refusals_total{method="Register",reason="undecodable"} 1.0' in text
     )
+
+
+def test_an_identity_off_the_roster_is_refused_on_every_call_and_counted(
+    server: CoordinatorServer,
+) -> None:
+    # mallory's certificate is the fleet CA's, but mallory is not one of the run's agents.
+    with stub_as(server, credentials("mallory")) as channel:
+        coordinator = coordinator_pb2_grpc.CoordinatorStub(channel)
+        calls = {
+            "Register": lambda: coordinator.Register(coordinator_pb2.RegisterRequest(
+                agent_id="mallory", address="10.66.6.6:7000"), timeout=5),
+            "Heartbeat": lambda: coordinator.Heartbeat(
+                coordinator_pb2.HeartbeatRequest(agent_id="mallory"), timeout=5),
+            "Report": lambda: coordinator.Report(
+                coordinator_pb2.ReportRequest(agent_id="mallory"), timeout=5),
+            "GetRun": lambda: coordinator.GetRun(
+                coordinator_pb2.RunRequest(agent_id="mallory"), timeout=5),
+            "Leave": lambda: coordinator.Leave(
+                coordinator_pb2.LeaveRequest(agent_id="mallory"), timeout=5),
+            "WatchNeighbours": lambda: next(iter(coordinator.WatchNeighbours(
+                coordinator_pb2.WatchRequest(agent_id="mallory"), timeout=5))),
+        }  # fmt: skip
+        for name, call in calls.items():
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+            assert info.value.details() == (
+                "'mallory' is not a member of this run (roster: agent-0..agent-2); the "
+                "coordinator's --roster names the run's agents"
+            ), name
+    view = server.view()
+    assert view.members == () and view.roster == "agent-0..agent-2"
+    assert set(view.counters.values()) == {0}  # no registration, nothing else counted
+    assert server.status().registered == 0
+    refusals = server.servicer.refusals.snapshot()
+    assert refusals == {(name, "not_member"): 1 for name in calls}
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{server.metrics_address}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    assert 'airgossip_coordinator_refusals_total{method="Register",reason="not_member"} 1.0' in text
+    # The run's agents then register as if nothing had happened.
+    clients = [
+        CoordinatorClient(server.address, f"agent-{i}", security=credentials(f"agent-{i}"))
+        for i in range(3)
+    ]
+    try:
+        for i, client in enumerate(clients):
+            client.register(f"127.0.0.1:{3000 + i}", "d1", timeout_s=10)
+        assert server.view().released
+    finally:
+        for client in clients:
+            client.close()

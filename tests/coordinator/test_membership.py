@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.membership import LivenessSettings, Membership, Refusal
 from coordinator.policy import TopologySpec, make_policy
+from coordinator.roster import Roster
 from coordinator.store import FleetStore, StoreError
 from coordinator.views import DEAD, LEFT, MemberView
 from edge.observability.telemetry import AgentSnapshot, LinkTotals
@@ -20,11 +21,15 @@ LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
 
 
 def make_fleet(
-    spec: TopologySpec, clock: FakeClock, db: Path | None = None, expected: int = 6
+    spec: TopologySpec,
+    clock: FakeClock,
+    db: Path | None = None,
+    expected: int = 6,
+    roster: Roster | None = None,
 ) -> Membership:
     return Membership(
         expected=expected, spec=spec, policy=make_policy(spec), store=FleetStore(db),
-        liveness=LIVENESS, clock=clock, wall=clock,
+        liveness=LIVENESS, clock=clock, wall=clock, roster=roster,
     )  # fmt: skip
 
 
@@ -109,7 +114,7 @@ def test_a_returning_agent_rejoins_under_its_id_with_its_edges_back() -> None:
 
 def test_leave_repairs_and_static_fleets_refuse_strangers() -> None:
     clock = FakeClock()
-    fleet = make_fleet(TopologySpec("ring"), clock)
+    fleet = make_fleet(TopologySpec("ring"), clock, roster=Roster.anyone())
     register_all(fleet, 6)
     fleet.leave("agent-3")
     assert fleet.members["agent-3"].record.state == LEFT
@@ -124,7 +129,9 @@ def test_leave_repairs_and_static_fleets_refuse_strangers() -> None:
 
 def test_k_out_fleets_take_newcomers() -> None:
     clock = FakeClock()
-    fleet = make_fleet(TopologySpec("k-out", out_degree=2), clock, expected=4)
+    fleet = make_fleet(
+        TopologySpec("k-out", out_degree=2), clock, expected=4, roster=Roster.parse("0..15")
+    )
     register_all(fleet, 4)
     fleet.register("agent-10", "10.0.0.10:7000", "digest")
     assert fleet.epoch == 2

@@ -30,6 +30,7 @@ EXPECTED = {
     grpc.StatusCode.OUT_OF_RANGE,
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.PERMISSION_DENIED,  # an id that is not on the run's roster
 }
 U64 = st.one_of(st.integers(0, 64), st.integers(0, 2**64 - 1), st.sampled_from([2**63, 2**64 - 1]))
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)

@@ -170,7 +170,10 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
             stub.Report(coordinator_pb2.ReportRequest(agent_id="agent-0", token="t",
                                                       rounds=[nan]), timeout=5)  # fmt: skip
         assert "NaN" in (error.value.details() or "")
-        with pytest.raises(grpc.RpcError) as error:
-            stub.Report(coordinator_pb2.ReportRequest(agent_id="ghost", token="t"), timeout=5)
+        with pytest.raises(grpc.RpcError) as error:  # a member that did not register
+            stub.Report(coordinator_pb2.ReportRequest(agent_id="agent-1", token="t"), timeout=5)
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as error:  # not a member of the run
+            stub.Report(coordinator_pb2.ReportRequest(agent_id="ghost", token="t"), timeout=5)
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert [r.round for r in server.round_records()["agent-0"]] == [0, 1, 2]

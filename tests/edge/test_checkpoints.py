@@ -1,5 +1,6 @@
-"""Checkpoints: atomic files with a checksum; a corrupt newest one falls back to the one
-before it with a clear message; an agent resumes exactly where its checkpoint was."""
+"""Checkpoints: atomic files with a checksum and a MAC; a corrupt newest one falls back to the
+one before it with a clear message; an agent resumes exactly where its checkpoint was.
+(Binding to the fleet, run and agent and the range checks: test_checkpoint_binding.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from edge.agent import build_agent
-from edge.agent.checkpoints import CheckpointError, CheckpointStore, decode_state, encode_state
+from edge.agent.checkpoints import CheckpointStore, decode_state, encode_state
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport
@@ -39,13 +40,16 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> 
     data[len(data) // 2] ^= 0xFF  # one flipped bit in the newest
     paths[-1].write_bytes(bytes(data))
     loaded = store.load_latest()
-    assert loaded is not None and loaded.state["round"] == 3 and loaded.path == paths[-2]
-    assert len(loaded.skipped) == 1 and "checksum mismatch" in loaded.skipped[0]
+    assert loaded.state is not None and loaded.state["round"] == 3 and loaded.path == paths[-2]
+    assert len(loaded.refused) == 1 and "checksum mismatch" in loaded.refused[0]
+    assert str(paths[-1]) in loaded.refused[0]
     paths[-2].write_bytes(paths[-2].read_bytes()[:100])  # truncated
     paths[-3].write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match="no intact checkpoint is left"):
-        store.load_latest()
-    assert CheckpointStore(tmp_path / "empty", "agent-0").load_latest() is None
+    nothing = store.load_latest()
+    assert nothing.state is None and nothing.path is None and len(nothing.refused) == 3
+    assert "not an airgossip checkpoint" in nothing.refused[-1]
+    empty = CheckpointStore(tmp_path / "empty", "agent-0").load_latest()
+    assert empty.state is None and empty.refused == ()
 
 
 SETTINGS = AgentSettings(task=TaskSettings(name="consensus", dim=6), rounds=40, seed=3)
@@ -88,11 +92,16 @@ def test_an_agent_resumes_where_its_checkpoint_was(
     assert "out" not in written and "in" not in written
     assert restarted.lineages.incarnation > agents[1].lineages.incarnation
     assert restarted.counters() == agents[1].counters()
-    # a checkpoint of another agent (or task) is refused, not silently taken
+    # a checkpoint of another agent is refused, not silently taken: the stranger starts fresh
     stranger = fleet(tmp_path)[2]
     stranger.checkpointer = agents[1].checkpointer
-    with pytest.raises(CheckpointError, match="belongs to 'agent-1'"):
-        stranger.resume()
+    fresh = stranger.algorithm.state_dict()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert stranger.resume() is None
+    assert "it is 'agent-1''s checkpoint, not 'agent-2''s" in caplog.text
+    assert "starting fresh" in caplog.text and stranger.round == 0
+    assert torch.equal(stranger.algorithm.state_dict()["x"], fresh["x"])
 
 
 def test_checkpoints_are_private_to_their_agent(tmp_path: Path) -> None:

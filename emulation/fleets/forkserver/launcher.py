@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from edge.security.private_files import open_private, private_folder
 from emulation.fleets.forkserver.protocol import (
     ANSWER_TIMEOUT_S,
     CHILD_GRACE_S,
@@ -75,13 +76,13 @@ class ForkServer:
         cwd: Path,
         label: str = "",
     ) -> None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(log_path.parent)
         command = [
             sys.executable, "-m", "emulation.fleets.forkserver",
             "--parent-pid", str(os.getpid()), "--preload", ",".join(preload),
             "--label", label,
         ]  # fmt: skip
-        with log_path.open("wb") as log:
+        with open_private(log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command,
                 stdin=subprocess.PIPE,

@@ -17,9 +17,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from edge.security.private_files import open_private_fd
 from emulation.fleets.forkserver.protocol import CHILD_GRACE_S, ForkRequest
 
 _PR_SET_PDEATHSIG = 1
@@ -122,7 +124,7 @@ def _become(request: ForkRequest) -> None:
     """In a fresh child: take the place of ``python -m MODULE ARGS`` started by Popen with
     its own session, stdin from /dev/null and stdout and stderr to the log; run it."""
     os.setsid()
-    log = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log = open_private_fd(Path(request.log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from edge.security.private_files import write_private
+
 
 class _Report(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -16,7 +18,7 @@ class _Report(BaseModel):
     def write(self, path: Path) -> None:
         """Write the report as JSON (fields never set left out)."""
         data = self.model_dump(mode="json", exclude_unset=True)
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        write_private(path, json.dumps(data, indent=2) + "\n")
 
 
 class LinkSummary(_Report):
