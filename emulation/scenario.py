@@ -121,6 +121,11 @@ class WirelessSettings(_Strict):
     bandwidth_mhz: float = Field(20.0, gt=0)
     tx_power_dbm: float | list[float] = 20.0
     antenna_gain_dbi: float = Field(0.0, ge=-20, le=40, description="tx + rx antenna gain")
+    antenna_height_m: float | list[float] = Field(
+        1.5,
+        description="antenna height above ground, or one per agent: devices at 1.5 m, as "
+        "3GPP TR 37.885 places both ends of a sidelink",
+    )
     noise_figure_db: float | list[float] = 7.0
     streams: int = Field(1, ge=1, le=8)
     max_mcs: int = Field(8, ge=0, le=9)
@@ -168,6 +173,16 @@ class WirelessSettings(_Strict):
             raise ValueError(
                 f"wifi bandwidth_mhz must be one of {', '.join(map(str, WIFI_DATA_SUBCARRIERS))}, "
                 f"got {self.bandwidth_mhz:g}"
+            )
+        heights = self.antenna_height_m
+        heights = heights if isinstance(heights, list) else [heights]
+        if any(not 0 < h <= 300 for h in heights):
+            raise ValueError("wireless.antenna_height_m must be between 0 and 300 m")
+        family = self.path_loss.model.split("-")[0]
+        if family in ("umi", "uma") and any(h <= 1.0 for h in heights):
+            raise ValueError(
+                f"wireless.antenna_height_m must be above 1 m with {self.path_loss.model} path "
+                "loss (38.901's breakpoint takes the height above a 1 m environment)"
             )
         return self
 

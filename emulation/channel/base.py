@@ -73,6 +73,12 @@ class ChannelBase:
         #: Received power a node needs for the lowest rate (dBm), per receiver.
         self.sensitivity_dbm = (self.noise_dbm + self.table.min_sinr_db).astype(np.float32)
         self.mobility = self._mobility()
+        #: Antenna height of each node (m); ``uniform_height_m``: the one height all share,
+        #: or None (then path loss takes each link's two heights).
+        self.height_m = np.asarray(settings.per_node("antenna_height_m", n), dtype=np.float64)
+        self.uniform_height_m: float | None = (
+            float(self.height_m[0]) if n and np.all(self.height_m == self.height_m[0]) else None
+        )
         pl = settings.path_loss
         family = pl.model.split("-")[0]
         self._mixed_los = pl.model in ("umi", "uma", "inh")
@@ -238,28 +244,49 @@ class ChannelBase:
         return np.zeros(0, dtype=np.int64)
 
     def _path_loss(
-        self, distance: np.ndarray, los_draw: np.ndarray | None
+        self,
+        distance: np.ndarray,
+        los_draw: np.ndarray | None,
+        senders: np.ndarray | slice | None = None,
+        receivers: np.ndarray | slice | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Path loss and shadowing sigma per link (``los_draw``: the pairs' line-of-sight
-        draws, for the models that mix line of sight and not)."""
+        """Path loss and shadowing sigma per link (``distance``: 2D; ``los_draw``: the pairs'
+        line-of-sight draws, for the models that mix line of sight and not; ``senders`` and
+        ``receivers``: the links' ends, a row slice and all columns for the dense model's
+        matrices, two index arrays for a list of links; needed unless heights are uniform)."""
         pl = self.settings.path_loss
         f = self.frequency_hz
-        if pl.model == "log-distance":
-            return radio.log_distance_loss_db(distance, f, pl.exponent), np.float32(
+        h_a, h_b = self._heights(senders, receivers)
+        if pl.model in ("log-distance", "free-space"):
+            if self.uniform_height_m is None:  # the 3D distance
+                distance = np.sqrt(distance.astype(np.float64) ** 2 + (h_a - h_b) ** 2)
+            exponent = pl.exponent if pl.model == "log-distance" else 2.0
+            return radio.log_distance_loss_db(distance, f, exponent), np.float32(
                 self.shadow_sigma_db
             )
-        if pl.model == "free-space":
-            return radio.log_distance_loss_db(distance, f, 2.0), np.float32(self.shadow_sigma_db)
         if not self._mixed_los:
-            return radio.path_loss_38901_db(pl.model, distance, f), np.float32(self.shadow_sigma_db)
+            loss = radio.path_loss_38901_db(pl.model, distance, f, h_a, h_b)
+            return loss, np.float32(self.shadow_sigma_db)
         assert los_draw is not None
-        los = los_draw < radio.los_probability(pl.model, distance)
-        loss = np.where(los, *radio.path_loss_38901_both_db(pl.model, distance, f))
+        los = los_draw < radio.los_probability(pl.model, distance, np.minimum(h_a, h_b))
+        loss = np.where(los, *radio.path_loss_38901_both_db(pl.model, distance, f, h_a, h_b))
         sigma_los = radio.PATH_LOSS_38901[f"{pl.model}-los"][3]
         sigma = np.where(los, sigma_los, self.shadow_sigma_db)
         if pl.shadowing_db is not None:
             sigma = np.full_like(sigma, pl.shadowing_db)
         return loss, sigma
+
+    def _heights(
+        self, senders: np.ndarray | slice | None, receivers: np.ndarray | slice | None
+    ) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """The antenna heights of links' two ends, shaped to broadcast with their distances."""
+        if self.uniform_height_m is not None:
+            return self.uniform_height_m, self.uniform_height_m
+        if senders is None or receivers is None:
+            raise ValueError("links with antennas at different heights need their ends")
+        if isinstance(senders, slice):  # rows of the dense matrices
+            return self.height_m[senders, None], self.height_m[None, receivers]
+        return self.height_m[senders], self.height_m[receivers]
 
     def _figures(
         self, sinr_lin: np.ndarray, trace_masks: list[np.ndarray], trace_values: list[np.float32]

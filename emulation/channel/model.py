@@ -199,7 +199,7 @@ class ChannelModel(ChannelBase):
             diagonal = (np.arange(rows.stop - rows.start), np.arange(rows.start, rows.stop))
             d = np.sqrt(((pos[rows, None, :] - pos[None, :, :]) ** 2).sum(-1)).astype(np.float32)
             distance[rows] = d
-            loss, sigma = self._path_loss(d, s.los_draw[rows])
+            loss, sigma = self._path_loss(d, s.los_draw[rows], rows, slice(None))
             rx_rows = (
                 self.tx_dbm[rows, None] + np.float32(cfg.antenna_gain_dbi) - loss
                 - sigma * s.shadow[rows]

@@ -52,8 +52,9 @@ def log_distance_loss_db(
     return reference + 10.0 * exponent * np.log10(d)
 
 
-#: 3GPP TR 38.901 path loss models: ``(a, b, c)`` of ``a + b log10(d) + c log10(f_GHz)``
-#: and the shadowing sigma in dB.
+#: 3GPP TR 38.901 Table 7.4.1-1 path loss models: ``(a, b, c)`` of ``a + b log10(d_3D) +
+#: c log10(f_GHz)`` (for LOS of UMi and UMa: PL1, before the breakpoint; for NLOS: PL'_NLOS,
+#: before the max with LOS and UMi/UMa's ``h_UT`` term) and the shadowing sigma in dB.
 PATH_LOSS_38901: dict[str, tuple[float, float, float, float]] = {
     "umi-los": (32.4, 21.0, 20.0, 4.0),
     "umi-nlos": (22.4, 35.3, 21.3, 7.82),
@@ -61,6 +62,21 @@ PATH_LOSS_38901: dict[str, tuple[float, float, float, float]] = {
     "uma-nlos": (13.54, 39.08, 20.0, 6.0),
     "inh-los": (32.4, 17.3, 20.0, 3.0),
     "inh-nlos": (17.3, 38.3, 24.9, 8.03),
+}
+#: Beyond the breakpoint (UMi, UMa LOS PL2): ``a + 40 log10(d_3D) + 20 log10(f_GHz) -
+#: k log10(d'_BP^2 + (h_BS - h_UT)^2)``, ``k`` per family.
+BREAKPOINT_TERM_38901: dict[str, float] = {"umi": 9.5, "uma": 9.0}
+#: ``PL'_NLOS`` falls by ``k (h_UT - 1.5)`` (UMi 0.3, UMa 0.6; InH has no height term).
+NLOS_HEIGHT_TERM_38901: dict[str, float] = {"umi": 0.3, "uma": 0.6}
+#: Effective environment height ``h_E`` of the breakpoint (1 m for UMi; for UMa 1 m while
+#: ``h_UT`` < 13 m, which 38.901 draws otherwise: the model keeps 1 m).
+ENVIRONMENT_HEIGHT_M = 1.0
+#: Where Table 7.4.1-1 holds: ``(lowest, highest)`` distance in metres and whether it is the
+#: 2D (UMi, UMa) or the 3D distance (InH). The model extrapolates outside.
+VALIDITY_38901: dict[str, tuple[float, float, str]] = {
+    "umi": (10.0, 5000.0, "2D"),
+    "uma": (10.0, 5000.0, "2D"),
+    "inh": (1.0, 150.0, "3D"),
 }
 #: Shadowing decorrelation distances in metres (38.901 table 7.5-6).
 DECORRELATION_38901: dict[str, float] = {
@@ -72,34 +88,73 @@ DECORRELATION_38901: dict[str, float] = {
     "inh-nlos": 6.0,
 }
 
+Heights = FloatArray | float
+
+
+def breakpoint_distance_m(
+    height_bs_m: Heights, height_ut_m: Heights, frequency_hz: float
+) -> FloatArray:
+    """38.901's LOS breakpoint ``d'_BP = 4 h'_BS h'_UT f_c / c``, ``h' = h - h_E`` (1 m).
+
+    Two devices at 1.5 m: ``f_c / c``, 6.7 m at 2 GHz, 17.3 m at 5.18 GHz.
+    """
+    h_bs = np.asarray(height_bs_m, dtype=np.float64) - ENVIRONMENT_HEIGHT_M
+    h_ut = np.asarray(height_ut_m, dtype=np.float64) - ENVIRONMENT_HEIGHT_M
+    return 4.0 * h_bs * h_ut * frequency_hz / SPEED_OF_LIGHT
+
 
 def path_loss_38901_db(
-    model: str, distance_m: FloatArray | float, frequency_hz: float
+    model: str,
+    distance_m: FloatArray | float,
+    frequency_hz: float,
+    height_a_m: Heights = 1.5,
+    height_b_m: Heights = 1.5,
 ) -> FloatArray:
-    """Path loss of a 3GPP TR 38.901 model (``umi-los`` ... ``inh-nlos``).
+    """Path loss of a 3GPP TR 38.901 model (``umi-los`` ... ``inh-nlos``) between antennas at
+    ``height_a_m`` and ``height_b_m`` a 2D ``distance_m`` apart.
 
-    NLOS models never fall below their LOS counterpart (``max(LOS, NLOS)``), as 38.901
-    specifies. Distances are clamped to at least 1 m.
+    The higher end plays the base station, the lower the user terminal (so the loss is the
+    same both ways); the formulas take the 3D distance (at least 1 m); UMi and UMa LOS bend at
+    the breakpoint :func:`breakpoint_distance_m` (compared with the 2D distance, as in the
+    table); NLOS is ``max(LOS, PL'_NLOS)``. Outside the table's distances
+    (:data:`VALIDITY_38901`) the formulas are extrapolated.
     """
     _known_38901(model)
-    log_d, log_f = _logs(distance_m, frequency_hz)
-    loss = _loss_38901(model, log_d, log_f)
-    if model.endswith("-nlos"):
-        loss = np.maximum(loss, _loss_38901(model.replace("-nlos", "-los"), log_d, log_f))
-    return loss
+    family = model.split("-")[0]
+    los, nlos = path_loss_38901_both_db(family, distance_m, frequency_hz, height_a_m, height_b_m)
+    return nlos if model.endswith("-nlos") else los
 
 
 def path_loss_38901_both_db(
-    family: str, distance_m: FloatArray | float, frequency_hz: float
+    family: str,
+    distance_m: FloatArray | float,
+    frequency_hz: float,
+    height_a_m: Heights = 1.5,
+    height_b_m: Heights = 1.5,
 ) -> tuple[FloatArray, FloatArray]:
     """The line-of-sight and non-line-of-sight path loss of a 38.901 family (``umi``,
-    ``uma``, ``inh``) at once: :func:`path_loss_38901_db` of both, the same values, the
-    logarithm of the distance and the line-of-sight loss computed once."""
+    ``uma``, ``inh``) at once (see :func:`path_loss_38901_db`)."""
     for model in (f"{family}-los", f"{family}-nlos"):
         _known_38901(model)
-    log_d, log_f = _logs(distance_m, frequency_hz)
+    d2 = np.asarray(distance_m, dtype=np.float64)
+    h_a = np.asarray(height_a_m, dtype=np.float64)
+    h_b = np.asarray(height_b_m, dtype=np.float64)
+    h_bs, h_ut = np.maximum(h_a, h_b), np.minimum(h_a, h_b)
+    dh2 = (h_bs - h_ut) ** 2
+    # Equal heights (every preset): the 3D distance is the 2D one, and no array of them.
+    d3 = np.maximum(d2 if not np.any(dh2) else np.sqrt(d2 * d2 + dh2), 1.0)
+    log_d, log_f = np.log10(d3), math.log10(frequency_hz / 1e9)
     los = _loss_38901(f"{family}-los", log_d, log_f)
-    return los, np.maximum(_loss_38901(f"{family}-nlos", log_d, log_f), los)
+    if family in BREAKPOINT_TERM_38901:
+        bp = breakpoint_distance_m(h_bs, h_ut, frequency_hz)
+        a = PATH_LOSS_38901[f"{family}-los"][0]
+        far = (a + 40.0 * log_d + 20.0 * log_f
+               - BREAKPOINT_TERM_38901[family] * np.log10(bp * bp + dh2))  # fmt: skip
+        los = np.where(d2 > bp, far, los)
+    nlos = _loss_38901(f"{family}-nlos", log_d, log_f)
+    if family in NLOS_HEIGHT_TERM_38901:
+        nlos = nlos - NLOS_HEIGHT_TERM_38901[family] * (h_ut - 1.5)
+    return np.asarray(los), np.asarray(np.maximum(nlos, los))
 
 
 def _known_38901(model: str) -> None:
@@ -109,28 +164,31 @@ def _known_38901(model: str) -> None:
         )
 
 
-def _logs(distance_m: FloatArray | float, frequency_hz: float) -> tuple[FloatArray, float]:
-    """``log10`` of the distance (clamped to at least 1 m) and of the frequency in GHz."""
-    d = np.maximum(np.asarray(distance_m, dtype=np.float64), 1.0)
-    return np.log10(d), math.log10(frequency_hz / 1e9)
-
-
 def _loss_38901(model: str, log_d: FloatArray, log_f: float) -> FloatArray:
     a, b, c, _ = PATH_LOSS_38901[model]
     return np.asarray(a + b * log_d + c * log_f)
 
 
-def los_probability(model: str, distance_m: FloatArray | float) -> FloatArray:
-    """Probability that a link of a 38.901 family (``umi``, ``uma``, ``inh``) is line of sight."""
+def los_probability(
+    model: str, distance_m: FloatArray | float, height_ut_m: Heights = 1.5
+) -> FloatArray:
+    """Probability that a link of a 38.901 family (``umi``, ``uma``, ``inh``) is line of
+    sight at a 2D distance (Table 7.4.2-1; InH: mixed office; UMa's ``C'(h_UT)`` with the
+    lower end's height)."""
     d = np.maximum(np.asarray(distance_m, dtype=np.float64), 1e-3)
     family = model.split("-")[0]
     if family == "umi":
         return np.where(d <= 18.0, 1.0, 18.0 / d + np.exp(-d / 36.0) * (1.0 - 18.0 / d))
     if family == "uma":
-        return np.where(d <= 18.0, 1.0, 18.0 / d + np.exp(-d / 63.0) * (1.0 - 18.0 / d))
+        h = np.asarray(height_ut_m, dtype=np.float64)
+        c = np.where(h <= 13.0, 0.0, (np.clip(h, 13.0, 23.0) - 13.0) / 10.0) ** 1.5
+        p = (18.0 / d + np.exp(-d / 63.0) * (1.0 - 18.0 / d)) * (
+            1.0 + c * 1.25 * (d / 100.0) ** 3 * np.exp(-d / 150.0)
+        )
+        return np.where(d <= 18.0, 1.0, p)
     if family == "inh":  # indoor office, mixed
         p = np.exp(-(d - 1.2) / 4.7)
-        p = np.where(d > 6.5, np.exp(-(d - 6.5) / 32.6) * 0.32, p)
+        p = np.where(d >= 6.5, np.exp(-(d - 6.5) / 32.6) * 0.32, p)
         return np.where(d <= 1.2, 1.0, p)
     raise ValueError(f"no LOS probability for '{model}'")
 

@@ -98,18 +98,21 @@ class SparseChannelModel(ChannelBase):
         budget -= float(self.sensitivity_dbm.min())
         pl = self.settings.path_loss
         distances = np.geomspace(1.0, 1e6, 4000)
+        # The least loss any pair could have: both ends at the highest antenna (the
+        # breakpoint furthest, UMi/UMa's NLOS height term largest) and no height between them.
+        high = float(self.height_m.max()) if self.n else 1.5
         if pl.model in ("log-distance", "free-space"):
             exponent = pl.exponent if pl.model == "log-distance" else 2.0
             loss = radio.log_distance_loss_db(distances, self.frequency_hz, exponent)
         else:
             name = f"{pl.model}-nlos" if self._mixed_los else pl.model
-            loss = radio.path_loss_38901_db(name, distances, self.frequency_hz)
+            loss = radio.path_loss_38901_db(name, distances, self.frequency_hz, high, high)
         reach = self._reach(distances, loss - SHADOW_MARGIN * self.shadow_sigma_db <= budget)
         if self._mixed_los:  # line of sight reaches further, while it is likely enough
             los = f"{pl.model}-los"
             sigma = radio.PATH_LOSS_38901[los][3]
-            loss = radio.path_loss_38901_db(los, distances, self.frequency_hz)
-            likely = radio.los_probability(pl.model, distances) >= LOS_CUTOFF
+            loss = radio.path_loss_38901_db(los, distances, self.frequency_hz, high, high)
+            likely = radio.los_probability(pl.model, distances, high) >= LOS_CUTOFF
             reach = max(reach, self._reach(distances, likely & (loss - 3 * sigma <= budget)))
         return reach
 
@@ -317,7 +320,7 @@ class SparseChannelModel(ChannelBase):
             block = slice(lo, lo + BLOCK_PAIRS)
             i, j = s.keys[block] // n, s.keys[block] % n
             d = s.distance[block]
-            loss, sigma = self._path_loss(d, s.los_draw[block])
+            loss, sigma = self._path_loss(d, s.los_draw[block], i, j)
             faded = sigma * s.shadow[block]
             for side, (a, b) in enumerate(((i, j), (j, i))):
                 rx = (tx[a if tx.size > 1 else 0] + gain_dbi - loss - faded).astype(np.float32)

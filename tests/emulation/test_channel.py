@@ -29,12 +29,14 @@ def test_free_space_loss_reference_values() -> None:
 
 
 def test_38901_path_loss() -> None:
+    # Before the breakpoint (38.901's base station geometry: UMi 10 m, UMa 25 m, UT 1.5 m);
+    # the full table is held in test_radio_standards.py.
     f = 3.5e9
-    assert float(radio.path_loss_38901_db("umi-los", 100.0, f)) == pytest.approx(
-        32.4 + 21 * 2 + 20 * math.log10(3.5)
+    assert float(radio.path_loss_38901_db("umi-los", 100.0, f, 10.0, 1.5)) == pytest.approx(
+        32.4 + 21 * math.log10(math.hypot(100, 8.5)) + 20 * math.log10(3.5)
     )
-    assert float(radio.path_loss_38901_db("uma-nlos", 500.0, f)) == pytest.approx(
-        13.54 + 39.08 * math.log10(500) + 20 * math.log10(3.5)
+    assert float(radio.path_loss_38901_db("uma-nlos", 500.0, f, 25.0, 1.5)) == pytest.approx(
+        13.54 + 39.08 * math.log10(math.hypot(500, 23.5)) + 20 * math.log10(3.5)
     )
     # NLOS never below LOS (38.901 takes the max)
     d = np.array([2.0, 10.0, 100.0])
