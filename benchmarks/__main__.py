@@ -38,6 +38,7 @@ ENTRIES = {
     "peers": "benchmarks.comparison",
     "privacy": "benchmarks.privacy",
     "attacks": "benchmarks.attacks",
+    "drift": "benchmarks.drift",
     "host-threads": "benchmarks.host_threads",
     "ray-mode": "benchmarks.ray_mode",
 }

@@ -23,6 +23,9 @@ Attacks (``v`` per receiver ``i``):
   times the pull of ``i``'s honest neighbours (neighbours counted with equal weight).
 - ``hub-dissensus`` (topology-aware): the dissensus values, sent from the agents of highest
   degree (the insiders are placed there instead of at the default places).
+- ``slow-drift``: the receiver's own estimate plus ``DRIFT_STEP`` times its norm in one fixed
+  direction (all elements equal), every round: each message is small (under the relative-
+  increment floor of the alerts, inside the clipping radii), the sum over rounds is not.
 """
 
 from __future__ import annotations
@@ -41,10 +44,11 @@ from emulation.config import RunConfig
 from emulation.fleets import preflight
 from emulation.fleets.inproc import InProcessFleet
 
-ATTACKS = ("huge", "sign-flip", "alie", "dissensus", "hub-dissensus")
+ATTACKS = ("huge", "sign-flip", "alie", "dissensus", "hub-dissensus", "slow-drift")
 HUGE = 1e6
 ALIE_Z = 1.0
 DISSENSUS_EPS = 1.5
+DRIFT_STEP = 0.1
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,13 @@ class _Forger:
         if attack == "alie":
             stacked = torch.stack(list(honest.values()))
             return stacked.mean(dim=0) - ALIE_Z * stacked.std(dim=0)
+        receiver = honest.get(peer, own)
+        if attack == "slow-drift":
+            direction = torch.full_like(own, 1.0 / max(own.numel(), 1) ** 0.5)
+            step: torch.Tensor = DRIFT_STEP * torch.linalg.vector_norm(receiver) * direction
+            return receiver + step
         # dissensus: cancel (and reverse) the pull of the receiver's honest neighbours
         union = self.graph.union()
-        receiver = honest.get(peer, own)
         neighbours = {int(k) for k in np.flatnonzero(union[:, peer] | union[peer, :])}
         liars = max(1, len(neighbours & set(self.insiders.indices)))
         pull = torch.zeros_like(own)

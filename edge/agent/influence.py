@@ -27,8 +27,9 @@ never a copy (the algorithms replace their pending mass on absorption).
 An algorithm that leaves its pending mass as it was (``robust-push-sum`` holds each sender's
 increments apart until the mix, where it clips them) is measured by the payload itself:
 ``v = vector / y``, the value the edge's running sum proposes, before any clipping. The
-clip events (``clipped_by_sender``, counted at the mix) reach the observer with the
-sender's next message.
+clip events (``clipped_by_sender``, counted at the mix) and, on algorithms with a drift
+budget, the sender's drift score (``drift_by_sender``, :mod:`edge.algorithms.drift`) reach
+the observer with the sender's next message.
 """
 
 from __future__ import annotations
@@ -130,6 +131,13 @@ class InNeighbourWatch:
             total = int(counts.get(sender, 0))
             clipped = max(0, total - self._clips.get(sender, 0))
             self._clips[sender] = total
+        scores = getattr(self.algorithm, "drift_by_sender", None)
+        drift = None if scores is None or sender not in scores else float(scores[sender])
         return ReceiveEvent(
-            True, sender, payload_bytes=payload_bytes, increment=increment, clipped=clipped
+            True,
+            sender,
+            payload_bytes=payload_bytes,
+            increment=increment,
+            clipped=clipped,
+            drift=drift,
         )

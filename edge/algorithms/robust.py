@@ -13,6 +13,12 @@ do), so both refuse directed graphs, as D-PSGD does.
 
 ``byzantine`` is the most insiders an agent expects among its neighbours; their weight ``b``
 is taken as the sum of the ``byzantine`` largest weights of the agent's neighbours.
+
+Over the run, each neighbour's clipped pulls may add up to at most ``drift_budget`` times the
+net pull of the ``byzantine + 1``-th largest other neighbour
+(:class:`~edge.algorithms.drift.DriftGuard`): a neighbour that stays inside the radius but
+pulls the same way every round (a slow drift) is held there; what the budget cuts is not
+applied (the neighbour's next model is compared afresh).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from edge.algorithms.clipping import (
     self_centred_radius,
 )
 from edge.algorithms.dpsgd import DPSGD
+from edge.algorithms.drift import DriftGuard
 from edge.topology.graphs import Graph
 from edge.topology.mixing import metropolis_hastings
 
@@ -42,12 +49,24 @@ class ClippedGossipOptions(BaseModel):
         None, gt=0, description="fixed clipping radius (default: the adaptive rule)"
     )
     byzantine: int = Field(1, ge=0, le=1000, description="most insiders among the neighbours")
+    drift_budget: float | None = Field(
+        4.0,
+        gt=0,
+        description="most net pull of one neighbour over the run, in multiples of the "
+        "(byzantine+1)-th largest other neighbour's (none: unbounded)",
+    )
 
 
 class CSPlusOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     byzantine: int = Field(1, ge=0, le=1000, description="most insiders among the neighbours")
+    drift_budget: float | None = Field(
+        4.0,
+        gt=0,
+        description="most net pull of one neighbour over the run, in multiples of the "
+        "(byzantine+1)-th largest other neighbour's (none: unbounded)",
+    )
     step: float = Field(1.0, gt=0, le=1, description="eta: the communication step")
 
 
@@ -58,6 +77,26 @@ class _ClippedMix(DPSGD):
     step: float = 1.0
 
     last_radius: float = float("inf")
+
+    #: The run's drift budget (None: none, as with ``byzantine`` 0).
+    drift: DriftGuard | None = None
+
+    def _guard(self, budget: float | None, byzantine: int) -> None:
+        if budget is not None and byzantine > 0:
+            self.drift = DriftGuard(budget, byzantine)
+        #: Drift score per neighbour (:attr:`DriftGuard.score`), read by the agent's observer.
+        self.drift_by_sender: dict[str, float] = {} if self.drift is None else self.drift.score
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.drift is not None:
+            state["drift"] = self.drift.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.drift is not None and "drift" in state:
+            self.drift.load_state_dict(state["drift"], self.dtype)
 
     def radius(self, distances: list[float], weights: list[float]) -> float:
         """The clipping radius of this round, given every neighbour's distance and weight."""
@@ -78,12 +117,22 @@ class _ClippedMix(DPSGD):
             [distances.get(p, 0.0) for p in phase.out_weights], list(phase.out_weights.values())
         )
         self.last_radius = tau
+        scales: dict[str, float] = {}
+        for peer in diffs:
+            scales[peer] = clip_scale(distances[peer], tau)
+            if scales[peer] < 1.0:
+                self.clipped_by_sender[peer] += 1
+        if self.drift is not None:
+            pulls = {
+                p: diffs[p] * (self.step * phase.out_weights[p] * scales[p])
+                for p in diffs
+                if scales[p] > 0
+            }
+            for peer, factor in self.drift.limit(pulls).items():
+                scales[peer] *= factor
         mixed = self._x.clone()
         for peer, diff in diffs.items():
-            scale = clip_scale(distances[peer], tau)
-            if scale < 1.0:
-                self.clipped_by_sender[peer] += 1
-            mixed.add_(diff, alpha=self.step * phase.out_weights[peer] * scale)
+            mixed.add_(diff, alpha=self.step * phase.out_weights[peer] * scales[peer])
         self._x = mixed
 
 
@@ -100,6 +149,7 @@ class ClippedGossip(_ClippedMix):
         super().__init__(initial, **kwargs)
         assert isinstance(self.options, ClippedGossipOptions)
         self._opts = self.options
+        self._guard(self._opts.drift_budget, self._opts.byzantine)
 
     def radius(self, distances: list[float], weights: list[float]) -> float:
         if self._opts.tau is not None:
@@ -124,6 +174,7 @@ class CSPlusGossip(_ClippedMix):
         assert isinstance(self.options, CSPlusOptions)
         self._opts = self.options
         self.step = self._opts.step
+        self._guard(self._opts.drift_budget, self._opts.byzantine)
 
     def radius(self, distances: list[float], weights: list[float]) -> float:
         insider = insider_weight(weights, self._opts.byzantine)

@@ -34,9 +34,15 @@ up at once and down by at most ``radius_decay`` a round (the rule alone, on a sp
 shrinks to the spread of the nearest senders and freezes an honest gap to the others); when
 fewer than ``byzantine + 1`` senders were heard, the previous round's radius is kept.
 
-What it does not bound: an insider that stays within the radius moves every neighbour by up
-to the radius each round, for as long as it likes (a slow drift); and the fleet's total is
-no longer what the honest agents started with once an insider's mass is in it.
+4. **Drift.** Over the run, one sender's absorbed deviations may move the estimate by at most
+   ``drift_budget`` times the net displacement of the ``byzantine + 1``-th largest of the
+   other senders (:class:`~edge.algorithms.drift.DriftGuard`): an insider that stays
+   within the radius but pushes the same way round after round (a slow drift) is held at
+   that budget; the cut part waits in its backlog like clipped mass.
+
+What it does not bound: the fleet's total is no longer what the honest agents started with
+once an insider's mass (within the budgets) is in it; an agent with one in-neighbour has no
+other to set a drift budget by.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge.algorithms.base import Ack, Payload
 from edge.algorithms.clipping import clip_scale, self_centred_radius
+from edge.algorithms.drift import DriftGuard
 from edge.algorithms.push_sum import PushSum
 
 
@@ -67,6 +74,12 @@ class RobustPushSumOptions(BaseModel):
     )
     backlog_limit: float = Field(
         16.0, gt=0, description="backlog kept, in radii of deviation per unit of own weight"
+    )
+    drift_budget: float | None = Field(
+        4.0,
+        gt=0,
+        description="most net displacement of one sender over the run, in multiples of the "
+        "(byzantine+1)-th largest other sender's (none: unbounded)",
     )
 
 
@@ -88,6 +101,14 @@ class RobustPushSum(PushSum):
         self.dropped_mass = 0.0
         # A running mean of the radii: the backlog's limit when a round's radius is 0.
         self._radius_scale = 0.0
+        budget = self._opts.drift_budget
+        self.drift: DriftGuard | None = (
+            DriftGuard(budget, self._opts.byzantine)
+            if budget is not None and self._opts.byzantine > 0
+            else None
+        )
+        #: Drift score per sender (:attr:`DriftGuard.score`), read by the agent's observer.
+        self.drift_by_sender: dict[str, float] = {} if self.drift is None else self.drift.score
 
     def receive(self, sender: str, payload: Payload) -> Ack:
         # PushSum measures the increment into the pending sums: let it, from zero, and move
@@ -134,12 +155,23 @@ class RobustPushSum(PushSum):
         self.last_radius = tau
         if math.isfinite(tau) and tau > 0:
             self._radius_scale = 0.9 * self._radius_scale + 0.1 * tau
-        kept: dict[str, tuple[torch.Tensor, float]] = {}
+        scales: dict[str, float] = {}
         for sender, (_, ay) in offers.items():
             scale = clip_scale(distances[sender], tau) if ay > 0 else 0.0
             if scale < 1.0 and norms[sender] > 0:
                 self.clipped_by_sender[sender] += 1
-            absorbed = ay * z + deviations[sender] * scale
+            scales[sender] = scale
+        if self.drift is not None:
+            # What each sender's clipped deviation adds to the estimate this mix.
+            total_y = own_y + sum(ay for _, ay in offers.values())
+            factors = self.drift.limit(
+                {s: deviations[s] * (scales[s] / total_y) for s in offers if scales[s] > 0}
+            )
+            for sender, factor in factors.items():
+                scales[sender] *= factor
+        kept: dict[str, tuple[torch.Tensor, float]] = {}
+        for sender, (_, ay) in offers.items():
+            absorbed = ay * z + deviations[sender] * scales[sender]
             self._pending_x.add_(absorbed)
             self._pending_y += ay
             held_x, held_y = self._held[sender]
@@ -183,9 +215,13 @@ class RobustPushSum(PushSum):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["held"] = {s: (x.clone(), y) for s, (x, y) in self._held.items()}
+        if self.drift is not None:
+            state["drift"] = self.drift.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         held = state.get("held", {})
         self._held = {str(s): (x.to(self.dtype).clone(), float(y)) for s, (x, y) in held.items()}
+        if self.drift is not None and "drift" in state:
+            self.drift.load_state_dict(state["drift"], self.dtype)

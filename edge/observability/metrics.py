@@ -147,6 +147,13 @@ class AgentMetrics:
             "Messages of each in-neighbour the robust algorithm clipped.",
             ["peer"], registry=r,
         )  # fmt: skip
+        self.in_drift = Gauge(
+            "airgossip_agent_in_neighbour_drift_score",
+            "Net displacement of this agent by each in-neighbour over the run, in multiples of "
+            "the reference the robust algorithm's drift budget sets (edge.algorithms.drift): "
+            "about 1 for honest in-neighbours, held at the budget (4) for a drifting one.",
+            ["peer"], registry=r,
+        )  # fmt: skip
         self._in_series: dict[str, set[tuple[str, ...]]] = {}  # peer -> its refusal labels
         self._in_lock = threading.Lock()  # events come from the transport's threads
         self.push_latency = Histogram(
@@ -289,6 +296,9 @@ class AgentMetrics:
             if event.clipped:
                 self._in_series.setdefault(peer, set())
                 self.in_clipped.labels(peer).inc(event.clipped)
+            if event.drift is not None:
+                self._in_series.setdefault(peer, set())
+                self.in_drift.labels(peer).set(event.drift)
         else:
             code = event.code or "UNKNOWN"
             reason = event.reason or code.lower()
@@ -306,6 +316,6 @@ class AgentMetrics:
         for peer in [p for p in self._in_series if p not in peers]:
             for labels in self._in_series.pop(peer):
                 self.in_refused.remove(*labels)
-            for metric in (self.in_absorbed, self.in_increment, self.in_clipped):
+            for metric in (self.in_absorbed, self.in_increment, self.in_clipped, self.in_drift):
                 with contextlib.suppress(KeyError):
                     metric.remove(peer)

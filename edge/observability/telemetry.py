@@ -128,6 +128,9 @@ class ReceiveEvent:
     increment: float | None = None
     #: Clip events of the sender's messages since its last event (algorithms that clip).
     clipped: int = 0
+    #: The sender's drift score (:mod:`edge.algorithms.drift`) on algorithms with a drift
+    #: budget; None otherwise.
+    drift: float | None = None
 
 
 @runtime_checkable
