@@ -106,6 +106,29 @@ class TransportSettings(BaseModel):
     )
 
 
+def ray_address_problem(address: str) -> str | None:
+    """What is wrong with a Ray address (``[ray] address``, ``--ray-address``,
+    ``RAY_ADDRESS``), in one line, or None: ``auto``, ``local``, ``host:port`` or
+    ``ray://host:port`` (torch-free: the CLI asks before anything heavy is imported)."""
+    if address in ("auto", "local"):
+        return None
+    rest = address.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:6379
+    if (
+        colon
+        and host
+        and not any(c.isspace() or c in "/@?#" for c in host)
+        and port.isdigit()
+        and 1 <= int(port) <= 65535
+    ):
+        return None
+    return (
+        f"bad Ray address '{address}': give auto, local, host:port or ray://host:port "
+        "(port 1..65535)"
+    )
+
+
 class RaySettings(BaseModel):
     """``[ray]``: where and how ``mode = "ray"`` runs its agents as Ray actors."""
 
@@ -114,8 +137,8 @@ class RaySettings(BaseModel):
     address: str | None = Field(
         None,
         min_length=1,
-        description="the cluster to join: 'auto', 'ray://host:port' or 'host:port' (none: "
-        "start a local Ray on loopback)",
+        description="the cluster to join: 'auto', 'ray://host:port' or 'host:port' ('local' "
+        "or none: start a local Ray on loopback); --ray-address and RAY_ADDRESS set it too",
     )
     num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs Ray reserves per agent")
     num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs Ray reserves per agent")
@@ -133,6 +156,14 @@ class RaySettings(BaseModel):
         "(none: shipped to a checkpoint store actor beside the driver)",
     )
     checkpoint_interval_s: float = Field(5.0, gt=0, le=3600)
+
+    @field_validator("address")
+    @classmethod
+    def _known_address(cls, address: str | None) -> str | None:
+        problem = ray_address_problem(address) if address is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return address
 
 
 class RunConfig(AgentSettings):

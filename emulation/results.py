@@ -301,8 +301,12 @@ def summarise(
     ]
     final_round = max((r.round for r in last.values()), default=0)
     complete = bool(last) and all(r.final for r in last.values())
+    # The final figures are those of the agents that finished the run (of all, where none
+    # did): one that died or was left out at round 3 is not the fleet's final accuracy. It
+    # is counted in ``complete`` (false) and in its rounds' figures.
+    finished = [r for r in last.values() if r.final] or list(last.values())
     if last:
-        final = _figures(list(last.values()), reference, FinalFigures, round=final_round,
+        final = _figures(finished, reference, FinalFigures, round=final_round,
                          complete=complete)  # fmt: skip
     else:  # nothing reported: a final row with the round and nothing else
         final = FinalFigures(round=final_round, complete=complete)

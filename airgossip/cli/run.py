@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,9 +21,32 @@ from airgossip.cli.display import (
 from airgossip.cli.flower import contain_flower, flower_overrides, with_flower_rounds
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
 
+if TYPE_CHECKING:
+    from emulation.config import RunConfig
+
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
+    """``cfg`` with the Ray cluster to join resolved: ``--ray-address``, else the scenario's
+    ``[ray] address``, else ``RAY_ADDRESS`` (Ray's own convention), else none (a local Ray)."""
+    if flag is not None and cfg.mode != "ray":
+        fail(f"--ray-address needs --mode ray, not {cfg.mode}")
+    address = flag
+    if address is None and cfg.mode == "ray" and cfg.ray.address is None:
+        from_env = os.environ.get("RAY_ADDRESS", "").strip()
+        if from_env:
+            from emulation.config import ray_address_problem
+
+            problem = ray_address_problem(from_env)
+            if problem is not None:
+                fail(f"RAY_ADDRESS: {problem}")
+            address = from_env
+    if address is None:
+        return cfg
+    return cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": address})})
 
 
 def run(
@@ -123,6 +147,13 @@ def run(
             "certificate authority in the run folder).",
         ),
     ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Mode ray: the cluster to join (auto, host:port, ray://host:port, local; "
+            "default: the scenario's ray address, else $RAY_ADDRESS, else a local Ray)."
+        ),
+    ] = None,
 ) -> None:
     """Run a fleet of agents locally and write results.json and a plot."""
     overrides = flag_overrides(
@@ -137,6 +168,12 @@ def run(
     if flower_app is not None and task is not None:
         fail("give either --task or --flower-app, not both")
     check_flags(overrides, config)
+    if ray_address is not None:
+        from emulation.config import ray_address_problem
+
+        problem = ray_address_problem(ray_address)
+        if problem is not None:
+            fail(f"--ray-address: {problem}")
     check_scenario(scenario)
     check_run(overrides, config, wireless=scenario is not None, app=flower_app is not None)
 
@@ -153,6 +190,7 @@ def run(
         cfg = with_flower_rounds(load_config(config, overrides, base=base), flower)
     except ConfigError as err:
         fail(str(err))
+    cfg = _with_ray_address(cfg, ray_address)
     if record:
         if cfg.wireless is None:
             fail("--record needs a wireless scenario (--scenario NAME|FILE)")

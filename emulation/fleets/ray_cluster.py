@@ -4,9 +4,11 @@ take it all down again. Ray is imported only here and in the actors' module."""
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from emulation.config import RaySettings
@@ -23,6 +25,65 @@ CALL_TIMEOUT_S = 20.0
 
 #: The variable that keeps every process of a local Ray on loopback (read when Ray is imported).
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: States of an actor (Ray's GCS actor table) that wait for a place on the cluster.
+UNPLACED_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING")
+#: Ray's Python loggers (its own output: into the run folder's ``logs/ray.log``).
+RAY_LOGGERS = ("ray",)
+
+
+class RayOutput:
+    """Ray's own output on the driver (its Python loggers, and the messages the raylets and
+    the GCS push to the driver: a node's death, worker-count warnings) into one file, away
+    from the terminal, for as long as the run holds it.
+
+    Ray prints the pushed messages from a listener thread through
+    ``ray._private.worker.print_to_stdstream`` whatever ``log_to_driver`` says (2.55): that
+    function is swapped for one writing the file, and put back on :meth:`release`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.handler = logging.FileHandler(path)
+        self.handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        self._saved: list[tuple[logging.Logger, bool, int]] = []
+        self._printer: Any = None
+
+    def hold(self) -> None:
+        """Route Ray's loggers and pushed messages into the file."""
+        for name in RAY_LOGGERS:
+            logger = logging.getLogger(name)
+            self._saved.append((logger, logger.propagate, logger.level))
+            logger.addHandler(self.handler)
+            logger.propagate = False
+            logger.setLevel(logging.INFO)
+        try:
+            from ray._private import worker
+        except ImportError:  # pragma: no cover - a Ray without it prints as it prints
+            return
+        self._printer = worker.print_to_stdstream
+        pushed = logging.getLogger("ray.pushed")
+
+        def to_file(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+            source = data.get("pid", "ray")
+            for line in data.get("lines", []):
+                pushed.info("(%s) %s", source, line)
+
+        worker.print_to_stdstream = to_file
+
+    def release(self) -> None:
+        """Put Ray's loggers and printer back; close the file."""
+        if self._printer is not None:
+            from ray._private import worker
+
+            worker.print_to_stdstream = self._printer
+            self._printer = None
+        for logger, propagate, level in self._saved:
+            logger.removeHandler(self.handler)
+            logger.propagate, logger.level = propagate, level
+        self._saved.clear()
+        self.handler.close()
 
 
 def _loopback_only() -> None:
@@ -45,15 +106,26 @@ class RayCluster:
         Fleet size (one placement bundle each).
     notice:
         Where what people should know goes (one line each).
+    ray_log:
+        Where Ray's own output goes (None: where Ray puts it).
     """
 
-    def __init__(self, settings: RaySettings, agents: int, notice: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        settings: RaySettings,
+        agents: int,
+        notice: Callable[[str], None],
+        ray_log: Path | None = None,
+    ) -> None:
         self.settings = settings
+        self.output = RayOutput(ray_log) if ray_log is not None else None
         self.agents = agents
         self.notice = notice
         self.connected = False
         self.started_ray = False
         self.address = settings.address or "local"
+        #: Start a Ray of this run's own on loopback (no address, or ``local``).
+        self.local = settings.address in (None, "local")
         self.driver_ip = "127.0.0.1"
         self.group: Any = None
         self.store: Any = None
@@ -63,7 +135,7 @@ class RayCluster:
     def connect(self) -> None:
         """Join ``[ray] address`` (or the Ray this process already joined), else start a
         local Ray on loopback with room for every agent."""
-        local = self.settings.address is None
+        local = self.local
         if local:
             # Ray binds to and dials the machine's interface address unless told that the
             # machine is no cluster member (as on macOS): a local Ray stays on loopback.
@@ -71,14 +143,17 @@ class RayCluster:
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         import ray
 
+        if self.output is not None:
+            self.output.hold()
         if not ray.is_initialized():
             try:
                 if local:
                     _loopback_only()
                     cpus = max(os.cpu_count() or 1, int(self.agents * self.settings.num_cpus) + 1)
+                    # "local": a Ray of its own, whatever RAY_ADDRESS says (the CLI resolved it).
                     ray.init(
-                        _node_ip_address="127.0.0.1", num_cpus=cpus, include_dashboard=False,
-                        log_to_driver=False, configure_logging=False,
+                        address="local", _node_ip_address="127.0.0.1", num_cpus=cpus,
+                        include_dashboard=False, log_to_driver=False, configure_logging=False,
                     )  # fmt: skip
                 else:
                     ray.init(
@@ -163,6 +238,22 @@ class RayCluster:
                 out[agent_id] = err
         return out
 
+    def unplaced(self, actors: Mapping[str, Any]) -> set[str]:
+        """The agents whose actors wait for a place on the cluster (being created or
+        restarted, with no room yet): Ray keeps them pending and says nothing else."""
+        from ray._private import state
+        from ray._private.worker import global_worker
+
+        wanted = {actor._actor_id.hex(): agent_id for agent_id, actor in actors.items()}
+        try:
+            table = state.actors(job_id=global_worker.current_job_id)
+        except Exception:  # an old or remote GCS without the table: nothing known to wait
+            return set()
+        return {
+            wanted[actor_id] for actor_id, record in table.items()
+            if actor_id in wanted and record.get("State") in UNPLACED_STATES
+        }  # fmt: skip
+
     def nodes(self) -> list[dict[str, object]]:
         """The cluster's nodes as Ray records them (id, address, alive, resources)."""
         import ray
@@ -179,6 +270,8 @@ class RayCluster:
         import ray
 
         if not self.connected:
+            if self.output is not None:
+                self.output.release()
             return
         from ray.util.placement_group import remove_placement_group
 
@@ -191,3 +284,5 @@ class RayCluster:
             if self.started_ray:
                 ray.shutdown()
             self.connected = False
+            if self.output is not None:
+                self.output.release()

@@ -10,9 +10,16 @@ a node of its own; ``pack``: as few nodes as fit),
 starts the coordinator on the driver's node address, issues the run's certificates and hands
 each actor only its own key. Ray restarts an actor whose node dies (``max_restarts``), and
 the agent resumes from its newest checkpoint (shared storage, or the checkpoint store actor)
-and rejoins at the fleet's round. Results come from the coordinator's round reports; each
-agent's log is fetched into ``logs/`` at the end, and ``ray.json`` says where every agent
-ran (its node, its restarts).
+and rejoins at the fleet's round. Where the cluster has no room left for them (a full
+cluster that lost a node: Ray keeps them pending, says nothing), the fleet goes on without
+them as a device fleet goes on without a dead device: the coordinator declares them dead
+and splices them out of the graph, the survivors finish, and the run ends with them marked
+``left_out`` in ``ray.json`` (``results.json``: ``complete`` false); when room returns
+before the end, Ray places them and they rejoin from their checkpoints. ``results.json`` is
+written however the run ends (an error or a stall: ``interrupted`` true). Results come from
+the coordinator's round reports; each agent's log is fetched into ``logs/`` at the end,
+Ray's own output goes to ``logs/ray.log``, and ``ray.json`` says where every agent ran (its
+node, its restarts).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 from typing import Any
 
 from coordinator.service import CoordinatorServer
+from coordinator.views import DEAD
 from edge.config.identity import agent_ids
 from edge.observability.stats import RoundRecord
 from edge.security.private_files import private_folder, write_private
@@ -38,6 +46,11 @@ from emulation.runtime.ray_agent import RayAgentSpec, RayAgentState
 
 #: What to install for this mode, said in one line where Ray is missing.
 INSTALL_HINT = "mode 'ray' needs Ray: pip install 'airgossip[ray]'"
+#: How long an agent the coordinator declared dead must wait for room on the cluster before
+#: the fleet counts it out (a restart that finds room takes a few seconds).
+NO_ROOM_GRACE_S = 10.0
+#: How often Ray is asked which actors wait for a place (one GCS call).
+PLACEMENT_POLL_S = 2.0
 
 
 def ray_available() -> bool:
@@ -65,19 +78,52 @@ class RayFleet(FleetBase):
         self.states: dict[str, list[RayAgentState]] = {i: [] for i in self.ids}
         self._records: dict[str, list[RoundRecord]] = {}
         self._links = network.runtime(self.ids) if network.round_driven else None
+        #: Agents whose actors Ray will not restart (gone for good).
+        self.gone: set[str] = set()
+        #: Agents the run ended without (no room for them on the cluster, or gone).
+        self.left_out: list[str] = []
+        #: When each agent waiting for a place was first seen waiting.
+        self._waiting_since: dict[str, float] = {}
+        self._started = time.monotonic()
 
     @classmethod
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
         return None if ray_available() else INSTALL_HINT
 
     def run(self) -> None:
-        self.cluster = RayCluster(self.settings, self.config.agents, self.launch.notice)
+        self._started = time.monotonic()
+        self.cluster = RayCluster(
+            self.settings, self.config.agents, self.launch.notice,
+            ray_log=self.folder.logs_dir / "ray.log",
+        )  # fmt: skip
         try:
             self.cluster.connect()
             self._start()
             self._monitor()
-        finally:
+        except FleetError as err:
             self._close()
+            if self.coordinator is not None:  # agents ran: what they did is kept
+                self._write_partial()
+                raise FleetError(f"{err}; partial results in {self.folder.path}") from None
+            raise
+        except BaseException:
+            self._close()
+            raise
+        else:
+            self._close()
+
+    def _write_partial(self) -> None:
+        """``results.json`` of a run an error ended: every round recorded, ``interrupted``."""
+        from emulation.runtime.results import ResultsConfig, write_results
+
+        resolved = ResultsConfig(
+            self.config, self.network.resolved(self.network.first_graph(), self._links)
+        )
+        write_results(
+            self.network, self._records, self.folder.path, config=resolved,
+            wall_s=time.monotonic() - self._started, interrupted=True,
+            end_time_s=self.clock_s(), runtime=self._links,
+        )  # fmt: skip
 
     def _start(self) -> None:
         assert self.cluster is not None
@@ -112,24 +158,39 @@ class RayFleet(FleetBase):
         return {name: (folder / name).read_bytes() for name in names}
 
     def _monitor(self) -> None:
-        """Follow the run until every agent finished; :class:`FleetError` when an agent
-        stopped on an error, an actor is gone for good, or nothing progresses."""
+        """Follow the run until every agent still in it finished; :class:`FleetError` when
+        an agent stopped on an error or nothing progresses (saying which agents wait for
+        room on the cluster, if any)."""
         import ray
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-        assert self.coordinator is not None
+        assert self.coordinator is not None and self.cluster is not None
         last_change = time.monotonic()
         last_state: tuple[int, ...] = ()
         asked: dict[Any, str] = {}
+        waiting: set[str] = set()
+        polled = 0.0
         while not self.stopping.is_set():
             self._records = self.coordinator.round_records()
             latest = {i: AgentProgress.of(r[-1]) for i, r in self._records.items() if r}
             registered = self.coordinator.registered()
             self.keeper.update(fleet_progress(self.config, latest.values(), registered))
-            if len(latest) == len(self.ids) and all(p.final for p in latest.values()):
+            now = time.monotonic()
+            if now - polled >= PLACEMENT_POLL_S:
+                polled, waiting = now, self.cluster.unplaced(self.actors)
+                self._waiting_since = {
+                    i: self._waiting_since.get(i, now) for i in waiting
+                }  # fmt: skip
+            out = self.gone | self._no_room(now)
+            running = [i for i in self.ids if i not in out]
+            if running and all(i in latest and latest[i].final for i in running):
+                self._end_without(sorted(out, key=self.ids.index))
                 return
             if not asked:
-                asked = {actor.state.remote(): i for i, actor in self.actors.items()}
+                asked = {
+                    actor.state.remote(): i for i, actor in self.actors.items()
+                    if i not in self.gone and i not in waiting
+                }  # fmt: skip
             ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.5)
             for ref in ready:
                 agent_id = asked.pop(ref)
@@ -138,16 +199,57 @@ class RayFleet(FleetBase):
                 except (ActorUnavailableError, GetTimeoutError):
                     continue  # restarting on another node: asked again next time
                 except RayActorError as err:
-                    raise FleetError(
-                        f"{agent_id}'s actor is gone and Ray will not restart it "
-                        f"(max_restarts {self.settings.max_restarts}): {err}"
-                    ) from None
+                    self.gone.add(agent_id)
+                    self.launch.notice(
+                        f"{agent_id}'s actor is gone and Ray will not restart it (max_restarts "
+                        f"{self.settings.max_restarts}); the fleet goes on without it: "
+                        f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}"
+                    )
+            if not running and not waiting:
+                raise FleetError("every agent's actor is gone and Ray will not restart them")
             state = (registered, *(p.round for p in latest.values()))
             if state != last_state:
                 last_state, last_change = state, time.monotonic()
             elif time.monotonic() - last_change > STALL_TIMEOUT_S:
-                raise FleetError(f"no agent made progress for {STALL_TIMEOUT_S:.0f} s")
+                raise FleetError(self._stall(waiting))
             self.stopping.wait(0.2)
+
+    def _no_room(self, now: float) -> set[str]:
+        """The agents counted out for want of room: declared dead by the coordinator and
+        waiting for a place for longer than :data:`NO_ROOM_GRACE_S`."""
+        assert self.coordinator is not None
+        dead = {m.agent_id for m in self.coordinator.view().members if m.state == DEAD}
+        return {
+            i for i, since in self._waiting_since.items()
+            if i in dead and now - since >= NO_ROOM_GRACE_S
+        }  # fmt: skip
+
+    def _end_without(self, out: list[str]) -> None:
+        """Say which agents the run ended without (none: nothing said)."""
+        self.left_out = out
+        if not out:
+            return
+        unplaced = [i for i in out if i not in self.gone]
+        why = (
+            f"no room on the cluster for {len(unplaced)} (Ray keeps them pending)"
+            if unplaced
+            else "their actors are gone"
+        )
+        self.launch.notice(
+            f"the survivors finished; the run ends without {', '.join(out)}: {why}; "
+            "results.json counts their last rounds (complete: false)"
+        )
+
+    def _stall(self, waiting: set[str]) -> str:
+        """Why nothing progresses: no room for some agents, or no progress at all."""
+        if waiting:
+            names = ", ".join(sorted(waiting, key=self.ids.index))
+            return (
+                f"no room on the cluster for {len(waiting)} agents ({names}: Ray keeps their "
+                f"actors pending placement) and no other agent made progress for "
+                f"{STALL_TIMEOUT_S:.0f} s; add nodes or lower [ray] num_cpus"
+            )
+        return f"no agent made progress for {STALL_TIMEOUT_S:.0f} s"
 
     def _heard(self, state: RayAgentState) -> None:
         seen = self.states[state.agent_id]
@@ -180,13 +282,16 @@ class RayFleet(FleetBase):
         """Fetch each actor's log into ``logs/``, stop the actors, write ``ray.json``."""
         logs = self.folder.logs_dir
         private_folder(logs)
-        texts = cluster.call_all(self.actors, "log")
+        # Actors that wait for a place (or are gone) would only hold every call to its end.
+        unplaced = cluster.unplaced(self.actors)
+        placed = {i: a for i, a in self.actors.items() if i not in unplaced | self.gone}
+        texts = cluster.call_all(placed, "log")
         for agent_id, text in texts.items():
             write_private(logs / f"{agent_id}.log", text if isinstance(text, str) else "")
-        for state in cluster.call_all(self.actors, "state").values():
+        for state in cluster.call_all(placed, "state").values():
             if isinstance(state, RayAgentState):
                 self._heard_quietly(state)
-        cluster.call_all(self.actors, "stop")
+        cluster.call_all(placed, "stop")
         placements = {
             agent_id: [
                 {"node_id": s.node_id, "node_ip": s.node_ip, "restarted": s.restarted,
@@ -197,7 +302,8 @@ class RayFleet(FleetBase):
         }  # fmt: skip
         report = {
             "address": cluster.address, "placement": self.settings.placement,
-            "nodes": cluster.nodes(), "agents": placements,
+            "nodes": cluster.nodes(), "agents": placements, "left_out": self.left_out,
+            "unplaced_at_end": sorted(unplaced, key=self.ids.index),
         }  # fmt: skip
         write_private(self.folder.path / "ray.json", json.dumps(report, indent=2) + "\n")
 

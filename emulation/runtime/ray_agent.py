@@ -19,8 +19,12 @@ fleet's round (:mod:`edge.agent.rejoin`).
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import shlex
 import shutil
+import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -33,6 +37,23 @@ from emulation.runtime.command import AgentCommand
 
 #: How often the agent's checkpoint folder is looked at for a new checkpoint to ship.
 SHIP_INTERVAL_S = 1.0
+#: Prefix of an agent actor's private folder (its key, certificates, log, checkpoints).
+HOME_PREFIX = "airgossip-"
+
+
+def remove_when_gone(pid: int, folder: Path) -> None:
+    """Remove ``folder`` once process ``pid`` is gone, however it ends.
+
+    A Ray worker can end with no chance to clean up: its driver killed (Ray kills the job's
+    actors at once), its node's raylet gone, ``ray.kill``. A shell orphaned at once (the
+    process Ray would kill with its worker has already exited) waits for the worker and
+    removes the folder after it.
+    """
+    watch = (
+        f"(while kill -0 {pid} 2>/dev/null; do sleep 1; done; "
+        f"rm -rf {shlex.quote(str(folder))}) >/dev/null 2>&1 </dev/null &"
+    )
+    subprocess.run(["sh", "-c", watch], check=False, start_new_session=True, timeout=10)
 
 
 @dataclass(frozen=True)
@@ -122,7 +143,11 @@ class RayAgent:
         self.node_id = context.get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.restarted = bool(context.was_current_actor_reconstructed)
-        self.home = private_folder(Path(tempfile.mkdtemp(prefix=f"airgossip-{spec.agent_id}-")))
+        self.home = private_folder(Path(tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{spec.agent_id}-")))
+        # The folder holds the agent's key: gone on every way the actor ends (stop(), a
+        # normal exit of the worker, or the worker killed: the watcher).
+        atexit.register(shutil.rmtree, self.home, True)
+        remove_when_gone(os.getpid(), self.home)
         self.log_path = self.home / f"{spec.agent_id}.log"
         self._log = logging.FileHandler(self.log_path)
         self._log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

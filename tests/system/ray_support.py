@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +28,24 @@ FAST_FAILURE_DETECTION = {"health_check_period_ms": 500, "health_check_failure_t
 
 
 @contextmanager
-def ray_cluster(monkeypatch: pytest.MonkeyPatch, nodes: int) -> Iterator[Cluster]:
+def ray_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+    nodes: int,
+    *,
+    cpus: float | None = None,
+    homes: Path | None = None,
+    system_config: dict[str, Any] | None = None,
+) -> Iterator[Cluster]:
     """A cluster of ``nodes`` nodes on loopback (resource ``node-<i>`` on node ``i``), this
-    process connected to it; shut down on exit."""
+    process connected to it; shut down on exit. ``cpus``: logical CPUs of each node
+    (default: :data:`NODE`'s); ``homes``: the nodes' temporary folder (``TMPDIR``: where the
+    agent actors make their private folders; short: Ray's sockets live under it too);
+    ``system_config``: the head's (default: :data:`FAST_FAILURE_DETECTION`; ``{}``: Ray's
+    own health checks)."""
+    if homes is not None:
+        monkeypatch.setenv("TMPDIR", str(homes))
+    node = {**NODE, "num_cpus": cpus} if cpus is not None else NODE
+    config = FAST_FAILURE_DETECTION if system_config is None else system_config
     # Ray binds to and dials the machine's interface address unless told the machine is no
     # cluster member (its processes read the variable; this one already imported Ray).
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -38,12 +54,12 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch, nodes: int) -> Iterator[Cluster
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
-            **NODE, "resources": {"node-0": 1}, "_system_config": FAST_FAILURE_DETECTION,
+            **node, "resources": {"node-0": 1}, "_system_config": config,
         },
     )  # fmt: skip
     try:
         for index in range(1, nodes):
-            cluster.add_node(**NODE, resources={f"node-{index}": 1})
+            cluster.add_node(**node, resources={f"node-{index}": 1})
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         yield cluster
@@ -60,3 +76,8 @@ def agent_actors() -> list[dict[str, Any]]:
     from ray._private import state
 
     return [a for a in state.actors().values() if a.get("ActorClassName") == "RayAgent"]
+
+
+def agent_homes(folder: Path) -> list[Path]:
+    """The agent actors' private folders (keys, certificates) left in ``folder``."""
+    return sorted(folder.glob("airgossip-agent-*"))

@@ -123,9 +123,11 @@ def test_twelve_agents_spread_over_three_nodes_learn_over_mutual_tls(
     print(f"12 agents on 3 Ray nodes: mean accuracy {final['mean_accuracy']:.4f}")
     assert final["mean_accuracy"] >= 0.9
     assert (out / "results.png").exists()
+    # Each actor's log, and Ray's own output (not the terminal's).
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
-        f"agent-{i}.log" for i in range(12)
+        [*(f"agent-{i}.log" for i in range(12)), "ray.log"]
     )
+    assert json.loads((out / "ray.json").read_text())["left_out"] == []
 
 
 def test_consensus_in_ray_mode_is_exact_under_ten_percent_loss(

@@ -1,12 +1,16 @@
 """``--mode ray`` losing a node mid-run (a real Ray cluster of three nodes on loopback): Ray
 restarts its agents on the other nodes, they resume from their checkpoints, rejoin at the
-fleet's round and the fleet ends as accurate as ever."""
+fleet's round and the fleet ends as accurate as ever; on a full cluster (no room for them)
+the fleet goes on without them and ends with what the survivors did."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import shutil
+import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 
 from emulation.config import load_config
 from emulation.fleets import Fleet, FleetProgress, run_fleet
-from tests.system.ray_support import agent_actors, ray_cluster
+from tests.system.ray_support import agent_actors, agent_homes, ray_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +77,49 @@ def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
     print(f"after losing a node: mean accuracy {final['mean_accuracy']:.4f}, moved {list(moved)}")
     assert final["agents_reporting"] == 6
     assert final["mean_accuracy"] >= 0.9
+
+
+@pytest.mark.timeout(420)
+def test_a_full_cluster_that_loses_a_node_ends_with_what_its_survivors_did(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # 3 nodes x 2 CPUs and 12 agents at 0.5 CPU: no room anywhere for the lost node's four.
+    out = tmp_path / "run"
+    homes = Path(tempfile.mkdtemp(prefix="ag-", dir="/tmp"))
+    try:
+        with ray_cluster(monkeypatch, nodes=3, cpus=2, homes=homes) as cluster:
+            victim = cluster.list_all_nodes()[-1]
+            started = time.monotonic()
+            removed: list[float] = []
+
+            # Removed once the whole fleet is under way (every agent past round 30: on a
+            # quiet machine about 45 s in), wherever the machine's speed puts that in time.
+            def remove_under_way(progress: FleetProgress) -> None:
+                if not removed and progress.slowest_round >= 30:
+                    removed.append(time.monotonic() - started)
+                    cluster.remove_node(victim, allow_graceful=False)
+
+            ray = {"address": cluster.address, "num_cpus": 0.5, "checkpoint_interval_s": 1.0}
+            config = load_config(None, {"mode": "ray", "agents": 12, "rounds": 120, "ray": ray})
+            run_fleet(config, out, on_progress=remove_under_way)
+            took = time.monotonic() - started
+        assert removed, "the run ended before the node was removed"
+        report = json.loads((out / "ray.json").read_text())
+        # The four agents of the removed node were never placed again: counted out.
+        assert len(report["left_out"]) == 4, report["left_out"]
+        assert all(report["agents"][i][0]["node_id"] == victim.node_id for i in report["left_out"])
+        final = json.loads((out / "results.json").read_text())["final"]
+        print(
+            f"full cluster, node removed at {removed[0]:.0f} s: run {took:.0f} s, "
+            f"{final['agents_reporting']} reporting, mean accuracy {final['mean_accuracy']:.4f}"
+        )
+        assert not final["complete"]  # a partial run, and marked so
+        assert final["agents_reporting"] >= 8
+        assert final["mean_accuracy"] >= 0.9
+        # No agent's key is left behind, not even those of the killed node's actors.
+        deadline = time.monotonic() + 15
+        while agent_homes(homes) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not agent_homes(homes)
+    finally:
+        shutil.rmtree(homes, ignore_errors=True)
