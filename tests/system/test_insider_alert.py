@@ -1,154 +1,56 @@
-"""An authenticated insider fires the shipped alert in a real Prometheus, naming it.
+"""An authenticated insider fires the shipped alert in a real Prometheus, naming it and no one
+else, in fleets that run in lock step and in fleets that run free.
 
-Two consensus fleets of eight agents run side by side in this process, each agent serving
-real gRPC with mutual TLS (the test CA's certificates) and its own ``/metrics`` over real
-HTTP, on the exponential graph (three in-neighbours each). Debian's Prometheus scrapes all
-sixteen every second and evaluates ``deploy/prometheus/alerts.yml`` as shipped, every
-second: ``AirgossipSuspectedInsider`` must name agent-0 within :data:`ALERT_ROUNDS` rounds
-of its first forged push, and nothing may fire in the honest fleet.
+Fleets of eight consensus agents run side by side in this process (:mod:`.insider_fleets`),
+each agent serving real gRPC with mutual TLS (the test CA's certificates) and its own
+``/metrics`` over real HTTP, on the exponential graph (three in-neighbours each). Debian's
+Prometheus scrapes them every second and evaluates ``deploy/prometheus/alerts.yml`` as
+shipped, every second.
 
-In one fleet agent-0, with its genuine key, replaces its pushes with the forged ones of
-issue 17 (y = 1000, x = 1000 * y on every element, numbered from the acknowledgements it
-gets back); the other fleet stays honest. Rounds run in lock step, one every
-:data:`ROUND_S` seconds (what a round is worth in alert latency is in docs/security.md).
+In the attacked fleet agent-0, with its genuine key, replaces its pushes with the forged ones
+of issue 17 (y = 1000, x = 1000 * y on every element, numbered from the acknowledgements it
+gets back). In lock step (one round every :data:`ROUND_S` seconds) ``AirgossipSuspectedInsider``
+must name agent-0 within :data:`ALERT_ROUNDS` rounds of its first forged push; free-running
+(every agent on its own wall-clock runner, 10% loss on every link) within
+:data:`FREE_ALERT_S` seconds; and no alert may name an honest agent on an honest agent's word
+(but one tied with the forger, free-running), in the attacked fleet or in the honest one
+beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-import torch
 
-from edge.agent import Agent, build_agent
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.observability.http import MetricsServer
-from edge.observability.metrics import AgentMetrics
-from edge.security.tls import fleet_of
-from edge.topology import assignments_for_graph, build_graph
 from edge.transport import GossipMessage
-from edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transport
-from edge.transport.grpc_transport import GrpcTransport
 from tests.support.agents import refused
 from tests.support.cli import ROOT
-from tests.support.prometheus import Prometheus
-from tests.support.tls import credentials
+from tests.system.insider_fleets import (
+    INSIDER,
+    WatchedFleet,
+    firing,
+    honest_named,
+    name_the_forger,
+    watching,
+)
 
 pytestmark = pytest.mark.slow
 
-AGENTS = 8
-INSIDER = "agent-0"
 #: Seconds per lock-step round.
 ROUND_S = 1.0
 #: Honest rounds before the first forged push (Prometheus holds a few scrapes of every series).
 WARM_ROUNDS = 4
 #: The issue's bound: the alert fires within this many rounds of the first forged push.
 ALERT_ROUNDS = 10
-
-
-class Forger:
-    """agent-0's transport, turned: passes genuine pushes through until :attr:`forging`, then
-    sends forged ones in their place, numbered from the latest acknowledgement of each edge."""
-
-    def __init__(self, inner: Transport) -> None:
-        self.inner = inner
-        self.forging = False
-        self.forged = 0
-        self.acked: dict[str, int] = {}
-        self.headers: dict[str, MessageHeader] = {}  # the latest sent to each peer
-
-    def start(self, handler: Any) -> str:
-        return self.inner.start(handler)
-
-    def send(self, peer: str, address: str, message: GossipMessage, done: SendCallback) -> None:
-        if self.forging:
-            header = message.header
-            assert header.codec == "float64", header.codec
-            last = self.acked.get(peer, 0)
-            forged = dataclasses.replace(header, seq=last + 1, base_seq=last, scalars={"y": 1000.0})
-            data = torch.full((header.numel,), 1000.0 * 1000.0, dtype=torch.float64)
-            message = GossipMessage(forged, data.numpy().tobytes())
-            self.forged += 1
-        self.headers[peer] = message.header
-
-        def acknowledged(outcome: SendOutcome) -> None:
-            if outcome.ack is not None:
-                self.acked[peer] = max(self.acked.get(peer, 0), outcome.ack.last_seq)
-            done(outcome)
-
-        self.inner.send(peer, address, message, acknowledged)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class WatchedFleet:
-    """Eight consensus agents on mutual TLS, each with its metrics served over HTTP."""
-
-    def __init__(self, name: str, *, insider: bool) -> None:
-        self.name = name
-        settings = AgentSettings(
-            task=TaskSettings(name="consensus", dim=8), rounds=1000, wait_timeout_s=0.5, seed=3
-        )
-        self.agents: list[Agent] = []
-        self.servers: list[MetricsServer] = []
-        self.forger: Forger | None = None
-        graph = build_graph("exponential", AGENTS)
-        for i in range(AGENTS):
-            agent_id = f"agent-{i}"
-            security = credentials(agent_id)
-            transport: Transport = GrpcTransport(agent_id, security=security)
-            if insider and agent_id == INSIDER:
-                transport = self.forger = Forger(transport)
-            metrics = AgentMetrics(agent_id)
-            self.agents.append(
-                build_agent(agent_id, index=i, num_agents=AGENTS, settings=settings,
-                            transport=transport, fleet=fleet_of(security), observer=metrics)
-            )  # fmt: skip
-            server = MetricsServer(metrics.registry, "127.0.0.1:0")
-            server.start()
-            self.servers.append(server)
-        addresses = {a.agent_id: a.start() for a in self.agents}
-        assignments = assignments_for_graph(graph, addresses)
-        for agent in self.agents:
-            agent.set_assignment(assignments[agent.agent_id])
-
-    def scrape_config(self) -> str:
-        targets = "".join(
-            f"      - targets: ['{server.address}']\n"
-            f"        labels: {{agent: {agent.agent_id}, fleet: {self.name}}}\n"
-            for agent, server in zip(self.agents, self.servers, strict=True)
-        )
-        return f"  - job_name: {self.name}\n    static_configs:\n{targets}"
-
-    def push(self, round_index: int) -> None:
-        for agent in self.agents:
-            agent.local_step(round_index)
-            agent.push(round_index)
-
-    def settled(self) -> bool:
-        return all(not agent.outbox.inflight for agent in self.agents)
-
-    def mix(self, round_index: int) -> None:
-        for agent in self.agents:
-            agent.mix(round_index)
-
-    def spread(self) -> float:
-        """Largest element of any agent's estimate, in magnitude."""
-        return max(float(a.algorithm.estimate().abs().max()) for a in self.agents)
-
-    def close(self) -> None:
-        for agent in self.agents:
-            agent.close()
-        for server in self.servers:
-            server.stop()
+#: Issue 33's bound for free-running fleets: named within this many seconds of the first
+#: forged push.
+FREE_ALERT_S = 20.0
 
 
 @pytest.fixture
@@ -162,10 +64,15 @@ def fleets() -> Iterator[tuple[WatchedFleet, WatchedFleet]]:
         clean.close()
 
 
-def firing(prometheus: Prometheus) -> list[dict[str, str]]:
-    """Labels of every firing alert."""
-    alerts = prometheus.get("/api/v1/alerts")["data"]["alerts"]
-    return [a["labels"] for a in alerts if a["state"] == "firing"]
+@pytest.fixture
+def free_fleets() -> Iterator[tuple[WatchedFleet, WatchedFleet]]:
+    attacked = WatchedFleet("attacked", insider=True, loss=0.1, rounds=1_000_000)
+    clean = WatchedFleet("clean", insider=False, loss=0.1, rounds=1_000_000)
+    try:
+        yield attacked, clean
+    finally:
+        attacked.close()
+        clean.close()
 
 
 def insider_panels() -> list[tuple[str, str]]:
@@ -207,18 +114,7 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
     fleets: tuple[WatchedFleet, WatchedFleet], tmp_path: Path
 ) -> None:
     attacked, clean = fleets
-    rules = tmp_path / "alerts.yml"
-    shutil.copy(ROOT / "deploy" / "prometheus" / "alerts.yml", rules)
-    scrape = attacked.scrape_config() + clean.scrape_config()
-    prometheus = Prometheus(tmp_path, scrape, rules=rules)
-    try:
-        deadline = time.monotonic() + 30
-        while not prometheus.ready():
-            assert time.monotonic() < deadline, prometheus.log.read_text()
-            time.sleep(0.1)
-        while len(prometheus.query("up == 1")) < 2 * AGENTS:
-            assert time.monotonic() < deadline, prometheus.get("/api/v1/targets")
-            time.sleep(0.2)
+    with watching(fleets, tmp_path) as prometheus:
         round_index = 0
         for _ in range(WARM_ROUNDS):
             round_index += 1
@@ -238,16 +134,16 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
                 fired_after = attack_round
         assert attacked.forger.forged >= 3 * ALERT_ROUNDS  # every round, to all three victims
         assert attacked.spread() > 100  # the forgery took: the fleet follows the insider
-        named = sorted({(a["alertname"], a.get("agent", "-"), a["peer"]) for a in seen})
-        print(f"alert fired {fired_after} rounds after the first forged push; firing: {named}")
+        names = sorted({(a["alertname"], a.get("agent", "-"), a["peer"]) for a in seen})
+        print(f"alert fired {fired_after} rounds after the first forged push; firing: {names}")
         assert fired_after is not None and fired_after <= ALERT_ROUNDS, seen
         assert all(a["job"] == "attacked" for a in seen), seen  # nothing in the clean fleet
         suspects = {a["peer"] for a in seen if a["alertname"] == "AirgossipSuspectedInsider"}
-        assert suspects == {INSIDER}, named
+        assert suspects == {INSIDER}, names
         outliers = {(a["agent"], a["peer"]) for a in seen if a["alertname"].endswith("Outlier")}
         # every accusation names the insider, but those of the insider's own /metrics
-        assert all(INSIDER in pair for pair in outliers), named
-        assert len({agent for agent, peer in outliers if peer == INSIDER}) >= 2, named
+        assert all(INSIDER in pair for pair in outliers), names
+        assert len({agent for agent, peer in outliers if peer == INSIDER}) >= 2, names
         assert clean.spread() < 10
         # A push the victims refuse is charged to the insider, by reason.
         for peer, header in attacked.forger.headers.items():
@@ -268,5 +164,34 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
             assert result, (title, expr)
             if title == "Insider alerts firing":
                 assert INSIDER in {r["metric"].get("peer") for r in result}, result
-    finally:
-        prometheus.close()
+
+
+def test_free_running_fleets_name_the_forger_and_no_one_else(
+    free_fleets: tuple[WatchedFleet, WatchedFleet], tmp_path: Path
+) -> None:
+    """Agents on their own wall-clock runners (no pacing, 10% loss): the forger is named
+    within :data:`FREE_ALERT_S` of its first forged push, and no alert names an honest agent
+    on an honest agent's word, in either fleet, but one tied with the forger."""
+    attacked, clean = free_fleets
+    with watching(free_fleets, tmp_path) as prometheus:
+        for fleet in free_fleets:
+            fleet.run_free()
+        naming = name_the_forger(
+            attacked, prometheus, others=[clean], warm_s=10, limit_s=FREE_ALERT_S + 10
+        )
+    print(
+        f"free-running at {naming.rounds_per_s:.1f} rounds/s: forger named after "
+        f"{naming.seconds} s, {naming.rounds} rounds; fired: {sorted(naming.seen)}"
+    )
+    assert naming.rounds_per_s > 2, naming  # it ran free, not at a round a second
+    assert naming.seconds is not None and naming.seconds <= FREE_ALERT_S, naming
+    assert attacked.spread() > 100  # the forgery took
+    # An honest agent accused by as many agents as the forger (it took the forgery in from
+    # several in-neighbours at once, and two of its out-neighbours heard it there first) ties
+    # with the forger and is named with it: measured in 1 of 3 runs (docs/security.md). It is
+    # never named alone, nor before the forger, nor does more than one tie.
+    honest = honest_named(naming.seen)
+    ties = {a[3] for a in honest if a[1] == "AirgossipSuspectedInsider"}
+    assert len(ties) <= 1 and all(a[3] in ties for a in honest), sorted(naming.seen)
+    assert all(naming.seen[a] >= round(naming.seconds, 1) - 0.2 for a in honest), naming.seen
+    assert clean.spread() < 10
