@@ -30,6 +30,7 @@ from edge.agent.checkpoints import (
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from tests.support.agents import lock_step
 
 SETTINGS = AgentSettings(task=TaskSettings(name="consensus", dim=6), rounds=40, seed=3)
 FLEET, RUN, OTHER_RUN = "5f0c1a2b3c4d5e6f", "20260101-120000-ab12", "20260101-090000-cd34"
@@ -72,15 +73,6 @@ def fleet(folder: Path, run: str = RUN) -> list[Agent]:
     return agents
 
 
-def rounds(agents: list[Agent], first: int, last: int) -> None:
-    for r in range(first, last + 1):
-        for agent in agents:
-            agent.local_step(r)
-            agent.push(r)
-        for agent in agents:
-            agent.mix(r)
-
-
 def newest(folder: Path, agent: str) -> Path:
     return store(folder, agent).paths()[-1]
 
@@ -112,7 +104,7 @@ def bad_checkpoint(kind: str, tmp: Path, good: bytes) -> tuple[bytes, str]:
     """A checkpoint of ``kind`` for agent-1, and what its refusal says."""
     if kind == "foreign-run":  # the same agent, task and key, in another run
         other = fleet(tmp / "other-run", OTHER_RUN)
-        rounds(other, 1, 8)
+        lock_step(other, 1, 8)
         other[1].checkpoint()
         return newest(tmp / "other-run", "agent-1").read_bytes(), f"it is of run '{OTHER_RUN}'"
     if kind == "other-agent":  # agent-2's own checkpoint of this run, renamed
@@ -159,12 +151,12 @@ def test_a_bad_newest_checkpoint_is_refused_in_one_line_and_the_previous_one_tak
     kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agents = fleet(tmp_path / "run")
-    rounds(agents, 1, 3)
+    lock_step(agents, 1, 3)
     for agent in agents:
         agent.checkpoint()
     at_three = agents[1].algorithm.state_dict()
     good = newest(tmp_path / "run", "agent-1").read_bytes()
-    rounds(agents, 4, 5)
+    lock_step(agents, 4, 5)
     data, why = bad_checkpoint(kind, tmp_path, good)
     bad = next_path(tmp_path / "run", "agent-1")
     bad.write_bytes(data)
@@ -187,7 +179,7 @@ def test_with_no_good_checkpoint_left_the_agent_starts_fresh(
     kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agents = fleet(tmp_path / "run")
-    rounds(agents, 1, 3)
+    lock_step(agents, 1, 3)
     for agent in agents:
         agent.checkpoint()
     good_path = newest(tmp_path / "run", "agent-1")
@@ -209,7 +201,7 @@ def test_with_no_good_checkpoint_left_the_agent_starts_fresh(
     assert torch.equal(back["x"], fresh["x"]) and back["y"] == fresh["y"]
     assert all(math.isfinite(v) for v in back["x"].tolist())
     # It goes on: its next checkpoint is written and taken up again.
-    rounds([restarted], 1, 2)
+    lock_step([restarted], 1, 2)
     restarted.checkpoint()
     assert fleet(tmp_path / "run")[1].resume() == 2
 
@@ -218,7 +210,7 @@ def test_a_genuine_restart_resumes_its_newest_checkpoint(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agents = fleet(tmp_path / "run")
-    rounds(agents, 1, 4)
+    lock_step(agents, 1, 4)
     agents[0].checkpoint()
     written = agents[0].algorithm.state_dict()
     restarted = fleet(tmp_path / "run")[0]

@@ -15,6 +15,7 @@ from edge.agent.checkpoints import CheckpointStore, decode_state, encode_state
 from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from tests.support.agents import lock_step
 
 
 def test_states_round_trip_exactly() -> None:
@@ -74,12 +75,7 @@ def test_an_agent_resumes_where_its_checkpoint_was(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agents = fleet(tmp_path)
-    for r in range(1, 6):
-        for agent in agents:
-            agent.local_step(r)
-            agent.push(r)
-        for agent in agents:
-            agent.mix(r)
+    lock_step(agents, 1, 5)
     agents[1].checkpoint()
     written = agents[1].algorithm.state_dict()
     restarted = fleet(tmp_path)[1]

@@ -23,6 +23,7 @@ from edge.config.settings import AgentSettings, TaskSettings
 from edge.topology import assignments_for_graph, build_graph
 from edge.transport.base import GossipMessage, SendCallback
 from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from tests.support.agents import lock_step
 
 HUGE = 10**6
 
@@ -128,15 +129,6 @@ def fleet_with_insider(tmp_path: Path, honest: int, forged: int, rounds: int) ->
     return agents
 
 
-def run_rounds(agents: list[Agent], first: int, last: int) -> None:
-    for r in range(first, last + 1):
-        for agent in agents:
-            agent.local_step(r)
-            agent.push(r)
-        for agent in agents:
-            agent.mix(r)
-
-
 @pytest.mark.parametrize("honest", [1, 2, 3])
 @pytest.mark.parametrize("forged", [HUGE, 1000 - REJOIN_GAP_ROUNDS - 1])
 def test_a_forging_peer_cannot_make_a_real_agent_skip(
@@ -146,7 +138,7 @@ def test_a_forging_peer_cannot_make_a_real_agent_skip(
     an agent would still skip to, or far beyond the run), many times over; the agent runs
     its first round, decides, and stays where it is."""
     agents = fleet_with_insider(tmp_path, honest, forged, rounds=1000)
-    run_rounds(agents, 1, 5)
+    lock_step(agents, 1, 5)
     agent = agents[0]
     heard = agent.peer_rounds()
     assert heard[f"agent-{honest + 1}"] == forged  # heard, and counted once
@@ -154,7 +146,7 @@ def test_a_forging_peer_cannot_make_a_real_agent_skip(
     runner = WallClockRunner(agent)
     runner.catch_up(wait_s=0.5)
     assert agent.round == 5
-    run_rounds(agents, 6, 8)  # it goes on with its fleet
+    lock_step(agents, 6, 8)  # it goes on with its fleet
     assert agent.round == 8
 
 
@@ -162,7 +154,7 @@ def test_honest_peers_ahead_still_bring_a_restarted_agent_to_their_round_not_the
     tmp_path: Path,
 ) -> None:
     agents = fleet_with_insider(tmp_path, 3, HUGE, rounds=1000)
-    run_rounds(agents, 1, 130)
+    lock_step(agents, 1, 130)
     late = agents[0]
     late.round = 30  # as if it had resumed an old checkpoint
     late.local_step(31)
@@ -186,7 +178,7 @@ def test_an_agent_waits_out_its_timeout_when_every_in_neighbour_is_far_behind() 
 
 def test_a_real_agent_whose_in_neighbours_fell_silent_is_not_ready(tmp_path: Path) -> None:
     agents = fleet_with_insider(tmp_path, 2, HUGE, rounds=1000)[:3]  # the insider stays out
-    run_rounds(agents, 1, 3)
+    lock_step(agents, 1, 3)
     alone = agents[0]
     for r in range(4, 4 + 2 + PATIENCE_ROUNDS + 2):  # only agent-0 runs: the others are silent
         alone.local_step(r)

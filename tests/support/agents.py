@@ -1,10 +1,11 @@
 """Agents in this process: pairs and a consensus fleet serving real gRPC with mutual TLS on
-loopback, pushes sent with a chosen certificate, a clock a test moves, an event recorder."""
+loopback, pushes sent with a chosen certificate, a clock a test moves, an event recorder,
+and rounds driven in lock step."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
@@ -175,3 +176,14 @@ class TlsFleet:
     def close(self) -> None:
         for agent in self.agents:
             agent.close()
+
+
+def lock_step(agents: Sequence[Agent], first: int, last: int) -> None:
+    """Drive ``agents`` through rounds ``first`` to ``last`` in lock step: every agent trains
+    and pushes, then every agent mixes what it received."""
+    for r in range(first, last + 1):
+        for agent in agents:
+            agent.local_step(r)
+            agent.push(r)
+        for agent in agents:
+            agent.mix(r)
