@@ -32,6 +32,7 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.store import FleetStore
 from coordinator.views import RunStatus
 from edge.observability.http import HttpSecurity, MetricsServer
+from edge.observability.stacks import thread_stacks
 from edge.observability.stats import RoundRecord
 from edge.security.tls import TlsCredentials, add_port
 from edge.topology import TopologySwitcher
@@ -42,6 +43,8 @@ from protos import coordinator_pb2
 __all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec"]
 
 SERVICE_NAME = "airgossip.v1.Coordinator"
+#: Seconds :meth:`CoordinatorServer.stop` waits, past the grace, for gRPC's handlers to end.
+STOP_WAIT_S = 10.0
 log = logging.getLogger("airgossip.coordinator")
 
 #: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
@@ -273,7 +276,12 @@ class CoordinatorServer:
         self._stop.set()
         self._health.enter_graceful_shutdown()
         self.servicer.close()
-        self._server.stop(grace_s).wait()
+        if not self._server.stop(grace_s).wait(grace_s + STOP_WAIT_S):
+            # A handler that does not end would hold the process: said, with where it is.
+            log.warning(
+                "coordinator: gRPC handlers still running %g s after stopping; threads:\n%s",
+                grace_s + STOP_WAIT_S, thread_stacks(),
+            )  # fmt: skip
         if self.metrics is not None:
             self.metrics.stop()
         self._store.close()

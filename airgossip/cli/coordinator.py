@@ -24,6 +24,7 @@ from airgossip.cli.metrics_access import (
 
 if TYPE_CHECKING:  # the CLI imports the coordinator and the runtime only when it runs
     from coordinator.membership import FleetView
+    from emulation.runtime.devices import DeviceRun
 
 #: Seconds between two progress lines of the run on the coordinator's console.
 PROGRESS_EVERY_S = 10.0
@@ -131,6 +132,7 @@ def coordinator(
     )
 
     from coordinator.malloc import cap_arenas, return_freed_memory
+    from edge.observability.stacks import exit_deadline
     from edge.security.tls import COORDINATOR_IDENTITY
     from emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
 
@@ -184,7 +186,17 @@ def coordinator(
         sys.stdout.flush()
 
     interrupted = not run.follow(stopped, show, PROGRESS_EVERY_S)
-    stay = serve_until_stopped and not interrupted
+    try:
+        _finish(run, interrupted=interrupted, stay=serve_until_stopped and not interrupted,
+                stopped=stopped)  # fmt: skip
+    finally:  # whatever holds the process on its way out, it leaves (and says where it hung)
+        exit_deadline("coordinator", 130 if interrupted else 0)
+
+
+def _finish(run: DeviceRun, *, interrupted: bool, stay: bool, stopped: threading.Event) -> None:
+    """Write the run's results, serve its final state if asked, stop the coordinator."""
+    assert run.server is not None
+    run_id, links = run.server.run_id, run.links
     results = run.collect(interrupted=interrupted, keep_serving=stay)
     if results is None:
         say(f"run {run_id} stopped before any agent reported a round; nothing written")

@@ -179,9 +179,11 @@ def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -
             lines.append(coordinator.stdout.readline())
         heads.append(next(line for line in lines if line.startswith("coordinator on")))
         coordinator.send_signal(signal.SIGTERM)
-        rest, _ = coordinator.communicate(timeout=30)
+        # Within the stop's own bounds (handlers' wait, then the exit deadline), never a hang.
+        rest, _ = coordinator.communicate(timeout=90)
         assert coordinator.returncode == 130, heads[-1] + rest  # stopped, as run's Ctrl-C
         assert "nothing written" in rest
+        assert "still running" not in rest and "still stopping" not in rest, rest
     run_ids = [re.search(r"run (\S+):", head) for head in heads]
     assert all(run_ids), heads
     assert "(new fleet)" in heads[0] and "(restored from" in heads[1]

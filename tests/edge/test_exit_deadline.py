@@ -1,0 +1,37 @@
+"""A stopping process that something holds leaves by its deadline and says where it hung."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+HELD = textwrap.dedent(
+    """
+    import threading
+    from edge.observability.stacks import exit_deadline
+
+    def hold_forever():
+        threading.Event().wait()
+
+    threading.Thread(target=hold_forever, name="stuck-handler").start()  # not a daemon
+    exit_deadline("tester", 7, seconds=0.5)
+    """
+)
+
+
+def test_a_process_held_on_its_way_out_leaves_with_its_code_and_the_stuck_stack() -> None:
+    done = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert "tester: still stopping after 0.5 s; leaving anyway" in done.stderr
+    assert "thread stuck-handler" in done.stderr and "hold_forever" in done.stderr
+
+
+def test_a_disarmed_deadline_lets_a_slow_exit_finish_as_it_would() -> None:
+    script = HELD.replace("threading.Event().wait()", "threading.Event().wait(1.5)").replace(
+        'exit_deadline("tester", 7, seconds=0.5)', 'exit_deadline("tester", 7, seconds=0.5).set()'
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "still stopping" not in done.stderr, done.stderr
