@@ -46,9 +46,14 @@ import torch
 from benchmarks.suite import Context, Outcome
 from edge.algorithms import PlainPushSum, PushSum
 from edge.config.identity import agent_ids
+from edge.privacy.adversary import ADVERSARIES
 from edge.privacy.graph import pair_graph
 from edge.privacy.keys import RunKeyring
 from edge.privacy.masks import PairMasks
+from edge.privacy.mechanisms.cancelling import CancellingMasks
+from edge.privacy.mechanisms.central import CentralReference
+from edge.privacy.mechanisms.dp_sgd import DpSgd
+from edge.privacy.mechanisms.network_dp import NetworkDp
 from edge.privacy.plan import FleetGraph
 from edge.tasks import TaskContext, load_task
 from edge.topology import build_graph, node_phases
@@ -58,9 +63,9 @@ from emulation.results import summarise
 
 AGENTS, ROUNDS, LR = 16, 100, 2.0
 EPSILONS = (1.0, 3.0, 8.0)
-#: Whom the cancelling mechanism's epsilon is against, as the check compares them.
-ADVERSARIES = ("curious-agent", "eavesdropper")
-MECHANISMS = ("dp-sgd", "network-dp", "cancelling", "central")
+DP_SGD, NETWORK_DP = DpSgd.name, NetworkDp.name
+CANCELLING, CENTRAL = CancellingMasks.name, CentralReference.name
+MECHANISMS = (DP_SGD, NETWORK_DP, CANCELLING, CENTRAL)
 #: Rounds of gossip per private step in the check beside the paper's one: enough for gossip
 #: to average the masks out of every model before the next gradient (docs/privacy.md).
 GOSSIP_ROUNDS = 8
@@ -101,7 +106,7 @@ def _run(loss: float, privacy: dict[str, Any] | None, task: dict[str, Any], *,
     digits = load_task("digits", TaskContext(0, AGENTS, 0, options=options))
     average_accuracy = digits.evaluate(torch.from_numpy(average).float()).metrics["accuracy"]
     extra: dict[str, Any] = {}
-    if privacy is not None and privacy.get("mechanism") == "network-dp":
+    if privacy is not None and privacy.get("mechanism") == NETWORK_DP:
         means = [r.metrics.get("privacy_epsilon_mean") for r in finals]
         extra["epsilon_mean_over_pairs"] = float(np.mean([m for m in means if m is not None]))
     assert results.final.mean_accuracy is not None
@@ -130,7 +135,7 @@ def table(quick: bool) -> tuple[str, dict[str, Any]]:
     rows = ["| mechanism | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
             "|---|" + "---|" * len(epsilons)]  # fmt: skip
     none = _run(0.1, None, {"name": "digits"})
-    clipped = _run(0.1, {"mechanism": "central", "noise_multiplier": 0.0}, PRIVATE_TASK)
+    clipped = _run(0.1, {"mechanism": CENTRAL, "noise_multiplier": 0.0}, PRIVATE_TASK)
     figures["none"], figures["clipped"] = none.__dict__, clipped.__dict__
     rows.append("| none (the task's own training) | " + " | ".join(_cell(none) for _ in epsilons)
                 + " |")  # fmt: skip
@@ -140,18 +145,16 @@ def table(quick: bool) -> tuple[str, dict[str, Any]]:
         cells = [_run(0.1, _private(mechanism, e), PRIVATE_TASK) for e in epsilons]
         figures[mechanism] = [c.__dict__ for c in cells]
         label = mechanism
-        if mechanism == "network-dp":
+        if mechanism == NETWORK_DP:
             worst = " / ".join(f"{c.epsilon:.3g}" for c in cells if c.epsilon is not None)
             label += f" (ε: mean over pairs; worst pair {worst})"
-        label += " (reference)" if mechanism == "central" else ""
+        label += " (reference)" if mechanism == CENTRAL else ""
         rows.append(f"| {label} | " + " | ".join(_cell(c) for c in cells) + " |")
-    for mechanism in ("cancelling", "central"):  # the masks averaged out between steps
+    for mechanism in (CANCELLING, CENTRAL):  # the masks averaged out between steps
         k = GOSSIP_ROUNDS
         cells = [_run(0.1, _private(mechanism, e, gossip_rounds=k), PRIVATE_TASK) for e in epsilons]
         figures[f"{mechanism} {k} rounds a step"] = [c.__dict__ for c in cells]
-        label = f"{mechanism}, {k} rounds a step" + (
-            " (reference)" if mechanism == "central" else ""
-        )
+        label = f"{mechanism}, {k} rounds a step" + (" (reference)" if mechanism == CENTRAL else "")
         rows.append(f"| {label} | " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(rows), figures
 
@@ -187,9 +190,9 @@ def check(quick: bool, losses: tuple[float, ...] = (0.0,),
     for k in gossip_rounds:
         for loss in losses:
             for e in epsilons:
-                central = _run(loss, _private("central", e, gossip_rounds=k), PRIVATE_TASK)
+                central = _run(loss, _private(CENTRAL, e, gossip_rounds=k), PRIVATE_TASK)
                 for adversary in ADVERSARIES:
-                    privacy = _private("cancelling", e, adversary, gossip_rounds=k)
+                    privacy = _private(CANCELLING, e, adversary, gossip_rounds=k)
                     cancelling = _run(loss, privacy, PRIVATE_TASK)
                     out.append(Comparison(e, loss, adversary, k, cancelling, central))
     return out
@@ -210,7 +213,7 @@ def check_table(comparisons: list[Comparison]) -> str:
 def check_figures(comparisons: list[Comparison]) -> dict[str, Any]:
     return {
         f"{c.gossip_rounds} {c.loss:g} {c.epsilon:g} {c.adversary}": {
-            "cancelling": c.cancelling.__dict__, "central": c.central.__dict__,
+            CANCELLING: c.cancelling.__dict__, CENTRAL: c.central.__dict__,
             "gap_average_model": c.gap_average, "gap_agents_mean": c.gap_agents,
         }
         for c in comparisons
@@ -222,7 +225,7 @@ def noise_table(gossip_rounds: tuple[int, ...] = (1, GOSSIP_ROUNDS)) -> str:
     agent spends at the noise calibrated against the eavesdropper."""
     from edge.privacy.accounting import OpacusLedger
     from edge.privacy.graph import cancelling_noise_multiplier
-    from edge.privacy.plan import resolve_noise
+    from edge.privacy.noise import resolve_noise
     from edge.privacy.settings import PrivacySettings
 
     ids = tuple(agent_ids(AGENTS))
@@ -234,15 +237,15 @@ def noise_table(gossip_rounds: tuple[int, ...] = (1, GOSSIP_ROUNDS)) -> str:
             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for k in gossip_rounds:
         for e in EPSILONS:
-            central = resolve_noise(PrivacySettings(**_private("central", e)), rounds=ROUNDS,
+            central = resolve_noise(PrivacySettings(**_private(CENTRAL, e)), rounds=ROUNDS,
                                     num_agents=AGENTS, graph=None)  # fmt: skip
             for adversary in ADVERSARIES:
-                settings = PrivacySettings(**_private("cancelling", e, adversary, k))
+                settings = PrivacySettings(**_private(CANCELLING, e, adversary, k))
                 plan = resolve_noise(settings, rounds=ROUNDS * k, num_agents=AGENTS,
                                      graph=fleet)  # fmt: skip
                 curious = cancelling_noise_multiplier(pairs, plan.noise_multiplier,
                                                       plan.mask_multiplier)  # fmt: skip
-                ledger = OpacusLedger(curious, 1.0, 1e-5, "rdp", "cancelling")
+                ledger = OpacusLedger(curious, 1.0, 1e-5, "rdp", CANCELLING)
                 ledger.step(ROUNDS)
                 rows.append(
                     f"| {k} | {e:g} | {central.accounted_multiplier:.3g} "
@@ -266,11 +269,11 @@ def mask_ratios(ratios: tuple[float, ...], adversary: str, loss: float = 0.0,
     rows = ["| ε | masks / independent noise | independent noise | masks | cancelling | "
             "central | gap (average model) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for e in EPSILONS:
-        wanted = opacus_noise_multiplier(e, 1e-5, 1.0, ROUNDS, "rdp", "cancelling")
-        central = _run(loss, _private("central", e, gossip_rounds=gossip_rounds), PRIVATE_TASK)
+        wanted = opacus_noise_multiplier(e, 1e-5, 1.0, ROUNDS, "rdp", CANCELLING)
+        central = _run(loss, _private(CENTRAL, e, gossip_rounds=gossip_rounds), PRIVATE_TASK)
         for ratio in ratios:
             sigma = wanted / cancelling_noise_multiplier(pairs, 1.0, ratio, adversary)
-            privacy = {**_private("cancelling", e, adversary, gossip_rounds), "mask_ratio": ratio}
+            privacy = {**_private(CANCELLING, e, adversary, gossip_rounds), "mask_ratio": ratio}
             cell = _run(loss, privacy, PRIVATE_TASK)
             rows.append(f"| {e:g} | {ratio:g} | {sigma:.3g} | {ratio * sigma:.3g} | "
                         f"{_cell(cell)} | {_cell(central)} | "

@@ -7,45 +7,27 @@ behind in every arena it touched: measured, 10,000 hostile reports from 4 client
 grew the coordinator by 20 MB with the default, 7 MB with two arenas, most of it within
 the first thousand. :func:`cap_arenas` asks for two (``mallopt(M_ARENA_MAX)``, what
 ``MALLOC_ARENA_MAX=2`` does from the environment), for arenas made from then on.
+
+Unlike an agent (:mod:`edge.transport.allocator`) it leaves the mmap and trim thresholds at
+glibc's defaults: its requests are small (no push's megabyte buffers to keep), and
+what it frees inside the heap is handed back by :class:`HeapTrimmer`. The calls into glibc
+are :mod:`edge.malloc_tuning`'s.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import sys
 import threading
 
-#: ``M_ARENA_MAX`` of glibc's ``mallopt``.
-M_ARENA_MAX = -8
+from edge import malloc_tuning
+
+#: Arenas the coordinator's allocator keeps (see the module docstring).
+ARENAS = 2
 
 
-def cap_arenas(count: int = 2) -> bool:
+def cap_arenas(count: int = ARENAS) -> bool:
     """Limit glibc's malloc to ``count`` arenas; False where there is no glibc (nothing
     done)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, count))
-
-
-class _Mallinfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (2.33 and later): sizes as ``size_t``."""
-
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
+    return malloc_tuning.cap_arenas(count)
 
 
 #: Free heap memory, grown by this much since its lowest point, is handed back.
@@ -80,7 +62,7 @@ class HeapTrimmer:
         self.slack_bytes = slack_bytes
         #: How many times the heap was trimmed (tests, logs).
         self.trims = 0
-        self._libc = _glibc()
+        self._available = malloc_tuning.heap_trimming()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._low: int | None = None
@@ -88,32 +70,30 @@ class HeapTrimmer:
     @property
     def available(self) -> bool:
         """Whether the C library can do it (glibc 2.33 or later)."""
-        return self._libc is not None
+        return self._available
 
     def free_bytes(self) -> int:
         """Free bytes in glibc's arenas (``mallinfo2().fordblks``); 0 without glibc."""
-        if self._libc is None:
-            return 0
-        return int(self._libc.mallinfo2().fordblks)
+        return malloc_tuning.free_heap_bytes()
 
     def check(self) -> bool:
         """Trim if the free bytes grew by the slack since their lowest point; whether it
         trimmed."""
-        if self._libc is None:
+        if not self._available:
             return False
         free = self.free_bytes()
         if self._low is None or free < self._low:
             self._low = free
         if free - self._low < self.slack_bytes:
             return False
-        self._libc.malloc_trim(0)
+        malloc_tuning.trim_heap()
         self.trims += 1
         self._low = free  # what is free now is handed back: grow past it before the next
         return True
 
     def start(self) -> HeapTrimmer:
         """Check every ``interval_s`` on a daemon thread (nothing without glibc); self."""
-        if self._libc is not None and self._thread is None:
+        if self._available and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="heap-trim", daemon=True)
             self._thread.start()
         return self
@@ -127,19 +107,6 @@ class HeapTrimmer:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.check()
-
-
-def _glibc() -> ctypes.CDLL | None:
-    """glibc with ``malloc_trim`` and ``mallinfo2`` typed; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-        libc.mallinfo2.argtypes, libc.mallinfo2.restype = [], _Mallinfo2
-    except (OSError, AttributeError):  # musl, or a glibc older than 2.33
-        return None
-    return libc
 
 
 def return_freed_memory(

@@ -1,6 +1,7 @@
-"""``[privacy]`` at the fleet's level: what a way of running agents hands each agent (the
-fleet's graph, on which the graph-aware mechanisms calibrate and account, and the agent's
-pair secrets), and what a run's results say of its privacy."""
+"""``[privacy]`` at the fleet's level: the run's noise, resolved once before any agent
+starts and carried in its config (:func:`check_privacy`), what a way of running agents hands
+each agent (the fleet's graph, on which the graph-aware mechanisms calibrate and account,
+and the agent's pair secrets), and what a run's results say of its privacy."""
 
 from __future__ import annotations
 
@@ -49,9 +50,9 @@ def _fleet_graph(network: Network, ids: tuple[str, ...]) -> FleetGraph:
 
 
 def run_keyring(config: RunConfig, ids: Sequence[str]) -> dict[str, PairSecrets]:
-    """Pair secrets for the agents of an in-process fleet (empty unless the run masks with
-    cancelling noise): one process, no TLS, so keys are derived from the run's seed."""
-    if config.privacy.mechanism != "cancelling":
+    """Pair secrets for the agents of an in-process fleet (empty unless the run's mechanism
+    pairs agents by secrets): one process, no TLS, so keys are derived from the run's seed."""
+    if not config.privacy.mechanism.pair_secrets:
         return {}
     from edge.privacy.keys import RunKeyring
 
@@ -77,14 +78,14 @@ def hop_distances(adjacency: np.ndarray) -> np.ndarray:
 def privacy_figures(
     config: RunConfig, network: Network, records: Mapping[str, Sequence[RoundRecord]]
 ) -> PrivacyFigures | None:
-    """What ``results.json`` says of a run's privacy: the noise resolved (the same
-    computation every agent made) and what the agents' last records spent; for network DP
+    """What ``results.json`` says of a run's privacy: the noise resolved (the plan every
+    agent was handed in ``config``) and what the agents' last records spent; for network DP
     the pairwise guarantee of the run's graph, over all pairs and by distance."""
     settings = config.privacy
     if not settings.enabled:
         return None
     from edge.privacy.figures import Spent
-    from edge.privacy.plan import resolve_noise
+    from edge.privacy.noise import resolve_noise
 
     ids = sorted(records, key=natural_key)
     if len(ids) != config.agents:  # someone never reported: the launchers' names
@@ -95,10 +96,11 @@ def privacy_figures(
     plan = resolve_noise(settings, rounds=config.rounds, num_agents=config.agents, graph=graph)
     last = [Spent.from_metrics(r[-1].metrics) for r in records.values() if r]
     spent = [s for s in last if s is not None]
+    mechanism = settings.mechanism
     figures = PrivacyFigures(
-        mechanism=settings.mechanism,
+        mechanism=mechanism.name,
         delta=settings.delta,
-        accountant="gaussian" if plan.network is not None else settings.accountant,
+        accountant=mechanism.accountant(settings),
         sample_rate=settings.sample_rate,
         max_grad_norm=settings.max_grad_norm,
         noise_multiplier=plan.noise_multiplier,
@@ -110,8 +112,9 @@ def privacy_figures(
         figures.epsilon = max(s.epsilon for s in spent)
     if plan.mask_multiplier:
         figures.mask_multiplier = plan.mask_multiplier
-    if settings.mechanism == "cancelling":
-        figures.adversary = settings.adversary
+    adversary = mechanism.adversary(settings)
+    if adversary is not None:
+        figures.adversary = adversary
     if plan.accounted_multiplier:
         figures.accounted_multiplier = plan.accounted_multiplier
     if plan.network is not None and graph is not None:
@@ -135,37 +138,40 @@ def privacy_figures(
     return figures
 
 
-def check_privacy(config: RunConfig, network: Network, task: Task) -> None:
+def check_privacy(config: RunConfig, network: Network, task: Task) -> RunConfig:
     """Everything about ``[privacy]`` that can fail before an agent starts: Opacus missing, a
     task that cannot be trained privately, a graph mechanism on a changing graph, a target
-    no noise reaches (``ValueError`` with one line)."""
+    no noise reaches (``ValueError`` with one line). ``config`` with the noise it resolved
+    carried in ``[privacy] resolved_noise``, for every agent and the figures to take."""
     if not config.privacy.enabled:
-        return
+        return config
     from edge.privacy.accounting import opacus_module
-    from edge.privacy.plan import resolve_noise
+    from edge.privacy.noise import carried_noise
     from edge.tasks import SupportsPrivateTraining
 
-    opacus_module("accountants", config.privacy.mechanism)
+    mechanism = config.privacy.mechanism
+    opacus_module("accountants", mechanism.name)
     if not isinstance(task, SupportsPrivateTraining):
         raise ValueError(
-            f"privacy mechanism '{config.privacy.mechanism}' clips every example's gradient, "
+            f"privacy mechanism '{mechanism}' clips every example's gradient, "
             f"and task '{task.name}' does not expose its model and data for that (a task needs "
             "private_training(parameters, config): digits has it; a Flower app can use "
             "Flower's own LocalDpMod instead)"
         )
     context = privacy_context(config, network, agent_ids(config.agents))
     assert context is not None
-    resolve_noise(config.privacy, rounds=config.rounds, num_agents=config.agents,
-                  graph=context.graph)  # fmt: skip
+    privacy = carried_noise(config.privacy, rounds=config.rounds, num_agents=config.agents,
+                            graph=context.graph)  # fmt: skip
+    return config.model_copy(update={"privacy": privacy})
 
 
 def certificate_secrets(
     config: RunConfig, credentials: TlsCredentials | None, directory: Path | None
 ) -> PairSecrets | None:
     """An agent process's pair secrets: from its TLS credentials and the partners'
-    certificates beside them (None unless the run masks with cancelling noise, or without
-    TLS, where the agent then refuses to start with a line saying why)."""
-    if config.privacy.mechanism != "cancelling" or credentials is None or directory is None:
+    certificates beside them (None unless the run's mechanism pairs agents by secrets, or
+    without TLS, where the agent then refuses to start with a line saying why)."""
+    if not config.privacy.mechanism.pair_secrets or credentials is None or directory is None:
         return None
     from edge.privacy.keys import CertificateSecrets
 

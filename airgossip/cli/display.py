@@ -258,8 +258,11 @@ def _privacy_rows(results: RunResults) -> list[tuple[str, Any]]:
         line = f"{p.mechanism} · ε {spent} (most any agent spent) at δ {p.delta:g}"
     if p.gossip_rounds > 1:
         line += f" · a private step every {p.gossip_rounds} rounds"
-    if p.mechanism == "central":
-        line += " · a trusted curator's figure: neighbours see every model"
+    from edge.privacy.mechanisms.registry import MECHANISMS  # no torch: names and flags
+
+    mechanism = MECHANISMS.get(p.mechanism)
+    if mechanism is not None and mechanism.caveat:
+        line += f" · {mechanism.caveat}"
     if p.adversary == "eavesdropper":
         line += " · against an eavesdropper that is no agent (an agent learns more)"
     if p.exhausted_agents:

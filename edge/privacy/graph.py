@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.privacy.settings import ADVERSARIES
+from edge.privacy.adversary import ADVERSARIES
 
 #: Most rows (rounds times in-neighbours) of one agent's view the exact network-DP
 #: computation factorises; longer runs are accounted as local DP (a valid, weaker bound).

@@ -9,11 +9,9 @@ budget stopped training). Everything else (calibration, accounting, pair keys) i
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from edge.config.seeds import derive_seed
@@ -22,8 +20,9 @@ from edge.privacy.figures import Spent
 from edge.privacy.journal import PrivacyJournal
 from edge.privacy.keys import PairSecrets
 from edge.privacy.masks import PairMasks
-from edge.privacy.plan import FleetGraph, NoisePlan, resolve_noise
-from edge.privacy.settings import ONE_STEP_MECHANISMS, PrivacySettings
+from edge.privacy.noise import resolve_noise
+from edge.privacy.plan import FleetGraph, NoisePlan
+from edge.privacy.settings import PrivacySettings
 from edge.privacy.training import PrivateTrainer
 from edge.tasks.base import SupportsPrivateTraining, Task, TrainConfig, TrainResult
 
@@ -40,7 +39,9 @@ class PrivacyContext:
 
 
 class PrivacyMechanism:
-    """One agent's mechanism (see the module docstring).
+    """One agent's mechanism (see the module docstring): what it holds of the run (its
+    noise plan, its ledger, its masks), with :attr:`kind`, the
+    :class:`~edge.privacy.mechanisms.base.Mechanism` ``[privacy]`` names, saying what differs.
 
     Parameters
     ----------
@@ -81,6 +82,7 @@ class PrivacyMechanism:
                 "Flower's own LocalDpMod instead)"
             )
         self.settings = settings
+        self.kind = settings.mechanism
         self.task = task
         self.agent_id = agent_id
         self.plan: NoisePlan = resolve_noise(
@@ -90,50 +92,25 @@ class PrivacyMechanism:
         if self.journal.restarted:  # it runs rounds again: with new batches and new noise
             seed = derive_seed(seed, self.journal.entry.incarnation)
         self.trainer = PrivateTrainer(
-            mechanism=settings.mechanism,
+            mechanism=self.kind.name,
             noise_multiplier=self.plan.noise_multiplier,
             max_grad_norm=settings.max_grad_norm,
             sample_rate=settings.sample_rate,
             seed=seed,
         )
-        self.ledger: Ledger = self._ledger(context)
+        self.ledger: Ledger = self.kind.ledger(
+            self.plan, settings, graph=context.graph, agent_id=agent_id,
+            restarted=self.journal.restarted,
+        )  # fmt: skip
         self.ledger.step(self.journal.entry.steps)
         self.masks: PairMasks | None = None
-        if settings.mechanism == "cancelling":
-            self.masks = self._masks(context, run_context, task)
+        if self.kind.pair_secrets:
+            self.masks = self.kind.masks(
+                agent_id, graph=context.graph, secrets=context.secrets,
+                run_context=run_context, numel=task.initial_parameters().numel(),
+            )  # fmt: skip
         self.exhausted = self.journal.entry.exhausted
         self._warned = False
-
-    def _ledger(self, context: PrivacyContext) -> Ledger:
-        s, plan = self.settings, self.plan
-        if plan.network is not None:
-            assert context.graph is not None
-            index = context.graph.ids.index(self.agent_id)
-            network = plan.network
-
-            def row(rounds: int) -> np.ndarray:
-                values: np.ndarray = network.at(rounds)[index].copy()
-                values[index] = math.nan
-                return values
-
-            return NetworkLedger(row, plan.noise_multiplier, s.delta, local=self.journal.restarted)
-        return OpacusLedger(plan.accounted_multiplier, s.sample_rate, s.delta, s.accountant,
-                            s.mechanism)  # fmt: skip
-
-    def _masks(self, context: PrivacyContext, run_context: bytes, task: Task) -> PairMasks:
-        if context.secrets is None:
-            raise PrivacyError(
-                "privacy mechanism 'cancelling' needs every agent's identity to agree a key "
-                "with each partner: run with TLS (without --insecure), or in one process "
-                "(--mode inproc or virtual)"
-            )
-        assert context.graph is not None
-        secrets = context.secrets
-        partners = context.graph.partners(self.agent_id)
-        numel = task.initial_parameters().numel()
-        return PairMasks(
-            self.agent_id, partners, lambda peer: secrets.mask_key(peer, run_context), numel
-        )
 
     @property
     def steps_per_round(self) -> int:
@@ -199,7 +176,7 @@ class PrivacyMechanism:
             # added even past the budget (they hold no data) so that partners' still cancel.
             std = self.plan.mask_multiplier * self.settings.max_grad_norm * scale
             step += self.masks.mask(config.round, std)
-        if self.settings.mechanism in ONE_STEP_MECHANISMS:
+        if self.kind.one_step:
             step /= weight
         parameters = (start.to(torch.float64) + step).to(start.dtype)
         return TrainResult(parameters, metrics, examples)

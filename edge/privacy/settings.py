@@ -1,30 +1,53 @@
 """``[privacy]``: which mechanism protects the agents' training data, and how much.
 
 One table for the whole fleet (every agent must add the same kind of noise for the
-guarantees to hold), validated up front with one line per problem. See ``docs/privacy.md``
-for what each mechanism guarantees and against whom.
+guarantees to hold), validated up front with one line per problem. The mechanism is looked
+up by name here, once (:mod:`edge.privacy.mechanisms.registry`): everything downstream holds
+it. See ``docs/privacy.md`` for what each mechanism guarantees and against whom.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
 
-#: The mechanisms by name: ``none``; ``dp-sgd``, local DP-SGD through Opacus;
-#: ``network-dp``, noise once per round and gossip (Muffliato); ``cancelling``, pairwise
-#: masks that cancel in the fleet's sum plus a little independent noise (DECOR); ``central``,
-#: the noise a trusted curator would add to the fleet's sum (a reference: it protects nothing
-#: from neighbours, who see every agent's model).
-MECHANISMS = ("none", "dp-sgd", "network-dp", "cancelling", "central")
-#: Mechanisms whose round is one noisy step: their accounting sees one update per round.
-ONE_STEP_MECHANISMS = ("network-dp", "cancelling", "central")
-#: Whom the cancelling mechanism's epsilon is against (DECOR's SecLDP, docs/privacy.md):
-#: ``curious-agent``, any one agent of the fleet that also reads every link (it knows its
-#: own noise and the secrets of its own pairs); ``eavesdropper``, an observer of every link
-#: that is no agent (it knows no pair's secret and no agent's noise), as the coordinator.
-Adversary = Literal["curious-agent", "eavesdropper"]
-ADVERSARIES: tuple[str, ...] = get_args(Adversary)
+from edge.privacy.adversary import Adversary
+from edge.privacy.mechanisms.base import Mechanism
+from edge.privacy.mechanisms.registry import MECHANISMS, NO_PRIVACY, mechanism_named
+
+#: ``[privacy] mechanism``: a name in the settings and on disk, a :class:`Mechanism` in code.
+MechanismSetting = Annotated[
+    Mechanism,
+    PlainValidator(mechanism_named),
+    PlainSerializer(lambda mechanism: mechanism.name, return_type=str),
+    WithJsonSchema({"type": "string", "enum": list(MECHANISMS)}),
+]
+
+
+class ResolvedNoise(BaseModel):
+    """The noise a run resolved before its agents started, carried to them in the run's
+    config (the run fills it in; a scenario leaves it out). An agent uses it where
+    ``inputs`` is what it would resolve the noise from, and resolves its own otherwise
+    (:func:`edge.privacy.noise.resolve_noise`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inputs: str = Field(
+        description="what it was resolved from: a fingerprint of [privacy], the rounds, the "
+        "fleet's size and, for graph mechanisms, its graph (with the format's version)"
+    )
+    noise_multiplier: float = Field(ge=0)
+    mask_multiplier: float = Field(0.0, ge=0)
+    accounted_multiplier: float = Field(0.0, ge=0)
 
 
 class PrivacySettings(BaseModel):
@@ -32,7 +55,7 @@ class PrivacySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mechanism: Literal["none", "dp-sgd", "network-dp", "cancelling", "central"] = "none"
+    mechanism: MechanismSetting = NO_PRIVACY
     noise_multiplier: float | None = Field(
         None,
         ge=0,
@@ -81,51 +104,44 @@ class PrivacySettings(BaseModel):
         "data (it keeps gossiping); warn: it logs once and goes on",
     )
 
+    resolved_noise: ResolvedNoise | None = Field(
+        None, description="filled in by a run before its agents start: the noise it resolved"
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> PrivacySettings:
-        if self.mechanism == "none":
+        mechanism = self.mechanism
+        if not mechanism.enabled:
             return self
         given = (self.noise_multiplier is not None) + (self.target_epsilon is not None)
         if given != 1:
             raise ValueError(
-                f"[privacy] mechanism '{self.mechanism}' needs exactly one of noise_multiplier "
+                f"[privacy] mechanism '{mechanism}' needs exactly one of noise_multiplier "
                 f"or target_epsilon, got {'both' if given == 2 else 'neither'}"
             )
-        if self.mechanism in ONE_STEP_MECHANISMS and self.steps_per_round != 1:
-            raise ValueError(
-                f"[privacy] mechanism '{self.mechanism}' takes one noisy step per round (its "
-                f"accounting follows one update per round); steps_per_round = "
-                f"{self.steps_per_round} is for dp-sgd"
-            )
-        if self.gossip_rounds != 1 and self.mechanism == "network-dp":
-            raise ValueError(
-                "[privacy] mechanism 'network-dp' is accounted for one noisy step every round "
-                f"(its linear view of the graph); gossip_rounds = {self.gossip_rounds} is for "
-                "dp-sgd, cancelling and central"
-            )
+        refusal = mechanism.refusal(self, tuple(MECHANISMS.values()))
+        if refusal is not None:
+            raise ValueError(refusal)
         for name in ("mask_multiplier", "mask_ratio"):
-            if getattr(self, name) is not None and self.mechanism != "cancelling":
-                raise ValueError(f"[privacy] {name} is for mechanism 'cancelling' only")
+            if getattr(self, name) is not None and name not in mechanism.own_settings:
+                raise ValueError(f"[privacy] {name} is for mechanism '{_owner(name)}' only")
         if self.mask_multiplier is not None and self.mask_ratio is not None:
             raise ValueError(
                 "[privacy] give mask_multiplier (each mask's std over max_grad_norm) or "
                 "mask_ratio (over the independent noise's), not both"
             )
-        if self.adversary != "curious-agent" and self.mechanism != "cancelling":
+        default_adversary = PrivacySettings.model_fields["adversary"].default
+        if self.adversary != default_adversary and "adversary" not in mechanism.own_settings:
             raise ValueError(
-                f"[privacy] adversary = '{self.adversary}' is for mechanism 'cancelling' only "
-                f"(the guarantee of '{self.mechanism}' does not depend on who observes)"
-            )
-        if self.accountant == "prv" and self.mechanism == "network-dp":
-            raise ValueError(
-                "[privacy] mechanism 'network-dp' is accounted exactly as a Gaussian mechanism "
-                "of the graph; accountant 'prv' is for dp-sgd, cancelling and central"
+                f"[privacy] adversary = '{self.adversary}' is for mechanism "
+                f"'{_owner('adversary')}' only (the guarantee of '{mechanism}' does not "
+                "depend on who observes)"
             )
         return self
 
     @property
     def enabled(self) -> bool:
-        return self.mechanism != "none"
+        return self.mechanism.enabled
 
     @property
     def masks_over_noise(self) -> float:
@@ -147,3 +163,8 @@ class PrivacySettings(BaseModel):
         """How many of ``rounds`` rounds take the private step (what the accountant
         composes, times ``steps_per_round``)."""
         return -(-rounds // self.gossip_rounds)
+
+
+def _owner(setting: str) -> str:
+    """The mechanism whose own setting ``setting`` is."""
+    return next(name for name, m in MECHANISMS.items() if setting in m.own_settings)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge.config.settings import resolve_device
+from edge.privacy.settings import PrivacySettings
 from edge.tasks import TaskContext, TaskError, load_task
 from edge.topology import Graph
 from emulation.config import ConfigError, RunConfig
@@ -50,12 +51,14 @@ def kernel_figures(fleet: Fleet) -> KernelFigures | None:
 
 @dataclass(frozen=True)
 class Plan:
-    """A run checked before anything starts: its fleet, network and first gossip graph."""
+    """A run checked before anything starts: its fleet, network and first gossip graph, and
+    its ``[privacy]`` with the noise resolved (what every agent is handed)."""
 
     config: RunConfig
     fleet: type[Fleet]
     network: Network
     graph: Graph
+    privacy: PrivacySettings | None = None
 
 
 def preflight(config: RunConfig) -> Plan:
@@ -74,10 +77,10 @@ def preflight(config: RunConfig) -> Plan:
             settings.task.name,
             TaskContext(0, config.agents, config.seed, device, settings.task.options),
         )
-        check_privacy(config, network, task)
+        privacy = check_privacy(config, network, task).privacy
     except (TaskError, ValueError) as err:
         raise ConfigError(str(err)) from None
-    return Plan(config, fleet, network, graph)
+    return Plan(config, fleet, network, graph, privacy)
 
 
 def run_fleet(
@@ -103,9 +106,10 @@ def run_fleet(
     see :class:`~emulation.fleets.base.Launch`).
     """
     plan = plan if plan is not None and plan.config == config else preflight(config)
-    if insecure and config.privacy.mechanism == "cancelling" and not plan.fleet.in_process:
+    mechanism = config.privacy.mechanism
+    if insecure and mechanism.pair_secrets and not plan.fleet.in_process:
         raise ConfigError(
-            "privacy mechanism 'cancelling' needs every agent's identity to agree a key with "
+            f"privacy mechanism '{mechanism}' needs every agent's identity to agree a key with "
             "each partner: run without --insecure (mutual TLS), or in one process (--mode "
             "inproc or virtual)"
         )
@@ -113,6 +117,8 @@ def run_fleet(
     folder.refuse_used()
     network = plan.network
     config = network.launch(time.time())
+    if plan.privacy is not None:  # the noise resolved once, for every agent and the figures
+        config = config.model_copy(update={"privacy": plan.privacy})
     if config.mode in KERNEL_MODES and "wait_timeout_s" not in config.model_fields_set:
         config = config.model_copy(update={"wait_timeout_s": KERNEL_WAIT_TIMEOUT_S})
     launch = Launch(

@@ -27,7 +27,8 @@ from edge.privacy.graph import (
     pair_graph,
 )
 from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
-from edge.privacy.plan import FleetGraph, mean_pair_epsilon, resolve_noise
+from edge.privacy.noise import resolve_noise
+from edge.privacy.plan import FleetGraph, mean_pair_epsilon
 from edge.privacy.settings import PrivacySettings
 from edge.tasks import TaskContext, TrainConfig, load_task
 from edge.topology import build_graph

@@ -19,7 +19,8 @@ from edge.privacy.graph import (
     eavesdropper_sensitivities,
     pair_graph,
 )
-from edge.privacy.plan import FleetGraph, resolve_noise
+from edge.privacy.noise import resolve_noise
+from edge.privacy.plan import FleetGraph
 from edge.privacy.settings import PrivacySettings
 from edge.topology import build_graph
 
