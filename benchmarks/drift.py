@@ -6,15 +6,16 @@
 16 agents in one process (lock step, deterministic), 10% loss, 1 or 2 ``slow-drift``
 insiders (emulation/attacks.py: the receiver's own estimate plus 0.1 of its norm in one fixed
 direction, every round). Directed exponential graph for push-sum and robust-push-sum,
-undirected random graph (the attack table's) for push-sum, clipped-gossip and cs-plus-gossip.
+undirected circulant of degree 6 (:data:`UNDIRECTED`) for push-sum, robust-push-sum,
+clipped-gossip and cs-plus-gossip.
 Per cell: the *bias*, the distance of the honest agents' average from the same algorithm's
 run without insiders, in units of the honest agents' initial spread (consensus: the largest
 distance of an honest starting vector from their exact average) or, on digits, the honest
 mean accuracy with the bias; the *bound* of docs/security.md computed from the run's drift
 guards (``drift_budget`` times each honest out-neighbour's reference, summed, over the honest
-agents); and the round at which the shipped alert rule would first name the insider (two
-honest accusers with a drift score of :data:`ALERT` or more, none of them accused by two
-agents), with the count of honest agents it ever names (must be 0).
+agents); and the round at which the shipped drift rules would first name an insider
+(:func:`named`, on the scores of every round, lock step), with the count of honest agents
+they ever name (must be 0).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.attacks import random_edges
 from benchmarks.suite import Context, Outcome
 from edge.agent import Agent
 from emulation.attacks import fleet_with_insiders, place_insiders
@@ -36,11 +36,17 @@ from emulation.config import load_config
 AGENTS = 16
 SEED = 3
 #: The drift score at which an agent accuses an in-neighbour (deploy/prometheus/alerts.yml).
-ALERT = 3.0
+ALERT = 10.0
+#: The undirected graph: the circulant with offsets +-1, +-2, +-5 (degree 6). The attack
+#: table's random graph (degrees 3 to 8) leaves agents that cs-plus-gossip with
+#: ``byzantine`` 2 never lets mix (8 of 16), and an honest agent frozen at its start offers
+#: the same displacement round after round: it scores as a drifter does.
+UNDIRECTED = [(i, (i + k) % AGENTS) for i in range(AGENTS) for k in (1, 2, 5, -1, -2, -5)]
 CASES = (  # task, graph, algorithm
     ("consensus", "directed", "push-sum"),
     ("consensus", "directed", "robust-push-sum"),
     ("consensus", "undirected", "push-sum"),
+    ("consensus", "undirected", "robust-push-sum"),
     ("consensus", "undirected", "clipped-gossip"),
     ("consensus", "undirected", "cs-plus-gossip"),
     ("digits", "undirected", "push-sum"),
@@ -48,7 +54,7 @@ CASES = (  # task, graph, algorithm
     ("digits", "undirected", "clipped-gossip"),
     ("digits", "undirected", "cs-plus-gossip"),
 )
-ROUNDS = {"consensus": 200, "digits": 40}
+ROUNDS = {"consensus": 200, "digits": 80}
 
 
 @dataclass(frozen=True)
@@ -78,15 +84,32 @@ def _watch(agents: list[Agent], trail: list[dict[tuple[str, str], float]]) -> No
 
 
 def named(scores: dict[tuple[str, str], float]) -> set[str]:
-    """The peers the alert rule names on these scores (see deploy/prometheus/alerts.yml)."""
-    accusations = {(a, p) for (a, p), s in scores.items() if s >= ALERT and a != p}
-    by_peer: dict[str, set[str]] = {}
-    for a, p in accusations:
-        by_peer.setdefault(p, set()).add(a)
-    tainted = {p for p, accusers in by_peer.items() if len(accusers) >= 2}
-    return {
-        p for p, accusers in by_peer.items() if len({a for a in accusers if a not in tainted}) >= 2
+    """The peers the drift rules name on these scores (deploy/prometheus/alerts.yml, the
+    ``airgossip:drift`` recording rules): an agent accuses its top-scored in-neighbour when
+    the score is :data:`ALERT` or more; an accusation is credible unless its accuser is accused
+    by two or more agents and by at least as many as the peer it accuses; agents that credibly
+    accuse someone are relays and never named; of the rest, the peers with the most credible
+    accusers are named, when they have two or more."""
+    top: dict[str, tuple[float, str]] = {}
+    for (a, p), s in scores.items():
+        if a != p and s >= ALERT and s > top.get(a, (-1.0, ""))[0]:
+            top[a] = (s, p)
+    accusations = {(a, p) for a, (_, p) in top.items()}
+    accusers: dict[str, int] = {}
+    for _, p in accusations:
+        accusers[p] = accusers.get(p, 0) + 1
+    credible = {
+        (a, p)
+        for a, p in accusations
+        if not (accusers.get(a, 0) >= 2 and accusers.get(a, 0) >= accusers[p])
     }
+    relays = {a for a, _ in credible}
+    counts: dict[str, int] = {}
+    for _, p in credible:
+        if p not in relays:
+            counts[p] = counts.get(p, 0) + 1
+    most = max(counts.values(), default=0)
+    return {p for p, c in counts.items() if c == most and c >= 2}
 
 
 def run_cell(
@@ -97,7 +120,7 @@ def run_cell(
     topology: dict[str, Any] = (
         {"topology": "exponential"}
         if graph == "directed"
-        else {"topology": "edges", "edges": [list(e) for e in random_edges(AGENTS, 0.4, SEED)]}
+        else {"topology": "edges", "edges": [list(e) for e in UNDIRECTED]}
     )
     config = load_config(None, {
         "agents": AGENTS, "rounds": rounds, "seed": SEED, "mode": "inproc",
@@ -142,7 +165,7 @@ def run_cell(
         bound = total / len(honest) / (spread if task == "consensus" else 1.0)
     alert_round, honest_named, honest_max = None, set(), 0.0
     for r, scores in enumerate(trail, start=1):
-        names = named({k: v for k, v in scores.items() if k[0] in ids})
+        names = named(scores)  # the insiders' own scores too: their /metrics are scraped
         honest_named |= names & ids
         if alert_round is None and names & bad:
             alert_round = r

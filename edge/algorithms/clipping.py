@@ -10,6 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+#: A clip is *counted* (``clipped_by_sender``, the metric ``..._clipped_total``) when it cuts a
+#: pull to less than this fraction: CS+-RG clips its farthest neighbours every round by design,
+#: most often by little, so a count of every clip accuses honest agents; a forgery is cut by
+#: orders of magnitude.
+COUNTED_CLIP = 0.5
+
 
 def insider_weight(weights: Sequence[float], insiders: int) -> float:
     """The most weight ``insiders`` neighbours can hold: the sum of the largest weights."""

@@ -21,22 +21,49 @@ clipped mass; the model-averaging algorithms drop it).
 Honest in-neighbours' pulls change direction as the fleet mixes: their net displacements
 stay of the order of the honest spread each brought in, and they meet the budget only when
 one honest in-neighbour's net pull is ``kappa`` times that of the ``b + 1``-th largest other.
-A drifter's net displacement grows by its step every round until the budget holds it: from
-then on its *drift score*, ``|| C_s || / ref_s``, sits at ``kappa`` (honest in-neighbours:
-about 1), which is what the metric ``airgossip_agent_in_neighbour_drift_score`` exports.
+A drifter's net displacement grows by its step every round until the budget holds it.
 
-With fewer than two in-neighbours there is nothing to compare with: no budget (``inf``).
-Pure tensors in, factors out; no I/O.
+**Telling the drifter apart** (:meth:`DriftGuard.observe`). The budget's own ratio
+``|| C_s || / ref_s`` is no evidence: the drifter's sits at ``kappa`` once held, and honest
+in-neighbours that relay its push (they were moved first) reach it too. What only the source
+does is *keep offering* a displacement of the same direction and size while the fleet
+agrees: a relay's offers shrink with the agent's own distance to it once the budget holds the
+drift, the drifter's never do. Per sender, before any clipping or budget, the guard keeps an
+exponential mean (weight :data:`PERSISTENCE` a round) of the displacement ``d_s`` its offer
+proposes (its value minus the agent's estimate) and of the round's *typical* displacement,
+the median ``|| d_k ||`` over the other senders heard (at least two), floored at
+:data:`FLOOR` times the agent's estimate's norm (differences below that are no evidence):
+
+    score_s = || mean(d_s) || / mean(typical)
+
+Directions that change cancel in the numerator; sizes of the order of the other senders'
+give about 1. An honest in-neighbour scores at most its distance in multiples of the
+typical one (1 to 3 measured); the drifter of issue 33 scores ``0.1 || z ||`` over a typical
+displacement that falls as the fleet agrees, tens within some tens of rounds. The score is
+exported as ``airgossip_agent_in_neighbour_drift_score`` and read by the alert rules
+(deploy/prometheus/alerts.yml), which also ask that the peer be the top-scored in-neighbour
+of two credible agents.
+
+With fewer than two in-neighbours there is nothing to compare with: no budget (``inf``) and
+no score.
+Pure tensors in, factors and scores out; no I/O.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from typing import Any
 
 import torch
 
 #: Below this a reference counts as zero (no sender has moved the agent yet).
 TINY = 1e-300
+#: Weight of a round in the drift score's exponential means (a horizon of about 20 rounds).
+PERSISTENCE = 0.05
+#: Displacements under this fraction of the agent's estimate's norm are no evidence: the floor
+#: of the typical displacement (an agreed fleet's rounding noise never scores).
+FLOOR = 1e-3
 
 
 class DriftGuard:
@@ -60,7 +87,12 @@ class DriftGuard:
         #: ``C_s`` per sender.
         self.net: dict[str, torch.Tensor] = {}
         #: ``|| C_s || / ref_s`` per sender after the last :meth:`limit` (0 without a reference).
+        self.spent: dict[str, float] = {}
+        #: The drift score per sender (:meth:`observe`), exported.
         self.score: dict[str, float] = {}
+        #: Exponential means of each sender's offered displacement and of the typical one.
+        self._lean: dict[str, torch.Tensor] = {}
+        self._typical: dict[str, float] = {}
         #: Rounds in which the budget cut each sender's increment.
         self.held_by_sender: dict[str, int] = {}
 
@@ -94,22 +126,72 @@ class DriftGuard:
         for sender, net in self.net.items():
             ref = self.reference(sender, tentative)
             norm = float(torch.linalg.vector_norm(net))
-            self.score[sender] = 0.0 if not math.isfinite(ref) or ref <= TINY else norm / ref
+            self.spent[sender] = 0.0 if not math.isfinite(ref) or ref <= TINY else norm / ref
         return factors
+
+    def observe(self, offered: dict[str, torch.Tensor], own_norm: float) -> None:
+        """Advance the drift scores with this round's ``offered`` displacements (each sender's
+        proposed value minus the agent's estimate, before any clipping or budget) of the
+        senders heard; ``own_norm``: the norm of the agent's estimate."""
+        norms = {s: float(torch.linalg.vector_norm(d)) for s, d in offered.items()}
+        floor = FLOOR * own_norm
+        for sender, delta in offered.items():
+            others = sorted(n for s, n in norms.items() if s != sender)
+            if len(others) < 2 or not math.isfinite(norms[sender]):
+                continue
+            median = statistics.median(others)
+            typical = max(median, floor)
+            if not math.isfinite(typical) or typical <= TINY:
+                continue
+            lean = self._lean.get(sender)
+            if lean is None:
+                self._lean[sender] = delta * PERSISTENCE
+                self._typical[sender] = typical * PERSISTENCE
+            else:
+                self._lean[sender] = lean * (1.0 - PERSISTENCE) + delta * PERSISTENCE
+                self._typical[sender] = (
+                    self._typical[sender] * (1.0 - PERSISTENCE) + typical * PERSISTENCE
+                )
+            self.score[sender] = (
+                float(torch.linalg.vector_norm(self._lean[sender])) / self._typical[sender]
+            )
 
     def forget(self, keep: set[str]) -> None:
         """Drop the senders not in ``keep`` (no longer in-neighbours)."""
-        for table in (self.net, self.score, self.held_by_sender):
+        tables: tuple[dict[str, Any], ...] = (
+            self.net, self.spent, self.score, self.held_by_sender, self._lean, self._typical
+        )  # fmt: skip
+        for table in tables:
             for sender in [s for s in table if s not in keep]:
                 del table[sender]
 
     def state_dict(self) -> dict[str, object]:
-        return {"net": {s: c.clone() for s, c in self.net.items()}}
+        return {
+            "net": {s: c.clone() for s, c in self.net.items()},
+            "lean": {s: c.clone() for s, c in self._lean.items()},
+            "typical": dict(self._typical),
+        }
 
     def load_state_dict(self, state: dict[str, object], dtype: torch.dtype) -> None:
         net = state.get("net", {})
         assert isinstance(net, dict)
         self.net = {str(s): c.to(dtype).clone() for s, c in net.items()}
+        lean = state.get("lean", {})
+        typical = state.get("typical", {})
+        assert isinstance(lean, dict) and isinstance(typical, dict)
+        # A sender whose figures are not finite starts afresh (a score is evidence, never NaN).
+        self._lean = {
+            str(s): c.to(dtype).clone() for s, c in lean.items() if bool(torch.isfinite(c).all())
+        }
+        self._typical = {
+            str(s): float(t)
+            for s, t in typical.items()
+            if str(s) in self._lean and math.isfinite(float(t)) and float(t) > 0
+        }
+        self._lean = {s: c for s, c in self._lean.items() if s in self._typical}
+        for sender, c in self._lean.items():
+            if self._typical[sender] > TINY:
+                self.score[sender] = float(torch.linalg.vector_norm(c)) / self._typical[sender]
 
 
 def _largest_step(net: torch.Tensor, delta: torch.Tensor, cap: float) -> float:

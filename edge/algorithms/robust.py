@@ -30,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.algorithms.clipping import (
+    COUNTED_CLIP,
     clip_scale,
     cs_plus_never_mixes,
     cs_plus_radius,
@@ -37,7 +38,7 @@ from edge.algorithms.clipping import (
     self_centred_radius,
 )
 from edge.algorithms.dpsgd import DPSGD
-from edge.algorithms.drift import DriftGuard
+from edge.algorithms.drift import FLOOR, DriftGuard
 from edge.topology.graphs import Graph
 from edge.topology.mixing import metropolis_hastings
 
@@ -81,6 +82,10 @@ class _ClippedMix(DPSGD):
     #: The run's drift budget (None: none, as with ``byzantine`` 0).
     drift: DriftGuard | None = None
 
+    #: Whether the radius falls to 0 once the nearest neighbours agree with the agent (the
+    #: drift score then takes no evidence: see :meth:`mix`).
+    frozen_when_agreed: ClassVar[bool] = False
+
     def _guard(self, budget: float | None, byzantine: int) -> None:
         if budget is not None and byzantine > 0:
             self.drift = DriftGuard(budget, byzantine)
@@ -118,11 +123,20 @@ class _ClippedMix(DPSGD):
         )
         self.last_radius = tau
         scales: dict[str, float] = {}
+        # With a radius under the drift score's floor no neighbour moves the agent: a clip
+        # then says nothing about the neighbour. cs-plus-gossip's radius is that of its
+        # nearest neighbours: once they agree with the agent it takes in nothing from anyone,
+        # and an honest fleet can freeze so, in clusters that never agree, whose frozen gaps
+        # would score as a drift does; it takes no drift evidence from such rounds either.
+        mixing = tau >= FLOOR * float(torch.linalg.vector_norm(self._x))
         for peer in diffs:
             scales[peer] = clip_scale(distances[peer], tau)
-            if scales[peer] < 1.0:
+            if scales[peer] < COUNTED_CLIP and mixing:
                 self.clipped_by_sender[peer] += 1
         if self.drift is not None:
+            # What each neighbour's model proposes, before any cut: the drift score's evidence.
+            if mixing or not self.frozen_when_agreed:
+                self.drift.observe(diffs, float(torch.linalg.vector_norm(self._x)))
             pulls = {
                 p: diffs[p] * (self.step * phase.out_weights[p] * scales[p])
                 for p in diffs
@@ -168,6 +182,7 @@ class CSPlusGossip(_ClippedMix):
 
     name = "cs-plus-gossip"
     options_model: ClassVar[type[BaseModel]] = CSPlusOptions
+    frozen_when_agreed: ClassVar[bool] = True
 
     def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:
         super().__init__(initial, **kwargs)

@@ -54,7 +54,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.algorithms.base import Ack, Payload
-from edge.algorithms.clipping import clip_scale, self_centred_radius
+from edge.algorithms.clipping import COUNTED_CLIP, clip_scale, self_centred_radius
 from edge.algorithms.drift import DriftGuard
 from edge.algorithms.push_sum import PushSum
 
@@ -158,10 +158,15 @@ class RobustPushSum(PushSum):
         scales: dict[str, float] = {}
         for sender, (_, ay) in offers.items():
             scale = clip_scale(distances[sender], tau) if ay > 0 else 0.0
-            if scale < 1.0 and norms[sender] > 0:
+            if scale < COUNTED_CLIP and norms[sender] > 0:
                 self.clipped_by_sender[sender] += 1
             scales[sender] = scale
         if self.drift is not None:
+            # What each sender's offer proposes, before any cut: the drift score's evidence.
+            self.drift.observe(
+                {s: deviations[s] / ay for s, (_, ay) in offers.items() if ay > 0},
+                float(torch.linalg.vector_norm(z)),
+            )
             # What each sender's clipped deviation adds to the estimate this mix.
             total_y = own_y + sum(ay for _, ay in offers.values())
             factors = self.drift.limit(

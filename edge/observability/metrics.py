@@ -149,9 +149,10 @@ class AgentMetrics:
         )  # fmt: skip
         self.in_drift = Gauge(
             "airgossip_agent_in_neighbour_drift_score",
-            "Net displacement of this agent by each in-neighbour over the run, in multiples of "
-            "the reference the robust algorithm's drift budget sets (edge.algorithms.drift): "
-            "about 1 for honest in-neighbours, held at the budget (4) for a drifting one.",
+            "How persistently each in-neighbour's offers pull this agent one way: the norm of "
+            "their mean displacement over about 20 rounds, in multiples of the other "
+            "in-neighbours' typical displacement (edge.algorithms.drift): at most about 3 for "
+            "honest in-neighbours, tens for a slow drifter.",
             ["peer"], registry=r,
         )  # fmt: skip
         self._in_series: dict[str, set[tuple[str, ...]]] = {}  # peer -> its refusal labels

@@ -26,7 +26,7 @@ def promtool(*args: str | Path) -> str:
 
 
 def test_rules_are_valid_and_pass_their_unit_tests() -> None:
-    assert "SUCCESS: 14 rules found" in promtool("check", "rules", RULES)
+    assert "SUCCESS: 22 rules found" in promtool("check", "rules", RULES)
     assert "SUCCESS" in promtool("test", "rules", "alerts_test.yml")
 
 
@@ -56,6 +56,7 @@ def test_alerts_name_the_suspected_peer() -> None:
         "AirgossipSuspectedInsider",
         "AirgossipRefusalsFromPeer",
         "AirgossipClipsFromPeer",
+        "AirgossipDriftingInsider",
     }
     for rule in alerts.values():
         assert "{{ $labels.peer }}" in rule["annotations"]["summary"]

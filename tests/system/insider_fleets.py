@@ -10,12 +10,17 @@ nothing paces them), and every link drops messages at the fleet's ``loss``.
 
 The forger is issue 17's: agent-0, with its genuine key, replaces its pushes with forged
 ones (y = 1000, x = 1000 * y on every element, numbered from the acknowledgements it gets).
+The drifter is issue 33's: agent-0, with its genuine key and its own algorithm's sequence
+numbers, sends each out-neighbour the receiver's own estimate plus 0.1 of its norm in one
+fixed direction (``slow-drift`` of :mod:`emulation.attacks`), from when it is told on.
 
 ``tests/system/test_insider_alert.py`` runs short checks on these fleets; the long
 measurements of docs/security.md ("Detecting an insider") run them from here::
 
     python -m tests.system.insider_fleets honest --algorithm clipped-gossip --minutes 2
     python -m tests.system.insider_fleets forger --runs 3
+    python -m tests.system.insider_fleets drifter --algorithm robust-push-sum --runs 3
+    python -m tests.system.insider_fleets honest --agents 16 --minutes 30 --algorithm ALGORITHM
 
 Each prints one JSON line per fleet: rounds, rounds a second, alerts fired by name and peer.
 """
@@ -49,6 +54,7 @@ from edge.topology.graphs import Graph
 from edge.transport import GossipMessage
 from edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transport
 from edge.transport.grpc_transport import GrpcTransport
+from emulation.attacks import Insiders, arm
 from emulation.networks.static import BernoulliLinkShaper, LinkSpec
 from tests.support.cli import ROOT
 from tests.support.processes import free_port
@@ -63,14 +69,15 @@ ALGORITHMS = ("push-sum", "robust-push-sum", "clipped-gossip", "cs-plus-gossip")
 UNDIRECTED = {"clipped-gossip", "cs-plus-gossip"}
 
 
-def fleet_graph(algorithm: str) -> Graph:
-    """The directed exponential graph (three in-neighbours each), or for algorithms that
-    need an undirected graph the circulant with offsets +-1, +-2 (four neighbours each:
-    cs-plus-gossip with ``byzantine`` 1 lets no agent of degree 3 or less mix)."""
+def fleet_graph(algorithm: str, agents: int = AGENTS) -> Graph:
+    """The directed exponential graph (three in-neighbours each of eight, four of sixteen),
+    or for algorithms that need an undirected graph the circulant with offsets +-1, +-2 (four
+    neighbours each: cs-plus-gossip with ``byzantine`` 1 lets no agent of degree 3 or less
+    mix)."""
     if algorithm not in UNDIRECTED:
-        return build_graph("exponential", AGENTS)
-    edges = [(i, (i + d) % AGENTS) for i in range(AGENTS) for d in (1, 2, -1, -2)]
-    return build_graph("edges", AGENTS, edges=edges)
+        return build_graph("exponential", agents)
+    edges = [(i, (i + d) % agents) for i in range(agents) for d in (1, 2, -1, -2)]
+    return build_graph("edges", agents, edges=edges)
 
 
 class Forger:
@@ -121,12 +128,16 @@ class WatchedFleet:
         The fleet's Prometheus job.
     insider:
         agent-0's transport is a :class:`Forger` (not forging until told).
+    drifter:
+        agent-0 is a slow drifter once :meth:`start_drifting` is called.
     algorithm:
         Every agent's algorithm (its defaults: ``byzantine`` 1 for the robust ones).
     loss:
         Probability that a link drops a message (free-running fleets; seeded).
     rounds:
         The run's length.
+    agents:
+        How many agents (eight unless told).
     """
 
     def __init__(
@@ -137,9 +148,14 @@ class WatchedFleet:
         algorithm: str = "push-sum",
         loss: float = 0.0,
         rounds: int = 1000,
+        drifter: bool = False,
+        agents: int = AGENTS,
     ) -> None:
         self.name = name
         self.algorithm = algorithm
+        self.drifter = drifter
+        self.drifting = False
+        self.size = agents
         settings = AgentSettings(
             task=TaskSettings(name="consensus", dim=8), algorithm=algorithm, rounds=rounds,
             wait_timeout_s=0.5, seed=3, eval_every=10,
@@ -150,7 +166,7 @@ class WatchedFleet:
         self.threads: list[threading.Thread] = []
         self.forger: Forger | None = None
         self.failures: list[BaseException] = []
-        for i in range(AGENTS):
+        for i in range(agents):
             agent_id = f"agent-{i}"
             security = credentials(agent_id)
             transport: Transport = GrpcTransport(agent_id, security=security, shaper=shaper)
@@ -158,7 +174,7 @@ class WatchedFleet:
                 transport = self.forger = Forger(transport)
             metrics = AgentMetrics(agent_id)
             self.agents.append(
-                build_agent(agent_id, index=i, num_agents=AGENTS, settings=settings,
+                build_agent(agent_id, index=i, num_agents=agents, settings=settings,
                             transport=transport, fleet=fleet_of(security), observer=metrics)
             )  # fmt: skip
             server = MetricsServer(metrics.registry, "127.0.0.1:0")
@@ -166,9 +182,18 @@ class WatchedFleet:
             self.servers.append(server)
         addresses = {a.agent_id: a.start() for a in self.agents}
         scheme = algorithm_class(algorithm).mixing
-        assignments = assignments_for_graph(fleet_graph(algorithm), addresses, scheme=scheme)
+        self.graph = fleet_graph(algorithm, agents)
+        assignments = assignments_for_graph(self.graph, addresses, scheme=scheme)
         for agent in self.agents:
             agent.set_assignment(assignments[agent.agent_id])
+
+    def start_drifting(self) -> None:
+        """agent-0 starts its slow drift: from its next push on, each out-neighbour gets its
+        own estimate plus 0.1 of its norm in one fixed direction (read from the receivers'
+        state, as :mod:`emulation.attacks` does)."""
+        assert self.drifter and not self.drifting
+        arm(Insiders("slow-drift", (0,)), self.graph)(self.agents)
+        self.drifting = True
 
     def scrape_config(self) -> str:
         targets = "".join(
@@ -209,7 +234,7 @@ class WatchedFleet:
     def round(self) -> float:
         """The median round of the fleet's agents."""
         rounds = sorted(agent.round for agent in self.agents)
-        return (rounds[AGENTS // 2 - 1] + rounds[AGENTS // 2]) / 2
+        return (rounds[self.size // 2 - 1] + rounds[self.size // 2]) / 2
 
     # ------------------------------------------------------------------------------------------
     def spread(self) -> float:
@@ -277,7 +302,7 @@ def watching(
         while not prometheus.ready():
             assert time.monotonic() < deadline, prometheus.log.read_text()
             time.sleep(0.1)
-        while len(prometheus.query("up == 1")) < AGENTS * len(fleets):
+        while len(prometheus.query("up == 1")) < sum(fleet.size for fleet in fleets):
             assert time.monotonic() < deadline, prometheus.get("/api/v1/targets")
             time.sleep(0.2)
         yield prometheus
@@ -335,31 +360,36 @@ def name_the_forger(
     warm_s: float = 8.0,
     limit_s: float = 30.0,
     after_s: float = 5.0,
+    alert: str = "AirgossipSuspectedInsider",
 ) -> Naming:
-    """Free-running: warm up ``warm_s``, start forging, poll Prometheus's alerts every 0.2 s
-    until ``AirgossipSuspectedInsider`` names the forger (at most ``limit_s``), then watch
-    ``after_s`` more for anything else that fires."""
-    assert attacked.forger is not None
+    """Free-running: warm up ``warm_s``, start forging (or drifting, for a fleet with a
+    drifter), poll Prometheus's alerts every 0.2 s until ``alert`` names the insider (at most
+    ``limit_s``), then watch ``after_s`` more for anything else that fires."""
+    assert attacked.forger is not None or attacked.drifter
     fleets = [attacked, *others]
     warm_up(fleets, warm_s)
     seen = {named(a): -1.0 for a in firing(prometheus)}
     began, round0 = time.monotonic(), attacked.round()
-    attacked.forger.forging = True
+    if attacked.forger is not None:
+        attacked.forger.forging = True
+    else:
+        attacked.start_drifting()
     seconds = rounds = None
     stop = began + limit_s
     while time.monotonic() < stop:
         time.sleep(0.2)
         alerts = [named(a) for a in firing(prometheus)]
         now = time.monotonic() - began
-        for alert in alerts:
-            seen.setdefault(alert, round(now, 1))
-        if seconds is None and ("attacked", "AirgossipSuspectedInsider", "-", INSIDER) in alerts:
+        for fired in alerts:
+            seen.setdefault(fired, round(now, 1))
+        if seconds is None and (attacked.name, alert, "-", INSIDER) in alerts:
             seconds, rounds = now, attacked.round() - round0
             stop = min(stop, time.monotonic() + after_s)
         for fleet in fleets:
             assert not fleet.failures, fleet.failures
     pace = (attacked.round() - round0) / (time.monotonic() - began)
-    return Naming(pace, seconds, rounds, attacked.forger.forged, seen)
+    forged = attacked.forger.forged if attacked.forger is not None else 0
+    return Naming(pace, seconds, rounds, forged, seen)
 
 
 def watch_honest(
@@ -388,7 +418,7 @@ def watch_honest(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["honest", "forger"])
+    parser.add_argument("what", choices=["honest", "forger", "drifter"])
     parser.add_argument("--algorithm", action="append", choices=ALGORITHMS)
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=1)
@@ -396,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--loss", type=float, default=0.1)
     parser.add_argument("--after-s", type=float, default=20.0)
     parser.add_argument("--extra-rules", type=Path, action="append", default=[])
+    parser.add_argument("--agents", type=int, default=AGENTS)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="insider-fleets-") as folder:
         for run in range(args.runs):
@@ -404,7 +435,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.what == "honest":
                 algorithms = args.algorithm or list(ALGORITHMS)
                 fleets = [
-                    WatchedFleet(a, insider=False, algorithm=a, loss=args.loss, rounds=10_000_000)
+                    WatchedFleet(
+                        a,
+                        insider=False,
+                        algorithm=a,
+                        loss=args.loss,
+                        rounds=10_000_000,
+                        agents=args.agents,
+                    )
                     for a in algorithms
                 ]
                 try:
@@ -420,18 +458,27 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(json.dumps({"minutes": args.minutes, "interval_s": args.interval_s,
                                   "loss": args.loss, "fleets": result}), flush=True)  # fmt: skip
             else:
-                attacked = WatchedFleet("attacked", insider=True, loss=args.loss, rounds=10_000_000)
+                drift = args.what == "drifter"
+                attacked = WatchedFleet(
+                    "attacked", insider=not drift, drifter=drift, loss=args.loss,
+                    rounds=10_000_000, agents=args.agents,
+                    algorithm=(args.algorithm or ["robust-push-sum" if drift else "push-sum"])[0],
+                )  # fmt: skip
                 try:
                     with watching(
                         [attacked], tmp, interval_s=args.interval_s, extra_rules=args.extra_rules
                     ) as prometheus:
                         attacked.run_free()
                         naming = name_the_forger(
-                            attacked, prometheus, limit_s=60, after_s=args.after_s
-                        )
+                            attacked, prometheus, limit_s=60, after_s=args.after_s,
+                            alert="AirgossipDriftingInsider" if drift else
+                            "AirgossipSuspectedInsider",
+                        )  # fmt: skip
                 finally:
                     attacked.close()
-                print(json.dumps({"interval_s": args.interval_s, "loss": args.loss,
+                print(json.dumps({"what": args.what, "algorithm": attacked.algorithm,
+                                  "agents": args.agents,
+                                  "interval_s": args.interval_s, "loss": args.loss,
                                   "rounds_per_s": round(naming.rounds_per_s, 2),
                                   "named_after_s": naming.seconds, "named_after_rounds":
                                   naming.rounds, "forged": naming.forged,

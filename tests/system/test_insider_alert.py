@@ -15,6 +15,11 @@ must name agent-0 within :data:`ALERT_ROUNDS` rounds of its first forged push; f
 :data:`FREE_ALERT_S` seconds; and no alert may name an honest agent on an honest agent's word
 (but one tied with the forger, free-running), in the attacked fleet or in the honest one
 beside it.
+
+Issue 33's slow drifter (agent-0 sends each out-neighbour the receiver's own estimate plus 0.1
+of its norm in one fixed direction) in a free-running robust-push-sum fleet: the shipped
+``AirgossipDriftingInsider`` names it within :data:`DRIFT_ALERT_S` seconds, no alert names an
+honest agent, and the fleet's drift stays under the budget's bound.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from edge.transport import GossipMessage
 from tests.support.agents import refused
@@ -51,6 +57,9 @@ ALERT_ROUNDS = 10
 #: Issue 33's bound for free-running fleets: named within this many seconds of the first
 #: forged push.
 FREE_ALERT_S = 20.0
+#: The drifter's bound: named within this many seconds of its first drifted push (its score
+#: rises as the fleet agrees: 30 to 70 rounds in lock step, docs/security.md).
+DRIFT_ALERT_S = 30.0
 
 
 @pytest.fixture
@@ -195,3 +204,45 @@ def test_free_running_fleets_name_the_forger_and_no_one_else(
     assert len(ties) <= 1 and all(a[3] in ties for a in honest), sorted(naming.seen)
     assert all(naming.seen[a] >= round(naming.seconds, 1) - 0.2 for a in honest), naming.seen
     assert clean.spread() < 10
+
+
+def test_a_slow_drifter_is_named_and_no_one_else(tmp_path: Path) -> None:
+    """Free-running robust-push-sum (10% loss): the drifter is named by the drift rule within
+    :data:`DRIFT_ALERT_S`, no alert names an honest agent, and the honest agents stay near
+    their initial average (the drift budget holds: the plain push-sum of issue 33 ended 10.85
+    away after 240 rounds)."""
+    attacked = WatchedFleet(
+        "attacked", insider=False, drifter=True, algorithm="robust-push-sum", loss=0.1,
+        rounds=1_000_000,
+    )  # fmt: skip
+    try:
+        start = torch.stack([a.task.initial_parameters().double() for a in attacked.agents[1:]])
+        with watching([attacked], tmp_path) as prometheus:
+            attacked.run_free()
+            naming = name_the_forger(
+                attacked, prometheus, warm_s=5, limit_s=DRIFT_ALERT_S + 5, after_s=5,
+                alert="AirgossipDriftingInsider",
+            )  # fmt: skip
+    finally:
+        attacked.close()
+    honest = torch.stack([a.algorithm.estimate().double() for a in attacked.agents[1:]])
+    # The bound of docs/security.md: what the budget lets the drifter move each honest
+    # out-neighbour, summed, over the honest agents.
+    allowed = 0.0
+    for agent in attacked.agents[1:]:
+        guard = agent.algorithm.drift  # type: ignore[attr-defined]
+        norms = {s: float(c.norm()) for s, c in guard.net.items()}
+        if INSIDER in norms:
+            allowed += guard.budget * guard.reference(INSIDER, norms)
+    allowed /= len(attacked.agents) - 1
+    print(
+        f"free-running at {naming.rounds_per_s:.1f} rounds/s: drifter named after "
+        f"{naming.seconds} s, {naming.rounds} rounds; fired: {sorted(naming.seen)}"
+    )
+    assert naming.rounds_per_s > 2, naming
+    assert naming.seconds is not None and naming.seconds <= DRIFT_ALERT_S, naming
+    assert not honest_named(naming.seen), sorted(naming.seen)
+    bias = float((honest.mean(dim=0) - start.mean(dim=0)).norm())
+    print(f"bias {bias:.3g}, bound {allowed:.3g}")
+    # The bound takes push-sum weights as 1: within 1% in lock step (docs/security.md).
+    assert 0 < bias <= 1.05 * allowed, (bias, allowed)
