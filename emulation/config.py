@@ -142,6 +142,13 @@ class RaySettings(BaseModel):
     )
     num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs Ray reserves per agent")
     num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs Ray reserves per agent")
+    agents_per_host: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="agents one host actor forks from its one import of torch (none: the "
+        "fleet split evenly over the cluster's nodes, one host each)",
+    )
     placement: Literal["spread", "strict-spread", "pack"] = Field(
         "spread",
         description="spread the agents over the nodes, one agent per node (strict-spread), "

@@ -1,19 +1,24 @@
 """The Ray side of the ``ray`` fleet: join a cluster (or start a local one on loopback),
-place the agents with a placement group, start their actors and the checkpoint store, and
-take it all down again. Ray is imported only here and in the actors' module."""
+place the agents' hosts with a placement group (one bundle per host, its agents' resources),
+start the host actors and the checkpoint store, and take it all down again. Ray is imported
+only here and in the actors' modules."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from emulation.config import RaySettings
 from emulation.fleets.base import FleetError
-from emulation.runtime.ray_agent import CheckpointStore, RayAgent, RayAgentSpec
+from emulation.fleets.ray_host import RayAgentHost, RayHostSpec
+from emulation.runtime.ray_agent import CheckpointStore
+
+K = TypeVar("K")
 
 #: Placement group strategies by ``[ray] placement``.
 STRATEGIES = {"spread": "SPREAD", "strict-spread": "STRICT_SPREAD", "pack": "PACK"}
@@ -170,28 +175,46 @@ class RayCluster:
         self.driver_ip = ray.util.get_node_ip_address()
         self.address = ray.get_runtime_context().gcs_address
 
-    def place(self) -> None:
-        """Reserve one bundle per agent (placement group of ``[ray] placement``) and start
-        the checkpoint store on the driver's node; :class:`FleetError` where the cluster
-        has no room."""
+    def host_sizes(self) -> list[int]:
+        """How many agents each host actor forks: ``[ray] agents_per_host``, else the fleet
+        split evenly over the cluster's live nodes with CPUs (one host per node)."""
+        per_host = self.settings.agents_per_host
+        if per_host is None:
+            import ray
+
+            nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+            per_host = math.ceil(self.agents / max(1, len(nodes)))
+        hosts = math.ceil(self.agents / per_host)
+        # As even as whole agents go: 64 on 3 hosts are 22, 21, 21.
+        return [self.agents // hosts + (1 if i < self.agents % hosts else 0) for i in range(hosts)]
+
+    def bundle(self, agents: int) -> dict[str, float]:
+        """The resources of a host of ``agents`` agents (what ``[ray]`` reserves per agent)."""
+        bundle = {"CPU": round(self.settings.num_cpus * agents, 4)}
+        if self.settings.num_gpus:
+            bundle["GPU"] = round(self.settings.num_gpus * agents, 4)
+        return bundle
+
+    def place(self, sizes: Sequence[int]) -> None:
+        """Reserve one bundle per host of ``sizes`` agents (placement group of ``[ray]
+        placement``) and start the checkpoint store on the driver's node;
+        :class:`FleetError` where the cluster has no room."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        bundle = {"CPU": self.settings.num_cpus}
-        if self.settings.num_gpus:
-            bundle["GPU"] = self.settings.num_gpus
         self.group = placement_group(
-            [dict(bundle) for _ in range(self.agents)],
-            strategy=STRATEGIES[self.settings.placement],
+            [self.bundle(size) for size in sizes], strategy=STRATEGIES[self.settings.placement]
         )
         ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
         if not ready:
             total = ray.cluster_resources()
             raise FleetError(
-                f"mode 'ray': the cluster has no room for {self.agents} agents of {bundle} "
-                f"within {PLACE_TIMEOUT_S:.0f} s (it has CPU {total.get('CPU', 0):g}, GPU "
-                f"{total.get('GPU', 0):g}); lower [ray] num_cpus / num_gpus or add nodes"
+                f"mode 'ray': the cluster has no room for {len(sizes)} hosts of up to "
+                f"{max(sizes)} agents ({self.bundle(max(sizes))} each) within "
+                f"{PLACE_TIMEOUT_S:.0f} s (it has CPU {total.get('CPU', 0):g}, GPU "
+                f"{total.get('GPU', 0):g}); lower [ray] num_cpus / num_gpus / agents_per_host "
+                "or add nodes"
             )
         if self.settings.checkpoints is None:
             here = ray.get_runtime_context().get_node_id()
@@ -206,45 +229,46 @@ class RayCluster:
                 .remote()
             )
 
-    def start_agent(self, index: int, spec: RayAgentSpec) -> Any:
-        """Start agent ``index``'s actor in its bundle; its handle."""
+    def start_host(self, index: int, spec: RayHostSpec) -> Any:
+        """Start host ``index``'s actor in its bundle; its handle."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
+        bundle = self.bundle(len(spec.agents))
         return (
-            ray.remote(RayAgent)
+            ray.remote(RayAgentHost)
             .options(
-                num_cpus=self.settings.num_cpus,
-                num_gpus=self.settings.num_gpus,
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
                 max_restarts=self.settings.max_restarts,
                 scheduling_strategy=strategy,
             )
             .remote(spec)
         )
 
-    def call_all(self, actors: Mapping[str, Any], method: str) -> dict[str, object]:
+    def call_all(self, actors: Mapping[K, Any], method: str) -> dict[K, object]:
         """Call ``method`` on every actor; each one's answer (an exception where it failed)."""
         import ray
 
-        refs = {agent_id: getattr(actor, method).remote() for agent_id, actor in actors.items()}
+        refs = {key: getattr(actor, method).remote() for key, actor in actors.items()}
         # One deadline for all: actors that are gone or stuck do not add up.
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=CALL_TIMEOUT_S)
-        out: dict[str, object] = {}
-        for agent_id, ref in refs.items():
+        out: dict[K, object] = {}
+        for key, ref in refs.items():
             try:
-                out[agent_id] = ray.get(ref, timeout=0.1)
+                out[key] = ray.get(ref, timeout=0.1)
             except Exception as err:  # a dead, restarting or stuck actor: the error
-                out[agent_id] = err
+                out[key] = err
         return out
 
-    def unplaced(self, actors: Mapping[str, Any]) -> set[str]:
-        """The agents whose actors wait for a place on the cluster (being created or
-        restarted, with no room yet): Ray keeps them pending and says nothing else."""
+    def unplaced(self, actors: Mapping[K, Any]) -> set[K]:
+        """The actors that wait for a place on the cluster (being created or restarted,
+        with no room yet): Ray keeps them pending and says nothing else."""
         from ray._private import state
         from ray._private.worker import global_worker
 
-        wanted = {actor._actor_id.hex(): agent_id for agent_id, actor in actors.items()}
+        wanted = {actor._actor_id.hex(): key for key, actor in actors.items()}
         try:
             table = state.actors(job_id=global_worker.current_job_id)
         except Exception:  # an old or remote GCS without the table: nothing known to wait
@@ -253,6 +277,19 @@ class RayCluster:
             wanted[actor_id] for actor_id, record in table.items()
             if actor_id in wanted and record.get("State") in UNPLACED_STATES
         }  # fmt: skip
+
+    def bundles_without_node(self) -> set[int]:
+        """The placement group's bundles (hosts, by index) that no node holds: their nodes
+        died and the cluster has no room for them elsewhere (yet)."""
+        from ray.util.placement_group import placement_group_table
+
+        if self.group is None:
+            return set()
+        try:
+            placed = placement_group_table(self.group).get("bundles_to_node_id", {})
+        except Exception:  # an old or remote GCS without the table: none known to lack one
+            return set()
+        return {int(index) for index, node in placed.items() if not node}
 
     def nodes(self) -> list[dict[str, object]]:
         """The cluster's nodes as Ray records them (id, address, alive, resources)."""

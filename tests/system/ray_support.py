@@ -68,16 +68,22 @@ def ray_cluster(
         cluster.shutdown()
 
 
-def agent_actors() -> list[dict[str, Any]]:
-    """Ray's own records (the GCS actor table) of every agent actor: node, restarts, state.
+def host_actors() -> list[dict[str, Any]]:
+    """Ray's own records (the GCS actor table) of every host actor (the agents' hosts):
+    node, restarts, state.
 
     The public state API (``ray.util.state``) needs the dashboard, which these clusters run
     without; the GCS table it reads is the same record."""
     from ray._private import state
 
-    return [a for a in state.actors().values() if a.get("ActorClassName") == "RayAgent"]
+    return [a for a in state.actors().values() if a.get("ActorClassName") == "RayAgentHost"]
 
 
 def agent_homes(folder: Path) -> list[Path]:
-    """The agent actors' private folders (keys, certificates) left in ``folder``."""
-    return sorted(folder.glob("airgossip-agent-*"))
+    """The agents' private folders (keys, certificates) in their hosts' folders in ``folder``."""
+    return sorted(folder.glob("airgossip-host-*/agent-*"))
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Whatever the hosts left of their private folders in ``folder``."""
+    return sorted(folder.glob("airgossip-*"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.ray_support import agent_homes, ray_cluster
+from tests.system.ray_support import agent_homes, leftovers, ray_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +42,12 @@ def start_driver(address: str, out: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def training(homes: Path) -> int:
+    """How many agents in the hosts' folders in ``homes`` have recorded a round."""
+    records = homes.glob("airgossip-host-*/agent-*/records/agent-*.jsonl")
+    return sum(1 for path in records if path.exists() and path.stat().st_size > 0)
+
+
 def wait_for(check: object, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -59,7 +65,7 @@ def test_ctrl_c_and_a_killed_driver_leave_no_key_behind(
         out = tmp_path / "interrupted"
         driver = start_driver(cluster.address, out)
         try:
-            assert wait_for(lambda: len(agent_homes(homes)) == 3, 120), agent_homes(homes)
+            assert wait_for(lambda: training(homes) == 3, 120), agent_homes(homes)
             assert wait_for(lambda: (out / "logs" / "ray.log").exists(), 30)
             time.sleep(5)  # a few rounds
             driver.send_signal(signal.SIGINT)
@@ -72,16 +78,16 @@ def test_ctrl_c_and_a_killed_driver_leave_no_key_behind(
         assert results["interrupted"] and not results["final"]["complete"]
         assert results["final"]["agents_reporting"] == 3
         assert not [w for w in RAY_WORDS if w in stdout + stderr], stdout[-2000:] + stderr
-        assert wait_for(lambda: not agent_homes(homes), 15), agent_homes(homes)
+        assert wait_for(lambda: not leftovers(homes), 15), leftovers(homes)
 
-        # The driver killed (it cannot clean up): Ray ends its actors, their folders go.
+        # The driver killed (it cannot clean up): Ray ends its hosts, their folders go.
         driver = start_driver(cluster.address, tmp_path / "killed")
         try:
-            assert wait_for(lambda: len(agent_homes(homes)) == 3, 120), agent_homes(homes)
+            assert wait_for(lambda: training(homes) == 3, 120), agent_homes(homes)
             time.sleep(3)
         finally:
             os.kill(driver.pid, signal.SIGKILL)
             driver.communicate(timeout=30)
         started = time.monotonic()
-        assert wait_for(lambda: not agent_homes(homes), 60), agent_homes(homes)
+        assert wait_for(lambda: not leftovers(homes), 60), leftovers(homes)
         print(f"driver killed: its agents' folders gone after {time.monotonic() - started:.1f} s")

@@ -1,12 +1,12 @@
 """``--mode ray`` losing a node mid-run (a real Ray cluster of three nodes on loopback): Ray
-restarts its agents on the other nodes, they resume from their checkpoints, rejoin at the
-fleet's round and the fleet ends as accurate as ever; on a full cluster (no room for them)
+restarts its host actor on another node, whose agents resume from their checkpoints, rejoin
+at the fleet's round and the fleet ends as accurate as ever; on a full cluster (no room for them)
 the fleet goes on without them and ends with what the survivors did."""
 
 from __future__ import annotations
 
-import itertools
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -18,7 +18,7 @@ import pytest
 
 from emulation.config import load_config
 from emulation.fleets import Fleet, FleetProgress, run_fleet
-from tests.system.ray_support import agent_actors, agent_homes, ray_cluster
+from tests.system.ray_support import host_actors, leftovers, ray_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
     with ray_cluster(monkeypatch, nodes=3) as cluster:
         victim = cluster.list_all_nodes()[-1]
         removed = threading.Event()
-        #: Ray's records of the agent actors once all run again, some restarted.
+        #: Ray's records of the host actors once all run again, one restarted.
         after: list[list[dict[str, Any]]] = []
 
         def remove_at_round(progress: FleetProgress) -> None:
@@ -39,7 +39,7 @@ def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
                 removed.set()
                 cluster.remove_node(victim, allow_graceful=False)
             elif removed.is_set() and not after:
-                actors = agent_actors()
+                actors = host_actors()
                 if all(a["State"] == "ALIVE" for a in actors) and any(
                     a["NumRestarts"] for a in actors
                 ):
@@ -54,8 +54,8 @@ def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
         survivors = {n.node_id for n in cluster.list_all_nodes()}
     assert victim.node_id not in survivors
     restarted = [a for a in actors if a["NumRestarts"] > 0]
-    # Ray restarted the two agents of the removed node, on the other two.
-    assert len(restarted) == 2, [(a["Address"]["NodeID"], a["NumRestarts"]) for a in actors]
+    # Ray restarted the host of the removed node (its two agents), on one of the other two.
+    assert len(restarted) == 1, [(a["Address"]["NodeID"], a["NumRestarts"]) for a in actors]
     assert all(a["Address"]["NodeID"] in survivors for a in restarted)
     report = json.loads((out / "ray.json").read_text())["agents"]
     moved = {i: s for i, s in report.items() if s[0]["node_id"] == victim.node_id}
@@ -66,13 +66,15 @@ def test_agents_of_a_removed_node_restart_elsewhere_from_their_checkpoints(
         assert last["restarted"] and last["node_id"] in survivors, states
         assert last["resumed_from"] and last["resumed_from"].startswith(agent_id), states
         log = (out / "logs" / f"{agent_id}.log").read_text()
-        assert "restarted by Ray" in log and "resumed round" in log, log[-2000:]
-        # ...and trained on with the fleet: its rounds jump once (the rejoin), then go on.
+        assert "restarted by Ray" in log, log[-2000:]
+        resumed = re.search(r"resumed round (\d+)", log)
+        assert resumed, log[-2000:]
+        # ...and trained on with the fleet from there (at the fleet's round, had the fleet
+        # gone on without it meanwhile) to the end.
         rounds = [r.round for r in fleets[0].records()[agent_id]]
-        gaps = [(b - a, i) for i, (a, b) in enumerate(itertools.pairwise(rounds))]
-        jump, at = max(gaps)
-        print(f"{agent_id}: rounds {rounds[0]}..{rounds[at]}, rejoined at {rounds[at + 1]}")
-        assert jump > 1 and len(rounds) - at - 1 >= 5, rounds
+        after = [r for r in rounds if r > int(resumed.group(1))]
+        print(f"{agent_id}: resumed round {resumed.group(1)}, {len(after)} rounds after it")
+        assert len(after) >= 5 and rounds[-1] == 250, rounds
     final = json.loads((out / "results.json").read_text())["final"]
     print(f"after losing a node: mean accuracy {final['mean_accuracy']:.4f}, moved {list(moved)}")
     assert final["agents_reporting"] == 6
@@ -118,8 +120,8 @@ def test_a_full_cluster_that_loses_a_node_ends_with_what_its_survivors_did(
         assert final["mean_accuracy"] >= 0.9
         # No agent's key is left behind, not even those of the killed node's actors.
         deadline = time.monotonic() + 15
-        while agent_homes(homes) and time.monotonic() < deadline:
+        while leftovers(homes) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not agent_homes(homes)
+        assert not leftovers(homes)
     finally:
         shutil.rmtree(homes, ignore_errors=True)
