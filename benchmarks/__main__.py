@@ -28,6 +28,7 @@ from benchmarks.suite import Context, Outcome, verdict
 #: name -> module with ``run(ctx) -> list[Outcome]``, in the order they run.
 ENTRIES = {
     "transport": "benchmarks.transport",
+    "bulk-threshold": "benchmarks.bulk_threshold",
     "large-push": "benchmarks.large_push",
     "startup": "benchmarks.startup",
     "scale": "benchmarks.scale",

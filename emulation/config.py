@@ -98,11 +98,13 @@ class TransportSettings(BaseModel):
 
     bulk_bytes: int | None = Field(
         None,
-        ge=1,
+        ge=0,
         le=1 << 40,
         description="payloads of at least this many bytes leave the gRPC call for a data "
         "connection of their own, on the same certificates (the bulk path: "
-        "docs/performance.md); unset: every payload over the call",
+        "docs/performance.md); unset: the transport's default (1 MiB in plaintext, 64 MiB "
+        "over mutual TLS: where the bulk path pays); 0: every payload over the call, no data "
+        "port",
     )
 
 

@@ -49,6 +49,14 @@ log = logging.getLogger(__name__)
 #: Metadata key of the offer (the sender's ``offer``) and of the answer (the receiver's
 #: ``PORT TOKEN`` hex, or ``chunks``: send the payload over the call as usual).
 OFFER_KEY = "airgossip-bulk"
+#: Payload bytes from which a push takes the bulk path unless told otherwise, in plaintext
+#: and over mutual TLS (measured: ``python -m benchmarks --only bulk-threshold``,
+#: docs/performance.md). In plaintext it is faster from about 1 MiB; over TLS Python's
+#: ``ssl`` costs what gRPC's copies cost, so it is no faster at any size, and it is taken
+#: for large models only, for what else it gives them (the receiver's memory bounded by the
+#: payload, a cut push resumed) at no cost in speed.
+DEFAULT_BULK_BYTES = 1 << 20
+DEFAULT_BULK_BYTES_TLS = 64 << 20
 CHUNKS = "chunks"
 TOKEN_BYTES = 16
 #: Data connections that may be in their handshake at once; more are closed at once.

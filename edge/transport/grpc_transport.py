@@ -16,7 +16,9 @@ Both ends frame the chunks themselves (:func:`~edge.transport.wire.frames`, no s
 on ``Push``): a chunk leaves as one copy of its slice and arrives as a view of gRPC's bytes
 copied once into a reused payload buffer (:class:`~edge.transport.wire.PayloadBuffers`);
 the C allocator keeps gRPC's megabyte buffers in its heap (:mod:`edge.transport.allocator`).
-With ``bulk_bytes`` a large payload takes a data connection of its own (:mod:`.bulk`).
+A payload of at least ``bulk_bytes`` (by default 1 MiB in plaintext, 64 MiB over mutual TLS:
+:data:`~edge.transport.bulk.DEFAULT_BULK_BYTES`) takes a data connection of its own
+(:mod:`.bulk`); a receiver without one takes it over the call.
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
-from edge.transport.bulk import OFFER_KEY, BulkListener, receive_offered
+from edge.transport.bulk import (
+    DEFAULT_BULK_BYTES,
+    DEFAULT_BULK_BYTES_TLS,
+    OFFER_KEY,
+    BulkListener,
+    receive_offered,
+)
 from edge.transport.bulk_send import DataPorts, bulk_push
 from edge.transport.guard import (
     HealthService,
@@ -239,8 +247,9 @@ class GrpcTransport:
         Longest an inbound push may go without a chunk (the first one included).
     bulk_bytes:
         Payloads of at least this many bytes are offered the bulk path (:mod:`.bulk`) and a
-        data listener serves peers' offers; None: every payload over the call, offers
-        answered ``chunks``.
+        data listener serves peers' offers; None: :data:`~edge.transport.bulk.DEFAULT_BULK_BYTES`
+        in plaintext, :data:`~edge.transport.bulk.DEFAULT_BULK_BYTES_TLS` over mutual TLS; 0:
+        every payload over the call, no data listener, offers answered ``chunks``.
     """
 
     def __init__(
@@ -263,10 +272,16 @@ class GrpcTransport:
         self.shaper = shaper
         self.send_timeout_s = send_timeout_s
         self.chunk_bytes = chunk_bytes
-        self.bulk_bytes = bulk_bytes
+        #: Payload bytes from which a push takes the bulk path; 0: never.
+        default = DEFAULT_BULK_BYTES if security is None else DEFAULT_BULK_BYTES_TLS
+        self.bulk_bytes = default if bulk_bytes is None else bulk_bytes
+        if self.bulk_bytes < 0:
+            raise ValueError(f"bulk_bytes must be 0 (off) or positive, got {bulk_bytes}")
         self._bulk: BulkListener | None = None
         self.data_ports = DataPorts()  # data connections kept, peers whose port failed
-        self._client_tls = ssl_context(security, server=False) if security and bulk_bytes else None
+        self._client_tls = (
+            ssl_context(security, server=False) if security and self.bulk_bytes else None
+        )
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
         self._health: HealthService | None = None
@@ -312,7 +327,7 @@ class GrpcTransport:
             raise PortInUseError(
                 f"cannot listen on {self.listen}: the port is in use or the address is not local"
             )
-        if self.bulk_bytes is not None:  # once the gossip port is ours: nothing to undo
+        if self.bulk_bytes:  # once the gossip port is ours: nothing to undo
             self._bulk = BulkListener(host, self.security, handler.refused)
         gossip = _GossipServer(
             handler,
@@ -377,7 +392,7 @@ class GrpcTransport:
             def plain() -> grpc.Future:
                 return self._track(push.future(frames(message, chunk), timeout=timeout))
 
-            if self.bulk_bytes is None or len(message.data) < max(self.bulk_bytes, 1):
+            if not self.bulk_bytes or len(message.data) < self.bulk_bytes:
                 reply = self._settle(plain())
             else:
                 reply = bulk_push(

@@ -19,7 +19,7 @@ from edge.config.settings import AgentSettings, TaskSettings
 from edge.security.tls import dial
 from edge.transport import bulk_send
 from edge.transport.base import GossipMessage, LinkVerdict, MessageHeader, Rejected, SendOutcome
-from edge.transport.bulk import OFFER_KEY, RESUME_KEY
+from edge.transport.bulk import DEFAULT_BULK_BYTES, DEFAULT_BULK_BYTES_TLS, OFFER_KEY, RESUME_KEY
 from edge.transport.bulk_send import parse_answer
 from edge.transport.grpc_transport import GrpcTransport
 from edge.transport.tlssocket import ssl_context, ssl_identity
@@ -124,7 +124,32 @@ def send(transport: GrpcTransport, address: str, message: GossipMessage) -> Send
 
 
 @pytest.mark.parametrize("secure", [True, False])
-@pytest.mark.parametrize("receiver_bulk", [1, None])
+def test_by_default_large_pushes_take_the_bulk_path_and_small_ones_the_call(secure: bool) -> None:
+    """With no setting at either end: a push of the default size or more (1 MiB in plaintext,
+    64 MiB over mutual TLS) goes over a data connection, a smaller one over the call, both bit
+    for bit."""
+    default = DEFAULT_BULK_BYTES_TLS if secure else DEFAULT_BULK_BYTES
+    sizes = [default, default - 1, 64 << 10]
+    payloads = [np.random.default_rng(n).integers(0, 256, n, np.uint8) for n in sizes]
+    sender = GrpcTransport("agent-0", security=credentials("agent-0") if secure else None)
+    with receiver(secure, None) as (transport, taker, address):
+        try:
+            on_bulk = []
+            for payload in payloads:
+                message = GossipMessage(header_of(payload.size), memoryview(payload))
+                outcome = send(sender, address, message)
+                assert outcome.delivered, outcome.error
+                assert transport._bulk is not None
+                on_bulk.append(transport._bulk.received)
+        finally:
+            sender.close()
+    assert sender.bulk_bytes == transport.bulk_bytes == default
+    assert on_bulk == [1, 1, 1]  # the first push only came over a data connection
+    assert taker.delivered == [p.tobytes() for p in payloads]
+
+
+@pytest.mark.parametrize("secure", [True, False])
+@pytest.mark.parametrize("receiver_bulk", [1, 0])
 def test_a_push_over_the_bulk_path_arrives_bit_for_bit(
     secure: bool, receiver_bulk: int | None
 ) -> None:

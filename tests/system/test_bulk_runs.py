@@ -51,7 +51,7 @@ def test_sixteen_processes_at_30_percent_loss_stay_exact_over_the_bulk_path(
 
 @pytest.mark.parametrize(
     ("value", "fragment"),
-    [("0", "greater than or equal to 1"), ('"big"', "valid integer")],
+    [("-1", "greater than or equal to 0"), ('"big"', "valid integer")],
 )
 def test_a_bad_bulk_size_is_refused_in_one_line(tmp_path: Path, value: str, fragment: str) -> None:
     scenario = tmp_path / "bad.toml"
