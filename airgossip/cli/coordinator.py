@@ -121,6 +121,8 @@ def coordinator(
     serves the final state until it is stopped)."""
     stopped = threading.Event()  # SIGTERM from here on: stop as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    # A mask inherited from whoever started us (exec keeps it) must not hold the stop back.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     # What the flags alone say is wrong, before torch and gRPC are imported.
     from airgossip.cli.early import check_flags, check_policy, check_port
 

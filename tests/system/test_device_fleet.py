@@ -34,7 +34,10 @@ from emulation.runtime.peers import wait_for_peers
 from tests.support.cli import ROOT, airgossip, assert_one_line_error
 from tests.support.processes import free_port
 
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    "PYTHONFAULTHANDLER": "1",  # a process that hangs dumps its threads on SIGABRT
+}  # fmt: skip
 
 
 def spawn(args: list[str], cwd: Path) -> subprocess.Popen[str]:
@@ -162,6 +165,26 @@ def test_an_agent_says_what_it_waits_for_and_leaves_on_ctrl_c(tmp_path: Path) ->
     assert "Traceback" not in "".join(lines) + rest
 
 
+def stopped_output(process: subprocess.Popen[str], timeout_s: float) -> str:
+    """What ``process`` printed until it exited; where it has not exited in ``timeout_s``,
+    fail with its signal state and every thread's stack (faulthandler, on SIGABRT)."""
+    try:
+        return process.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        signals = [line for line in status.splitlines() if line.startswith(("Sig", "Shd"))]
+        process.send_signal(signal.SIGABRT)
+        try:
+            dump = process.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            process.kill()
+            dump = process.communicate()[0] + "\n(no dump: killed)"
+        pytest.fail(
+            f"not stopped in {timeout_s:g} s; {signals}; parent's mask "
+            f"{signal.pthread_sigmask(signal.SIG_BLOCK, [])}; output:\n{dump}"
+        )
+
+
 def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -> None:
     """The run id, and a wireless scenario's t = 0, survive a restart on the same --db."""
     scenario = ROOT / "emulation" / "scenarios" / "wifi-indoor.toml"
@@ -180,7 +203,7 @@ def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -
         heads.append(next(line for line in lines if line.startswith("coordinator on")))
         coordinator.send_signal(signal.SIGTERM)
         # Within the stop's own bounds (handlers' wait, then the exit deadline), never a hang.
-        rest, _ = coordinator.communicate(timeout=90)
+        rest = stopped_output(coordinator, timeout_s=90)
         assert coordinator.returncode == 130, heads[-1] + rest  # stopped, as run's Ctrl-C
         assert "nothing written" in rest
         assert "still running" not in rest and "still stopping" not in rest, rest
