@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,6 +23,7 @@ from airgossip.cli.metrics_access import (
 
 if TYPE_CHECKING:  # the CLI imports the coordinator and the runtime only when it runs
     from coordinator.membership import FleetView
+    from edge.observability.stacks import StopFlag
     from emulation.runtime.devices import DeviceRun
 
 #: Seconds between two progress lines of the run on the coordinator's console.
@@ -119,7 +119,9 @@ def coordinator(
     their neighbours, report their rounds; results.json, the plot and the summary are written
     when every agent has finished (then the coordinator exits, or with --serve-until-stopped
     serves the final state until it is stopped)."""
-    stopped = threading.Event()  # SIGTERM from here on: stop as Ctrl-C does
+    from edge.observability.stacks import StopFlag  # no lock a handler could find held
+
+    stopped = StopFlag()  # SIGTERM from here on: stop as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     # A mask inherited from whoever started us (exec keeps it) must not hold the stop back.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
@@ -195,7 +197,7 @@ def coordinator(
         exit_deadline("coordinator", 130 if interrupted else 0)
 
 
-def _finish(run: DeviceRun, *, interrupted: bool, stay: bool, stopped: threading.Event) -> None:
+def _finish(run: DeviceRun, *, interrupted: bool, stay: bool, stopped: StopFlag) -> None:
     """Write the run's results, serve its final state if asked, stop the coordinator."""
     assert run.server is not None
     run_id, links = run.server.run_id, run.links

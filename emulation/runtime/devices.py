@@ -29,6 +29,7 @@ from coordinator.store import FleetStore, StoreError
 from edge.algorithms import algorithm_class
 from edge.config.identity import agent_ids
 from edge.observability.http import HttpSecurity
+from edge.observability.stacks import StopFlag
 from edge.security.private_files import private_folder
 from edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
 from edge.topology import TopologyError
@@ -193,7 +194,10 @@ class DeviceRun:
         return self.server
 
     def follow(
-        self, stopped: threading.Event, on_progress: Callable[[FleetView], None], every_s: float
+        self,
+        stopped: StopFlag | threading.Event,
+        on_progress: Callable[[FleetView], None],
+        every_s: float,
     ) -> bool:
         """Wait until every agent has finished (True) or ``stopped`` is set or Ctrl-C
         (False); hand the fleet's view to ``on_progress`` every ``every_s`` seconds."""
@@ -231,7 +235,7 @@ class DeviceRun:
                     time.sleep(max(0.0, complete_at + 2 * STATUS_POLL_S - time.monotonic()))
                 server.stop()
 
-    def serve_until(self, stopped: threading.Event) -> None:
+    def serve_until(self, stopped: StopFlag | threading.Event) -> None:
         """After :meth:`collect` with ``keep_serving``: keep serving the finished run
         (``/metrics``, ``/sd``, ``/fleet``, the run's status to agents), idle, until
         ``stopped`` is set or Ctrl-C; then stop the coordinator."""
