@@ -13,24 +13,17 @@ import time
 
 import torch
 
-log = logging.getLogger("airgossip.agent")
+from edge.observability.stacks import exit_deadline
 
 #: Longest graceful shutdown (leave, drain sends, close servers) before the process exits anyway.
 SHUTDOWN_GRACE_S = 8.0
 
 
 def exit_after(seconds: float, why: str) -> None:
-    """Exit the process in ``seconds`` whatever the main thread is doing (a daemon timer):
-    a shutdown stuck on a dying peer or coordinator must not leave the agent behind."""
-
-    def hard_exit() -> None:
-        log.warning("%s: still running %.0f s later; exiting now", why, seconds)
-        logging.shutdown()
-        os._exit(0)
-
-    timer = threading.Timer(seconds, hard_exit)
-    timer.daemon = True
-    timer.start()
+    """Exit the process in ``seconds`` whatever the main thread is doing, saying where it
+    hung (:func:`~edge.observability.stacks.exit_deadline`): a shutdown stuck on a dying peer
+    or coordinator must not leave the agent behind."""
+    exit_deadline(why, 0, seconds)
 
 
 def die_with_parent(parent_pid: int) -> None:
