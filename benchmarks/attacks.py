@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from airgossip.emulation.attacks import ATTACKS, fleet_with_insiders, place_insiders
+from airgossip.emulation.config import load_config
 from benchmarks.suite import Context, Outcome
-from emulation.attacks import ATTACKS, fleet_with_insiders, place_insiders
-from emulation.config import load_config
 
 AGENTS = 16
 ROUNDS = 40

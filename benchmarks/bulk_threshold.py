@@ -6,9 +6,9 @@ For each size (16 KiB to 128 MiB of float32), a receiver process and a sender of
 trip more than the call (the receiver's answer with its data port comes before the
 payload) and saves the call's copies of every byte, so it pays from some size on: the
 smallest size from which it is at least as fast in plaintext is what the transport's
-default (:data:`edge.transport.bulk.DEFAULT_BULK_BYTES`) should not be below. Over mutual
+default (:data:`airgossip.edge.transport.bulk.DEFAULT_BULK_BYTES`) should not be below. Over mutual
 TLS Python's ``ssl`` costs about what gRPC's copies cost, so the bulk path is no faster; it is
-taken from :data:`~edge.transport.bulk.DEFAULT_BULK_BYTES_TLS` on for what else it gives a
+taken from :data:`~airgossip.edge.transport.bulk.DEFAULT_BULK_BYTES_TLS` on for what else it gives a
 large model (the receiver's memory bounded by the payload, a cut push resumed), where it
 must cost no speed (within 10% of the call).
 
@@ -57,7 +57,7 @@ def _size(nbytes: int) -> str:
 
 
 def run(ctx: Context) -> list[Outcome]:
-    from edge.transport.bulk import DEFAULT_BULK_BYTES, DEFAULT_BULK_BYTES_TLS
+    from airgossip.edge.transport.bulk import DEFAULT_BULK_BYTES, DEFAULT_BULK_BYTES_TLS
 
     pushes = PUSHES[ctx.quick]
     rows, table = [], ["| size | over the call | bulk path | over the call, TLS | bulk path, TLS |"]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from emulation.channel.model import ChannelModel
-from emulation.channel.sparse import SparseChannelModel
-from emulation.config import read_scenario
-from emulation.scenario import WirelessSettings, scenario_path
+from airgossip.emulation.channel.model import ChannelModel
+from airgossip.emulation.channel.sparse import SparseChannelModel
+from airgossip.emulation.config import read_scenario
+from airgossip.emulation.scenario import WirelessSettings, scenario_path
 
 
 def main() -> None:

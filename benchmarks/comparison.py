@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from airgossip.emulation.fleets.processes import JsonLinesTail
 from benchmarks.peers import venvs
 from benchmarks.peers.plain import TARGET_ACCURACY
 from benchmarks.proctree import TreeCost, run_watched
 from benchmarks.suite import Context, Outcome
-from emulation.fleets.processes import JsonLinesTail
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = Path(__file__).resolve().parent / "peers"
@@ -33,7 +33,7 @@ FLOWER_APP = ROOT / "examples" / "flower-digits"
 
 def write_split(path: Path, seed: int = 0) -> None:
     """Our digits task's own IID split (the same call the agents make), for every contender."""
-    from edge.tasks.digits import DigitsOptions, load_digits_arrays, split_indices
+    from airgossip.edge.tasks.digits import DigitsOptions, load_digits_arrays, split_indices
 
     x, y = load_digits_arrays()
     test, shards = split_indices(y, AGENTS, seed, DigitsOptions(partition="iid"))

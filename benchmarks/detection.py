@@ -3,7 +3,7 @@
     python -m benchmarks --only detection
 
 Push-sum absorbs a message (the receiver's own checks and bookkeeping), and with an observer
-the agent also measures the message's relative increment (:mod:`edge.agent.influence`: one
+the agent also measures the message's relative increment (:mod:`airgossip.edge.agent.influence`: one
 temporary vector and two norms). Both timed on one thread in the same run, alternating, for
 a small and a large model; the goal is that measuring costs no more than absorbing does.
 """
@@ -14,10 +14,10 @@ import time
 
 import torch
 
+from airgossip.edge.agent.influence import held, relative_increment
+from airgossip.edge.algorithms import PushSum
+from airgossip.edge.algorithms.base import Payload
 from benchmarks.suite import Context, Outcome
-from edge.agent.influence import held, relative_increment
-from edge.algorithms import PushSum
-from edge.algorithms.base import Payload
 
 
 def timed(numel: int, messages: int, *, measure: bool) -> float:

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from airgossip.edge.agent import Agent
+from airgossip.emulation.attacks import fleet_with_insiders, place_insiders
+from airgossip.emulation.config import load_config
 from benchmarks.suite import Context, Outcome
-from edge.agent import Agent
-from emulation.attacks import fleet_with_insiders, place_insiders
-from emulation.config import load_config
 
 AGENTS = 16
 SEED = 3

@@ -44,15 +44,15 @@ from typing import Any
 import grpc
 import numpy as np
 
-from edge.agent import fleet_digest
-from edge.observability.stats import read_records
-from edge.security.certificates import throwaway_fleet
-from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
-from edge.tasks import TaskContext, load_task
-from edge.tasks.consensus import ConsensusOptions, true_average
-from edge.transport import MessageHeader
-from edge.transport.wire import header_to_proto
-from protos import gossip_pb2
+from airgossip.edge.agent import fleet_digest
+from airgossip.edge.observability.stats import read_records
+from airgossip.edge.security.certificates import throwaway_fleet
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
+from airgossip.edge.tasks import TaskContext, load_task
+from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
+from airgossip.edge.transport import MessageHeader
+from airgossip.edge.transport.wire import header_to_proto
+from airgossip.protos import gossip_pb2
 
 DIM = 16
 SEED = 7

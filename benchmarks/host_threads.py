@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from airgossip.edge.observability.stats import read_records
+from airgossip.emulation.runtime.threads import host_cores
 from benchmarks.suite import Context, Outcome
-from edge.observability.stats import read_records
-from emulation.runtime.threads import host_cores
 
 AGENTS = 4
 SCENARIO = """\

@@ -45,14 +45,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from airgossip.coordinator.retry import retry_after
+from airgossip.coordinator.run import REPORT_ESTIMATE_LIMIT, report_length
+from airgossip.edge.agent import fleet_digest
+from airgossip.edge.security.certificates import throwaway_fleet
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
+from airgossip.edge.tasks import TaskContext, load_task
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from benchmarks.fuzz_fleet import free_port, status
-from coordinator.retry import retry_after
-from coordinator.run import REPORT_ESTIMATE_LIMIT, report_length
-from edge.agent import fleet_digest
-from edge.security.certificates import throwaway_fleet
-from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
-from edge.tasks import TaskContext, load_task
-from protos import coordinator_pb2, coordinator_pb2_grpc
 
 AGENTS = 4
 DIM = 100

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from airgossip.edge.transport.base import SendOutcome
 from benchmarks.suite import Context, Outcome
 from benchmarks.transport import RECEIVER, SENDER, _certificates, _receiver, _stopped
-from edge.transport.base import SendOutcome
 
 NUMEL = 625_000_000  # 2.5 GB of float32
 
@@ -47,7 +47,7 @@ def _finish(outcome: list[SendOutcome], done: threading.Event, o: SendOutcome) -
 def _cut_at_half(attempts: list[int]) -> Callable[..., None]:
     """``send_payload`` whose first data connection ends after half the payload (the
     socket closed, as a link that went down), then the real one."""
-    from edge.transport import bulk_send
+    from airgossip.edge.transport import bulk_send
 
     real = bulk_send.send_payload
 
@@ -67,10 +67,10 @@ def _cut_at_half(attempts: list[int]) -> Callable[..., None]:
 
 
 def run(ctx: Context) -> list[Outcome]:
-    from edge.security.tls import TlsCredentials
-    from edge.transport import bulk_send
-    from edge.transport.base import GossipMessage, MessageHeader
-    from edge.transport.grpc_transport import GrpcTransport
+    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.edge.transport import bulk_send
+    from airgossip.edge.transport.base import GossipMessage, MessageHeader
+    from airgossip.edge.transport.grpc_transport import GrpcTransport
 
     folder = _certificates(ctx)
     report = ctx.work / "large-push"
@@ -132,10 +132,10 @@ def run(ctx: Context) -> list[Outcome]:
 
 
 def serve(ready: Path, numel: str, credentials: str, report: str) -> None:
-    from edge.algorithms.base import Ack
-    from edge.security.tls import TlsCredentials
-    from edge.transport.base import GossipMessage, MessageHeader, Rejected
-    from edge.transport.grpc_transport import GrpcTransport
+    from airgossip.edge.algorithms.base import Ack
+    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.edge.transport.base import GossipMessage, MessageHeader, Rejected
+    from airgossip.edge.transport.grpc_transport import GrpcTransport
 
     class Checker:
         def accepts(self, sender: str) -> None:

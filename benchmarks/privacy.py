@@ -43,23 +43,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from airgossip.edge.algorithms import PlainPushSum, PushSum
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.privacy.adversary import ADVERSARIES
+from airgossip.edge.privacy.graph import pair_graph
+from airgossip.edge.privacy.keys import RunKeyring
+from airgossip.edge.privacy.masks import PairMasks
+from airgossip.edge.privacy.mechanisms.cancelling import CancellingMasks
+from airgossip.edge.privacy.mechanisms.central import CentralReference
+from airgossip.edge.privacy.mechanisms.dp_sgd import DpSgd
+from airgossip.edge.privacy.mechanisms.network_dp import NetworkDp
+from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.tasks import TaskContext, load_task
+from airgossip.edge.topology import build_graph, node_phases
+from airgossip.emulation.config import load_config
+from airgossip.emulation.fleets.inproc import run_in_process
+from airgossip.emulation.results import summarise
 from benchmarks.suite import Context, Outcome
-from edge.algorithms import PlainPushSum, PushSum
-from edge.config.identity import agent_ids
-from edge.privacy.adversary import ADVERSARIES
-from edge.privacy.graph import pair_graph
-from edge.privacy.keys import RunKeyring
-from edge.privacy.masks import PairMasks
-from edge.privacy.mechanisms.cancelling import CancellingMasks
-from edge.privacy.mechanisms.central import CentralReference
-from edge.privacy.mechanisms.dp_sgd import DpSgd
-from edge.privacy.mechanisms.network_dp import NetworkDp
-from edge.privacy.plan import FleetGraph
-from edge.tasks import TaskContext, load_task
-from edge.topology import build_graph, node_phases
-from emulation.config import load_config
-from emulation.fleets.inproc import run_in_process
-from emulation.results import summarise
 
 AGENTS, ROUNDS, LR = 16, 100, 2.0
 EPSILONS = (1.0, 3.0, 8.0)
@@ -223,10 +223,10 @@ def check_figures(comparisons: list[Comparison]) -> dict[str, Any]:
 def noise_table(gossip_rounds: tuple[int, ...] = (1, GOSSIP_ROUNDS)) -> str:
     """The noise each accounting resolves at every epsilon (no training), and what a curious
     agent spends at the noise calibrated against the eavesdropper."""
-    from edge.privacy.accounting import OpacusLedger
-    from edge.privacy.graph import cancelling_noise_multiplier
-    from edge.privacy.noise import resolve_noise
-    from edge.privacy.settings import PrivacySettings
+    from airgossip.edge.privacy.accounting import OpacusLedger
+    from airgossip.edge.privacy.graph import cancelling_noise_multiplier
+    from airgossip.edge.privacy.noise import resolve_noise
+    from airgossip.edge.privacy.settings import PrivacySettings
 
     ids = tuple(agent_ids(AGENTS))
     fleet = FleetGraph.of(build_graph("exponential", AGENTS), ids, "column-stochastic",
@@ -262,8 +262,8 @@ def mask_ratios(ratios: tuple[float, ...], adversary: str, loss: float = 0.0,
     ``adversary``, at every epsilon and ``gossip_rounds`` rounds a step: the independent noise
     each ratio needs and what it reaches beside central DP with the same rounds (larger masks
     need less independent noise, and gossip must average them out)."""
-    from edge.privacy.accounting import opacus_noise_multiplier
-    from edge.privacy.graph import cancelling_noise_multiplier
+    from airgossip.edge.privacy.accounting import opacus_noise_multiplier
+    from airgossip.edge.privacy.graph import cancelling_noise_multiplier
 
     pairs = pair_graph(build_graph("exponential", AGENTS).phases[0])
     rows = ["| ε | masks / independent noise | independent noise | masks | cancelling | "

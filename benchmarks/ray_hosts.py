@@ -50,7 +50,7 @@ def role(pid: int) -> str:
     text = cmdline.decode(errors="replace")
     if comm.startswith("agent-"):
         return "agents"
-    if "emulation.fleets.forkserver" in text:
+    if "airgossip.emulation.fleets.forkserver" in text:
         return "fork servers"
     if "RayAgentHost" in text or "RayAgentHost" in comm:
         return "host workers"
@@ -90,8 +90,8 @@ def child(args: argparse.Namespace) -> None:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from emulation.config import load_config
-    from emulation.fleets import run_fleet
+    from airgossip.emulation.config import load_config
+    from airgossip.emulation.fleets import run_fleet
 
     ray_constants.ENABLE_RAY_CLUSTER = False
     node = {"node_ip_address": "127.0.0.1", "num_cpus": args.cpus, "include_dashboard": False}

@@ -1,14 +1,14 @@
 """Ray mode beside process mode: 8 agents, digits, 10% loss, mutual TLS, the same run.
 
-Each mode runs the same scenario through :func:`emulation.fleets.run_fleet` in this process
-(the CLI's import is left out of both): process mode forks its agents from a fork server;
-ray mode starts a local Ray on loopback (no address given, as on a laptop), places 8 actors
-and stops Ray at the end, all of it inside the figure. Measured from the launch: start-up
-(every agent registered with the coordinator), time to 0.90 (the first moment the latest
-accuracy of every agent averages 0.90 or more) and the whole run; beside them each agent's
-start-up CPU to serving, from its log (a forked child in process mode; in ray mode the
-actor's worker process, which imports torch and the agent itself). No speed target: the row
-says what Ray's start-up costs against processes, and that the same agents learn as well.
+Each mode runs the same scenario through :func:`airgossip.emulation.fleets.run_fleet` in this
+process (the CLI's import is left out of both): process mode forks its agents from a fork server;
+ray mode starts a local Ray on loopback (no address given, as on a laptop), places 8 actors and
+stops Ray at the end, all of it inside the figure. Measured from the launch: start-up (every agent
+registered with the coordinator), time to 0.90 (the first moment the latest accuracy of every agent
+averages 0.90 or more) and the whole run; beside them each agent's start-up CPU to serving, from its
+log (a forked child in process mode; in ray mode the actor's worker process, which imports torch and
+the agent itself). No speed target: the row says what Ray's start-up costs against processes, and
+that the same agents learn as well.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Clock:
         self.target_s: float | None = None
 
     def __call__(self, progress: object) -> None:
-        from emulation.fleets import FleetProgress
+        from airgossip.emulation.fleets import FleetProgress
 
         assert isinstance(progress, FleetProgress)
         now = time.monotonic() - self.launched
@@ -61,8 +61,8 @@ def agent_startup_cpu(out: Path) -> float | None:
 
 def measure(mode: str, rounds: int, out: Path) -> dict[str, float | None]:
     """One run of ``mode``: start-up, time to 0.90, wall and final accuracy."""
-    from emulation.config import load_config
-    from emulation.fleets import run_fleet
+    from airgossip.emulation.config import load_config
+    from airgossip.emulation.fleets import run_fleet
 
     config = load_config(
         None, {"mode": mode, "agents": AGENTS, "rounds": rounds, "network": {"loss": 0.1}}
@@ -87,7 +87,7 @@ def _s(value: float | None) -> str:
 
 
 def run(ctx: Context) -> list[Outcome]:
-    from emulation.fleets.ray_fleet import ray_available
+    from airgossip.emulation.fleets.ray_fleet import ray_available
 
     rounds = 15 if ctx.quick else 30
     if not ray_available():

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from airgossip.emulation.config import load_config
+from airgossip.emulation.fleets import preflight
+from airgossip.emulation.fleets.inproc import run_in_process
+from airgossip.emulation.results import summarise
 from benchmarks.suite import Context, Outcome
-from emulation.config import load_config
-from emulation.fleets import preflight
-from emulation.fleets.inproc import run_in_process
-from emulation.results import summarise
 
 ROOT = Path(__file__).resolve().parent.parent
 AGREEMENT = 1e-8

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from airgossip.edge.observability.stats import read_records
+from airgossip.edge.security.certificates import throwaway_fleet
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY
 from benchmarks.suite import Context, Outcome
-from edge.observability.stats import read_records
-from edge.security.certificates import throwaway_fleet
-from edge.security.tls import COORDINATOR_IDENTITY
 
 SCENARIO = """\
 agents = {agents}
@@ -180,7 +180,12 @@ class HandStartedFleet:
 def checkpoint_round(folder: Path, certs: Path) -> int:
     """The round the newest checkpoint in ``folder`` holds (verified under the key of the
     agent whose folder it is, whatever run it names)."""
-    from edge.agent.checkpoints import CheckpointError, CheckpointKey, CheckpointStore, decode_state
+    from airgossip.edge.agent.checkpoints import (
+        CheckpointError,
+        CheckpointKey,
+        CheckpointStore,
+        decode_state,
+    )
 
     key = CheckpointKey.of_private_key((certs / f"{folder.name}.key").read_bytes())
     for path in reversed(CheckpointStore(folder, folder.name, key=key).paths()):

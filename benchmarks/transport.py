@@ -10,7 +10,7 @@ pushes of the same buffer:
 * ``GrpcTransport`` in plaintext and over mutual TLS (our gossip transport), to a receiver
   whose handler takes the message and acknowledges it (no decoding: the transport alone);
 * ``GrpcTransport`` on the bulk path (``bulk_bytes``: the payload over a data connection the
-  call negotiates, :mod:`edge.transport.bulk`), in plaintext and over mutual TLS;
+  call negotiates, :mod:`airgossip.edge.transport.bulk`), in plaintext and over mutual TLS;
 * torch.distributed's gloo ``send``/``recv`` of the tensor (a peer's figure);
 * at 100 MB, hivemind 1.1.12's ``DecentralizedAverager``: an all-reduce of the tensor
   between two peers, matchmaking left out (``peers/hivemind_tensor.py``, in hivemind's own
@@ -83,7 +83,7 @@ def _receiver(
 
 
 def _certificates(ctx: Context) -> Path:
-    from edge.security.certificates import throwaway_fleet
+    from airgossip.edge.security.certificates import throwaway_fleet
 
     folder = ctx.work / "certs"
     if not (folder / "ca.pem").exists():
@@ -123,10 +123,10 @@ def grpc_sender(
 ) -> Iterator[Push]:
     """A receiver process and a sender here, both with ``bulk_bytes`` (:data:`DEFAULT`: the
     transport's own default); yields one push's seconds, as often as asked."""
-    from edge.algorithms.base import Ack
-    from edge.security.tls import TlsCredentials
-    from edge.transport.base import GossipMessage, MessageHeader, SendOutcome
-    from edge.transport.grpc_transport import GrpcTransport
+    from airgossip.edge.algorithms.base import Ack
+    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.edge.transport.base import GossipMessage, MessageHeader, SendOutcome
+    from airgossip.edge.transport.grpc_transport import GrpcTransport
 
     security, extra = None, []
     if secure:
@@ -172,8 +172,8 @@ def grpc_sender(
 @contextmanager
 def socket_sender(ctx: Context, numel: int, secure: bool) -> Iterator[Push]:
     """Raw TCP, or raw mutual TLS with the transport's certificates (Python's ``ssl``)."""
-    from edge.security.tls import TlsCredentials
-    from edge.transport.tlssocket import ssl_context
+    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.edge.transport.tlssocket import ssl_context
 
     folder = _certificates(ctx) if secure else None
     process, port = _receiver("tls" if secure else "tcp", ctx, numel, [str(folder or "")])
@@ -275,10 +275,10 @@ def gloo_rates(ctx: Context, numel: int, pushes: int) -> tuple[list[float], list
 
 # -- receivers (run as python -m benchmarks.transport KIND READY_FILE NUMEL ...) -------------
 def serve_grpc(ready: Path, numel: str, bulk_bytes: str, credentials: str | None = None) -> None:
-    from edge.algorithms.base import Ack
-    from edge.security.tls import TlsCredentials
-    from edge.transport.base import GossipMessage, MessageHeader, Rejected
-    from edge.transport.grpc_transport import GrpcTransport
+    from airgossip.edge.algorithms.base import Ack
+    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.edge.transport.base import GossipMessage, MessageHeader, Rejected
+    from airgossip.edge.transport.grpc_transport import GrpcTransport
 
     class Taker:
         def accepts(self, sender: str) -> None:
@@ -304,8 +304,8 @@ def serve_grpc(ready: Path, numel: str, bulk_bytes: str, credentials: str | None
 
 
 def serve_socket(ready: Path, numel: str, credentials: str = "") -> None:
-    from edge.security.tls import TlsCredentials
-    from edge.transport.tlssocket import ssl_context
+    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.edge.transport.tlssocket import ssl_context
 
     nbytes = 4 * int(numel)
     view = memoryview(bytearray(nbytes))

@@ -1,12 +1,12 @@
 """The graph the coordinator assigns: epochs, assignments, and a graph schedule followed.
 
 :class:`AssignmentKeeper` turns the live agents into the policy's next graph and every
-agent's :class:`~edge.topology.Assignment`, one epoch at a time, and commits each epoch to
-the :class:`~coordinator.store.FleetStore` (with the member records that changed with it)
-before anyone hears of it. It is driven by :class:`~coordinator.membership.Membership`,
+agent's :class:`~airgossip.edge.topology.Assignment`, one epoch at a time, and commits each epoch to
+the :class:`~airgossip.coordinator.store.FleetStore` (with the member records that changed with it)
+before anyone hears of it. It is driven by :class:`~airgossip.coordinator.membership.Membership`,
 under the membership's lock.
 
-A policy with a graph schedule (:class:`~coordinator.policy.SwitchingPolicy`) is told the
+A policy with a graph schedule (:class:`~airgossip.coordinator.policy.SwitchingPolicy`) is told the
 fleet's figures of every round the whole fleet has passed, in order
 (:meth:`AssignmentKeeper.rounds_to_observe`, :meth:`AssignmentKeeper.observe`); a switch is
 a new epoch in which every agent keeps its old peers, so what edges that left the graph
@@ -19,12 +19,17 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from coordinator.graphs import FleetGraph
-from coordinator.policy import EdgeListPolicy, TopologyPolicy, TopologySpec
-from coordinator.refusal import Refusal
-from coordinator.store import FleetStore, MemberRecord, StoredFleet
-from edge.observability.stats import RoundRecord
-from edge.topology import Assignment, assignments_for_graph, fleet_figures, switched_assignments
+from airgossip.coordinator.graphs import FleetGraph
+from airgossip.coordinator.policy import EdgeListPolicy, TopologyPolicy, TopologySpec
+from airgossip.coordinator.refusal import Refusal
+from airgossip.coordinator.store import FleetStore, MemberRecord, StoredFleet
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.topology import (
+    Assignment,
+    assignments_for_graph,
+    fleet_figures,
+    switched_assignments,
+)
 
 log = logging.getLogger("airgossip.coordinator")
 

@@ -26,16 +26,16 @@ from typing import TypeVar
 
 import grpc
 
-from coordinator.convert import RunInfo, assignment_from_proto, snapshot_to_proto
-from coordinator.report_queue import ReportQueue
-from coordinator.retry import RETRYABLE, backoff_delays, retry_after
-from coordinator.run import REASON_FINISHED, JsonObject, report_length
-from edge.agent.waiting import WaitReporter
-from edge.observability.stats import RoundRecord
-from edge.observability.telemetry import AgentSnapshot
-from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
-from edge.topology import Assignment
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.coordinator.convert import RunInfo, assignment_from_proto, snapshot_to_proto
+from airgossip.coordinator.report_queue import ReportQueue
+from airgossip.coordinator.retry import RETRYABLE, backoff_delays, retry_after
+from airgossip.coordinator.run import REASON_FINISHED, JsonObject, report_length
+from airgossip.edge.agent.waiting import WaitReporter
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.observability.telemetry import AgentSnapshot
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
+from airgossip.edge.topology import Assignment
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 
 __all__ = ["CoordinatorClient", "CoordinatorError", "RunInfo"]
 

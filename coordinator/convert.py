@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.run import JsonObject
-from edge.observability.stats import Counters, RoundRecord, probe_estimate
-from edge.observability.telemetry import AgentSnapshot, LinkTotals
-from edge.topology import Assignment, Phase
-from protos import coordinator_pb2
+from airgossip.coordinator.run import JsonObject
+from airgossip.edge.observability.stats import Counters, RoundRecord, probe_estimate
+from airgossip.edge.observability.telemetry import AgentSnapshot, LinkTotals
+from airgossip.edge.topology import Assignment, Phase
+from airgossip.protos import coordinator_pb2
 
 
 def assignment_to_proto(

@@ -1,7 +1,7 @@
 """The coordinator's SQLite file: opened private, checked intact, every failure one line.
 
-:class:`Database` is the one connection the fleet's tables (:mod:`coordinator.store`) and
-the run's round records (:mod:`coordinator.rounds`) share. It is opened so that:
+:class:`Database` is the one connection the fleet's tables (:mod:`airgossip.coordinator.store`) and
+the run's round records (:mod:`airgossip.coordinator.rounds`) share. It is opened so that:
 
 * the file (and SQLite's ``-wal`` and ``-shm`` beside it) is readable by its owner only
   (0600), in a folder others cannot write; a folder it creates is 0700;

@@ -1,23 +1,23 @@
 """What the coordinator holds of its run: its spec, its start, its estimates' length, its
 round records.
 
-:class:`RunLedger` is the run's side of :class:`~coordinator.membership.Membership`, used
+:class:`RunLedger` is the run's side of :class:`~airgossip.coordinator.membership.Membership`, used
 under the membership's lock: it checks every report against the run
-(:func:`~coordinator.reports.admit`) before the round records go to the database
-(:class:`~coordinator.rounds.RoundStore`), and says how far the run is.
+(:func:`~airgossip.coordinator.reports.admit`) before the round records go to the database
+(:class:`~airgossip.coordinator.rounds.RoundStore`), and says how far the run is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coordinator.refusal import Refusal
-from coordinator.reports import ReportCursor, admit
-from coordinator.rounds import AgentRounds, RoundStore
-from coordinator.run import RunSpec
-from coordinator.store import FleetStore, StoredFleet
-from coordinator.views import ALIVE, FINISHED, RunStatus
-from edge.observability.stats import RoundRecord
+from airgossip.coordinator.refusal import Refusal
+from airgossip.coordinator.reports import ReportCursor, admit
+from airgossip.coordinator.rounds import AgentRounds, RoundStore
+from airgossip.coordinator.run import RunSpec
+from airgossip.coordinator.store import FleetStore, StoredFleet
+from airgossip.coordinator.views import ALIVE, FINISHED, RunStatus
+from airgossip.edge.observability.stats import RoundRecord
 
 
 class RunLedger:

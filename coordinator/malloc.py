@@ -8,17 +8,17 @@ grew the coordinator by 20 MB with the default, 7 MB with two arenas, most of it
 the first thousand. :func:`cap_arenas` asks for two (``mallopt(M_ARENA_MAX)``, what
 ``MALLOC_ARENA_MAX=2`` does from the environment), for arenas made from then on.
 
-Unlike an agent (:mod:`edge.transport.allocator`) it leaves the mmap and trim thresholds at
-glibc's defaults: its requests are small (no push's megabyte buffers to keep), and
-what it frees inside the heap is handed back by :class:`HeapTrimmer`. The calls into glibc
-are :mod:`edge.malloc_tuning`'s.
+Unlike an agent (:mod:`airgossip.edge.transport.allocator`) it leaves the mmap and trim thresholds
+at glibc's defaults: its requests are small (no push's megabyte buffers to keep), and what it frees
+inside the heap is handed back by :class:`HeapTrimmer`. The calls into glibc are
+:mod:`airgossip.edge.malloc_tuning`'s.
 """
 
 from __future__ import annotations
 
 import threading
 
-from edge import malloc_tuning
+from airgossip.edge import malloc_tuning
 
 #: Arenas the coordinator's allocator keeps (see the module docstring).
 ARENAS = 2

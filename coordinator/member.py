@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.reports import ReportCursor
-from coordinator.store import MemberRecord
-from coordinator.views import ALIVE, MemberView
-from edge.observability.telemetry import AgentSnapshot
+from airgossip.coordinator.reports import ReportCursor
+from airgossip.coordinator.store import MemberRecord
+from airgossip.coordinator.views import ALIVE, MemberView
+from airgossip.edge.observability.telemetry import AgentSnapshot
 
 #: Members remembered per agent the coordinator serves at once: departed ones stay (their
 #: reports are the run's) up to this many times ``max_agents``, then newcomers are refused.

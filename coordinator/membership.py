@@ -1,24 +1,25 @@
 """Fleet membership: registration, liveness by heartbeat, topology repair, the run's reports.
 
 :class:`Membership` is the coordinator's state machine, free of gRPC so that it can be driven
-with a fake clock in tests. It waits until ``expected`` agents are alive, then *releases*
-the fleet: the policy builds the first graph (epoch 1) and every agent gets its
-:class:`~edge.topology.Assignment` (:class:`~coordinator.assignments.AssignmentKeeper`).
-From then on every change (an agent that misses its heartbeats for ``heartbeat_timeout_s``,
-leaves, rejoins under its id, moves to a new address, or a newcomer the policy admits)
-produces a new graph and a new epoch, committed to the database before anyone hears of it.
+with a fake clock in tests. It waits until ``expected`` agents are alive, then *releases* the fleet:
+the policy builds the first graph (epoch 1) and every agent gets its
+:class:`~airgossip.edge.topology.Assignment`
+(:class:`~airgossip.coordinator.assignments.AssignmentKeeper`). From then on every change (an agent
+that misses its heartbeats for ``heartbeat_timeout_s``, leaves, rejoins under its id, moves to a new
+address, or a newcomer the policy admits) produces a new graph and a new epoch, committed to the
+database before anyone hears of it.
 
-Only the run's members register (its :class:`~coordinator.roster.Roster`, by default the
+Only the run's members register (its :class:`~airgossip.coordinator.roster.Roster`, by default the
 ids ``agent-0`` .. ``agent-(expected-1)``): anyone else is refused before anything is
 recorded. The run's task digest and estimate length are fixed by its members: by the live or
 finished ones, so that a member that registered with another task and then died or left
 releases them (a dead registrant holds nothing; the estimate length stays fixed once round
 records are kept, which are of that length).
 
-The fleet is also one run (:class:`~coordinator.run.RunSpec`): it starts when the fleet is
+The fleet is also one run (:class:`~airgossip.coordinator.run.RunSpec`): it starts when the fleet is
 released, keeps every agent's round reports (checked against the run by
-:func:`~coordinator.reports.admit`, kept in the database by
-:class:`~coordinator.rounds.RoundStore`; they drive a ``[switching]`` schedule), and is
+:func:`~airgossip.coordinator.reports.admit`, kept in the database by
+:class:`~airgossip.coordinator.rounds.RoundStore`; they drive a ``[switching]`` schedule), and is
 complete when no agent is alive any more and at least one has *finished* (reported its last
 round). A finished agent is out of the liveness checks: its silence is the end of its run,
 not a failure.
@@ -31,20 +32,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from coordinator.assignments import AssignmentKeeper
-from coordinator.ledger import RunLedger
-from coordinator.member import MEMBERS_PER_SLOT, LivenessSettings, Member, WatchEnded
-from coordinator.policy import TopologyPolicy, TopologySpec
-from coordinator.refusal import Refusal
-from coordinator.reports import ReportCursor
-from coordinator.roster import Roster
-from coordinator.run import REASON_FINISHED, RunSpec
-from coordinator.store import FleetStore, MemberRecord, StoredFleet
-from coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, RunStatus
-from edge.config.identity import natural_order
-from edge.observability.stats import RoundRecord
-from edge.observability.telemetry import AgentSnapshot
-from edge.topology import Assignment
+from airgossip.coordinator.assignments import AssignmentKeeper
+from airgossip.coordinator.ledger import RunLedger
+from airgossip.coordinator.member import MEMBERS_PER_SLOT, LivenessSettings, Member, WatchEnded
+from airgossip.coordinator.policy import TopologyPolicy, TopologySpec
+from airgossip.coordinator.refusal import Refusal
+from airgossip.coordinator.reports import ReportCursor
+from airgossip.coordinator.roster import Roster
+from airgossip.coordinator.run import REASON_FINISHED, RunSpec
+from airgossip.coordinator.store import FleetStore, MemberRecord, StoredFleet
+from airgossip.coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, RunStatus
+from airgossip.edge.config.identity import natural_order
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.observability.telemetry import AgentSnapshot
+from airgossip.edge.topology import Assignment
 
 __all__ = ["FleetView", "LivenessSettings", "Membership", "Refusal", "WatchEnded"]
 
@@ -216,9 +217,9 @@ class Membership:
 
         ``estimate_length``: elements of the estimates its reports carry (0: none); the first
         registration fixes the run's, and an agent that declares another is refused. Every
-        registration starts its reports afresh (:class:`~coordinator.reports.ReportCursor`).
-        An identity outside the roster is refused (``PERMISSION_DENIED``) with nothing
-        recorded or counted.
+        registration starts its reports afresh
+        (:class:`~airgossip.coordinator.reports.ReportCursor`). An identity outside the roster is
+        refused (``PERMISSION_DENIED``) with nothing recorded or counted.
         """
         self.roster.check(agent_id)
         with self.changed:

@@ -1,9 +1,9 @@
 """The coordinator's Prometheus metrics, HTTP service discovery and fleet inspection.
 
-All of the coordinator's Prometheus objects are created here. The fleet figures are a mirror
-of state held elsewhere (the latest heartbeat of each agent, the current graph), so they are
-produced at scrape time by a custom collector from one :class:`~coordinator.views.FleetView`:
-an agent that dies or leaves simply disappears from the next scrape, with no stale series.
+All of the coordinator's Prometheus objects are created here. The fleet figures are a mirror of
+state held elsewhere (the latest heartbeat of each agent, the current graph), so they are produced
+at scrape time by a custom collector from one :class:`~airgossip.coordinator.views.FleetView`: an
+agent that dies or leaves simply disappears from the next scrape, with no stale series.
 
 Routes served next to ``/metrics``:
 
@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, TargetGroup
-from edge.observability.http import HttpSecurity, MetricsServer, json_route
+from airgossip.coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, TargetGroup
+from airgossip.edge.observability.http import HttpSecurity, MetricsServer, json_route
 
 #: Per-agent gauges from heartbeats: (metric name, help, AgentSnapshot attribute).
 AGENT_GAUGES = (
@@ -42,7 +42,7 @@ AGENT_GAUGES = (
     ),
 )
 #: Per-agent counters from heartbeats (cumulative since the agent started): (metric name,
-#: help, field of :class:`~edge.observability.stats.Counters`).
+#: help, field of :class:`~airgossip.edge.observability.stats.Counters`).
 AGENT_COUNTERS = (
     ("airgossip_fleet_agent_sent_bytes", "Bytes each agent pushed.", "bytes_sent"),
     ("airgossip_fleet_agent_messages_sent", "Messages each agent pushed.", "messages_sent"),

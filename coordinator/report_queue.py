@@ -4,7 +4,7 @@ The agent's telemetry hands every round record to :meth:`ReportQueue.record` (a 
 sink); the client's heartbeat thread sends what is queued after each heartbeat, and the
 agent sends the rest when it finishes. A batch stays queued until the coordinator
 acknowledges it, so a lost reply sends it again (the coordinator takes a repeated call as
-received, :mod:`coordinator.reports`). A batch the coordinator refuses as it is (bad
+received, :mod:`airgossip.coordinator.reports`). A batch the coordinator refuses as it is (bad
 argument, past the run, not the run's estimate length, rounds gone back) is dropped with one
 log line: sending it again would block every later report. While the coordinator cannot be
 reached, at most :data:`MAX_PENDING_REPORTS` wait; the oldest go first.
@@ -19,10 +19,14 @@ from collections.abc import Callable
 
 import grpc
 
-from coordinator.convert import record_to_proto
-from coordinator.run import MAX_REPORTS_PER_CALL, REPORT_BATCH_BYTES, REPORT_ESTIMATE_LIMIT
-from edge.observability.stats import RoundRecord
-from protos import coordinator_pb2
+from airgossip.coordinator.convert import record_to_proto
+from airgossip.coordinator.run import (
+    MAX_REPORTS_PER_CALL,
+    REPORT_BATCH_BYTES,
+    REPORT_ESTIMATE_LIMIT,
+)
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.protos import coordinator_pb2
 
 log = logging.getLogger(__name__)
 

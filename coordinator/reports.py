@@ -1,12 +1,13 @@
 """Round reports checked against the run before the coordinator keeps any of them.
 
-A report is refused, whole, with a gRPC status that says why (:class:`~coordinator.refusal.
-Refusal`) when one of its records
+A report is refused, whole, with a gRPC status that says why
+(:class:`~airgossip.coordinator.refusal.Refusal`) when one of its records
 
 * names a round past the run's last (``OUT_OF_RANGE``): rounds run from 0 to the run's
-  ``rounds`` (to :data:`~coordinator.run.MAX_ROUNDS` where the coordinator does not know it);
+  ``rounds`` (to :data:`~airgossip.coordinator.run.MAX_ROUNDS` where the coordinator does not know
+  it);
 * carries an estimate whose length is not the run's (``FAILED_PRECONDITION``): every agent
-  declares it when it registers (:func:`~coordinator.run.report_length` of its model), the
+  declares it when it registers (:func:`~airgossip.coordinator.run.report_length` of its model), the
   first registration fixes it for the run, and a report without an estimate is always fine;
 * goes back in time (``FAILED_PRECONDITION``): within one registration an agent's rounds only
   move forward. An agent that restarts registers again and may report from the round it
@@ -17,7 +18,7 @@ Refusal`) when one of its records
 * or says something that cannot be true (``INVALID_ARGUMENT``, :func:`check_meaning`): an
   accuracy outside [0, 1], a loss, distance, weight or privacy figure that is negative, a
   figure, time or estimate value that is not finite, or counters that go back. An agent's
-  counters (:class:`~edge.observability.stats.Counters`) add up what it sent and received
+  counters (:class:`~airgossip.edge.observability.stats.Counters`) add up what it sent and received
   since it started, so within one registration they never decrease, from record to record
   of a call and from one call to the next (the cursor keeps the last). A restarted agent
   registers again and starts them afresh (from its checkpoint's, or from 0).
@@ -35,9 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.refusal import Refusal
-from edge.observability.stats import Counters, RoundRecord
-from edge.privacy.figures import EPSILON, EPSILON_MEAN, EXHAUSTED, STEPS
+from airgossip.coordinator.refusal import Refusal
+from airgossip.edge.observability.stats import Counters, RoundRecord
+from airgossip.edge.privacy.figures import EPSILON, EPSILON_MEAN, EXHAUSTED, STEPS
 
 #: Figures that are fractions, in [0, 1]: ``accuracy`` and ``<anything>_accuracy``.
 FRACTION = re.compile(r"(.+_)?accuracy")

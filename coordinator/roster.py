@@ -4,7 +4,7 @@ A coordinator serves one run, and only the identities that run expects may regis
 call it at all: with mutual TLS an identity is the certificate's, so a certificate the
 fleet's CA issued to someone else (another fleet's agent, a tool, a spare) cannot join, fix
 the run's task digest or use up a slot. By default a run of N agents expects the ids its
-launchers give (``agent-0`` .. ``agent-(N-1)``, :func:`edge.config.identity.agent_ids`);
+launchers give (``agent-0`` .. ``agent-(N-1)``, :func:`airgossip.edge.config.identity.agent_ids`);
 ``airgossip coordinator --roster`` names others (:meth:`Roster.parse`), and a coordinator
 that takes any identity says so (``--roster any``).
 """
@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.refusal import Refusal
-from edge.config.identity import AGENT_PREFIX, agent_ids, natural_order
+from airgossip.coordinator.refusal import Refusal
+from airgossip.edge.config.identity import AGENT_PREFIX, agent_ids, natural_order
 
 #: What ``--roster`` takes to admit any identity.
 ANY = "any"
@@ -26,7 +26,8 @@ MAX_ROSTER = 1 << 16
 #: A range of agent indexes (``0..15``) or of ids with one prefix (``agent-0..agent-15``).
 _RANGE = re.compile(r"(?P<prefix>[^.]*?)(?P<first>\d+)\.\.(?P=prefix)(?P<last>\d+)")
 _INDEXES = re.compile(r"(?P<first>\d+)\.\.(?P<last>\d+)")
-#: The ids a roster may name: those the servicer takes (``coordinator.servicer.AGENT_ID``).
+#: The ids a roster may name: those the servicer takes
+#: (``airgossip.coordinator.servicer.AGENT_ID``).
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 

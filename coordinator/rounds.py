@@ -1,6 +1,6 @@
 """The run's round records, kept in the coordinator's database rather than in memory.
 
-Every record an agent reports (checked first by :mod:`coordinator.reports`) is one row of
+Every record an agent reports (checked first by :mod:`airgossip.coordinator.reports`) is one row of
 the ``rounds`` table, keyed by agent and round: a round reported again (an agent restarted
 from a checkpoint) replaces the first. The coordinator holds in memory only what it needs
 at every report: per agent, how many rounds it holds and the latest; the records
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.database import Database, Row
-from edge.agent.rejoin import fleet_round
-from edge.observability.stats import RoundRecord
+from airgossip.coordinator.database import Database, Row
+from airgossip.edge.agent.rejoin import fleet_round
+from airgossip.edge.observability.stats import RoundRecord
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class RoundStore:
 
     def add(self, agent_id: str, records: Sequence[RoundRecord]) -> AgentRounds:
         """Keep ``records`` of ``agent_id`` (a round held already is replaced); return what
-        is held of the agent now. Raises :class:`~coordinator.database.StoreError`."""
+        is held of the agent now. Raises :class:`~airgossip.coordinator.database.StoreError`."""
         rows = [
             (
                 agent_id,
@@ -88,8 +88,8 @@ class RoundStore:
 
     def quorum_latest(self) -> int:
         """The highest round that a quorum of the agents that reported have reached (their
-        latest reports; :func:`~edge.agent.rejoin.fleet_round`): at least two of them and a
-        majority, so that one agent's reports cannot set it (0: fewer than two reported)."""
+        latest reports; :func:`~airgossip.edge.agent.rejoin.fleet_round`): at least two of them and
+        a majority, so that one agent's reports cannot set it (0: fewer than two reported)."""
         latest = {a: r.latest for a, r in self._agents.items() if r.latest is not None}
         return fleet_round(latest) or 0
 

@@ -4,8 +4,8 @@ A fleet of agents started by hand on separate devices is one run, as ``airgossip
 the coordinator names it (:func:`new_run_id`), hands every agent the scenario at
 registration (one source of truth: an agent whose own settings disagree is refused, and the
 refusal names the settings, see :func:`disagreements`), and keeps every agent's round
-records as the agents report them (:mod:`coordinator.rounds`, checked against the run by
-:mod:`coordinator.reports`), from which results are written when the last agent has
+records as the agents report them (:mod:`airgossip.coordinator.rounds`, checked against the run by
+:mod:`airgossip.coordinator.reports`), from which results are written when the last agent has
 finished.
 
 The coordinator does not interpret the scenario: it is plain JSON to hand out and compare.
@@ -33,7 +33,7 @@ REASON_FINISHED = "finished"
 #: every other setting is the fleet's.
 PER_AGENT_SETTINGS = frozenset({"device", "out", "mode"})
 #: Longest estimate (elements) a round report may carry: a larger model is reported as a
-#: count sketch of this many buckets (:func:`edge.observability.stats.probe_estimate`).
+#: count sketch of this many buckets (:func:`airgossip.edge.observability.stats.probe_estimate`).
 #: The coordinator keeps every report for the results: at most 32 KB per agent and round.
 REPORT_ESTIMATE_LIMIT = 1 << 12
 #: Largest request the coordinator reads (larger ones are refused by gRPC before they are

@@ -1,10 +1,10 @@
 """A running coordinator: the ``Coordinator`` service, gRPC health, liveness and metrics.
 
 :class:`CoordinatorServer` puts it together: the servicer
-(:class:`~coordinator.servicer.CoordinatorServicer`) and gRPC health on one port, a liveness
-thread that declares silent agents dead the moment their timeout passes, and (optionally) an
-HTTP port with Prometheus metrics, service discovery and a JSON view of the fleet, which can
-be put behind TLS and basic auth (:class:`~edge.observability.http.HttpSecurity`). It is
+(:class:`~airgossip.coordinator.servicer.CoordinatorServicer`) and gRPC health on one port, a
+liveness thread that declares silent agents dead the moment their timeout passes, and (optionally)
+an HTTP port with Prometheus metrics, service discovery and a JSON view of the fleet, which can be
+put behind TLS and basic auth (:class:`~airgossip.edge.observability.http.HttpSecurity`). It is
 never in the data path. Callers reach the fleet and the run through its methods
 (:meth:`CoordinatorServer.view`, :meth:`CoordinatorServer.status`,
 :meth:`CoordinatorServer.round_records`, ...), never through its parts.
@@ -21,24 +21,24 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
-from coordinator.database import StoreError
-from coordinator.limits import RateLimit, RateLimiter
-from coordinator.membership import FleetView, LivenessSettings, Membership
-from coordinator.observability import metrics_server
-from coordinator.policy import TopologySpec, make_policy
-from coordinator.roster import Roster
-from coordinator.run import MAX_REQUEST_BYTES, RunSpec
-from coordinator.servicer import CoordinatorServicer
-from coordinator.store import FleetStore
-from coordinator.views import RunStatus
-from edge.observability.http import HttpSecurity, MetricsServer
-from edge.observability.stacks import thread_stacks
-from edge.observability.stats import RoundRecord
-from edge.security.tls import TlsCredentials, add_port
-from edge.topology import TopologySwitcher
-from edge.transport.guard import HealthService, RefusalCounts, parsed_service
-from edge.transport.ports import ensure_bindable
-from protos import coordinator_pb2
+from airgossip.coordinator.database import StoreError
+from airgossip.coordinator.limits import RateLimit, RateLimiter
+from airgossip.coordinator.membership import FleetView, LivenessSettings, Membership
+from airgossip.coordinator.observability import metrics_server
+from airgossip.coordinator.policy import TopologySpec, make_policy
+from airgossip.coordinator.roster import Roster
+from airgossip.coordinator.run import MAX_REQUEST_BYTES, RunSpec
+from airgossip.coordinator.servicer import CoordinatorServicer
+from airgossip.coordinator.store import FleetStore
+from airgossip.coordinator.views import RunStatus
+from airgossip.edge.observability.http import HttpSecurity, MetricsServer
+from airgossip.edge.observability.stacks import thread_stacks
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.security.tls import TlsCredentials, add_port
+from airgossip.edge.topology import TopologySwitcher
+from airgossip.edge.transport.guard import HealthService, RefusalCounts, parsed_service
+from airgossip.edge.transport.ports import ensure_bindable
+from airgossip.protos import coordinator_pb2
 
 __all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec"]
 
@@ -68,7 +68,7 @@ class CoordinatorServer:
     expected:
         Agents to wait for before the first graph is built.
     topology:
-        The topology (see :data:`coordinator.policy.POLICIES`).
+        The topology (see :data:`airgossip.coordinator.policy.POLICIES`).
     listen:
         ``host:port`` of the gRPC service; port 0 picks a free port.
     token:
@@ -92,7 +92,7 @@ class CoordinatorServer:
         A ``[switching]`` schedule the fleet follows, from ``topology`` (its first graph) on,
         driven by the agents' round reports (None: the graph changes only with membership).
     rate_limits:
-        How often each identity may call each method (None: :func:`~coordinator.limits.
+        How often each identity may call each method (None: :func:`~airgossip.coordinator.limits.
         call_limits` for the heartbeat interval; methods left out are not limited).
     roster:
         The identities that may call (default: ``agent-0`` .. ``agent-(expected-1)``, the
@@ -103,9 +103,9 @@ class CoordinatorServer:
     ------
     OSError
         A port that cannot be bound (one-line reason).
-    coordinator.store.StoreError
+    airgossip.coordinator.store.StoreError
         A database that cannot be used or that holds another fleet.
-    edge.topology.TopologyError
+    airgossip.edge.topology.TopologyError
         An unknown or impossible topology.
     ValueError
         A roster that names fewer agents than ``expected``.

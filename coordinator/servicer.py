@@ -1,15 +1,17 @@
-"""The coordinator's gRPC face: a thin servicer over :class:`~coordinator.membership.Membership`.
+"""The coordinator's gRPC face: a thin servicer over the membership.
+
+The servicer delegates to :class:`~airgossip.coordinator.membership.Membership`.
 
 Each call is checked in the same order: the join token, the agent id, with TLS the caller's
 certificate (an agent registers, heartbeats, watches, reports and leaves only as itself,
-:mod:`edge.security.tls`), the run's roster (an identity the run does not expect is
+:mod:`airgossip.edge.security.tls`), the run's roster (an identity the run does not expect is
 ``PERMISSION_DENIED`` on every call, before it holds any state here:
-:mod:`coordinator.roster`), then the caller's rate (:mod:`coordinator.limits`), then the
-arguments; only then does it reach the membership. Requests are parsed from raw bytes
-(:func:`edge.transport.guard.parsed_service`). Every refusal has its gRPC status and a
+:mod:`airgossip.coordinator.roster`), then the caller's rate (:mod:`airgossip.coordinator.limits`),
+then the arguments; only then does it reach the membership. Requests are parsed from raw bytes
+(:func:`airgossip.edge.transport.guard.parsed_service`). Every refusal has its gRPC status and a
 message that says what was wrong and what is allowed, a count by method and reason
-(``airgossip_coordinator_refusals_total``) and a log line at a bounded rate, never a
-traceback; a database that fails under a call is ``UNAVAILABLE``, in one line.
+(``airgossip_coordinator_refusals_total``) and a log line at a bounded rate, never a traceback; a
+database that fails under a call is ``UNAVAILABLE``, in one line.
 """
 
 from __future__ import annotations
@@ -22,24 +24,28 @@ from typing import NoReturn
 
 import grpc
 
-from coordinator.convert import assignment_to_proto, record_from_proto, snapshot_from_proto
-from coordinator.database import StoreError
-from coordinator.limits import RateLimiter, call_limits
-from coordinator.membership import Membership, WatchEnded
-from coordinator.refusal import Refusal
-from coordinator.reports import wrong_length
-from coordinator.retry import RETRY_AFTER_KEY
-from coordinator.run import (
+from airgossip.coordinator.convert import (
+    assignment_to_proto,
+    record_from_proto,
+    snapshot_from_proto,
+)
+from airgossip.coordinator.database import StoreError
+from airgossip.coordinator.limits import RateLimiter, call_limits
+from airgossip.coordinator.membership import Membership, WatchEnded
+from airgossip.coordinator.refusal import Refusal
+from airgossip.coordinator.reports import wrong_length
+from airgossip.coordinator.retry import RETRY_AFTER_KEY
+from airgossip.coordinator.run import (
     MAX_DECLARED_CHARS,
     MAX_REPORTS_PER_CALL,
     REPORT_ESTIMATE_LIMIT,
     check_estimate,
     disagreements,
 )
-from edge.observability.stats import RoundRecord
-from edge.security.tls import peer_identity
-from edge.transport.guard import RefusalCounts, RefusalLog
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.security.tls import peer_identity
+from airgossip.edge.transport.guard import RefusalCounts, RefusalLog
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("airgossip.coordinator")
 

@@ -4,10 +4,10 @@ Every change of membership or topology is committed in one transaction before an
 hears of it, so a coordinator killed at any moment and restarted on the same database hands
 out exactly what it had handed out. Heartbeat figures are not stored: they are stale by the
 time a coordinator comes back, and agents resend them within one heartbeat interval. The
-run's round records share the file (:mod:`coordinator.rounds`).
+run's round records share the file (:mod:`airgossip.coordinator.rounds`).
 
 The database is in WAL mode, so tools (and tests) can read it while the coordinator runs;
-how it is opened (private, checked intact) is :mod:`coordinator.database`'s.
+how it is opened (private, checked intact) is :mod:`airgossip.coordinator.database`'s.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.database import Database, StoreError
-from coordinator.graphs import FleetGraphJson
-from coordinator.policy import PolicyState, TopologyDescription
-from coordinator.run import JsonObject
-from edge.topology import Assignment, Phase
+from airgossip.coordinator.database import Database, StoreError
+from airgossip.coordinator.graphs import FleetGraphJson
+from airgossip.coordinator.policy import PolicyState, TopologyDescription
+from airgossip.coordinator.run import JsonObject
+from airgossip.edge.topology import Assignment, Phase
 
 __all__ = ["FleetStore", "MemberRecord", "StoreError", "StoredFleet"]
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from edge.observability.telemetry import AgentSnapshot
+from airgossip.edge.observability.telemetry import AgentSnapshot
 
 #: Member states: heartbeating; silent past the timeout; said goodbye; ran its last round.
 ALIVE, DEAD, LEFT, FINISHED = "alive", "dead", "left", "finished"
@@ -143,7 +143,8 @@ class FleetView:
     counters: dict[str, int] = field(default_factory=dict)
     restored: bool = False
     run: RunStatus | None = None
-    #: The identities the run admits, in words (:meth:`coordinator.roster.Roster.describe`).
+    #: The identities the run admits, in words
+    #: (:meth:`airgossip.coordinator.roster.Roster.describe`).
     roster: str = ""
 
     @property

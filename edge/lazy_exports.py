@@ -1,9 +1,9 @@
 """A package's public names loaded on first use (PEP 562).
 
-``edge.algorithms``, ``edge.compression``, ``edge.tasks`` and ``edge.topology`` name what
-they export and the module that defines each; importing the package imports none of them,
-so a check that needs one torch-free module (a codec's grammar, what an algorithm asks of
-its graph) runs before torch is imported.
+``airgossip.edge.algorithms``, ``airgossip.edge.compression``, ``airgossip.edge.tasks`` and
+``airgossip.edge.topology`` name what they export and the module that defines each; importing the
+package imports none of them, so a check that needs one torch-free module (a codec's grammar, what
+an algorithm asks of its graph) runs before torch is imported.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ thresholds and arenas (``mallopt``) and to hand freed memory back (``malloc_trim
 Where the C library is not glibc (macOS, musl's ``mallopt`` does nothing) every call does
 nothing and returns False. The values are the callers' to choose, each where it calls and
 for what its process allocates: an agent's gRPC transport
-(:mod:`edge.transport.allocator`), the wireless channel model
-(:mod:`emulation.channel.heap`), the coordinator (:mod:`coordinator.malloc`).
+(:mod:`airgossip.edge.transport.allocator`), the wireless channel model
+(:mod:`airgossip.emulation.channel.heap`), the coordinator (:mod:`airgossip.coordinator.malloc`).
 """
 
 from __future__ import annotations

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from edge.agent import Agent
-from edge.algorithms import GossipAlgorithm, Payload
-from edge.topology.graphs import Graph
-from edge.topology.mixing import Phase
-from emulation.config import RunConfig
-from emulation.fleets import preflight
-from emulation.fleets.inproc import InProcessFleet
+from airgossip.edge.agent import Agent
+from airgossip.edge.algorithms import GossipAlgorithm, Payload
+from airgossip.edge.topology.graphs import Graph
+from airgossip.edge.topology.mixing import Phase
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets import preflight
+from airgossip.emulation.fleets.inproc import InProcessFleet
 
 ATTACKS = ("huge", "sign-flip", "alie", "dissensus", "hub-dissensus", "slow-drift")
 HUGE = 1e6
@@ -136,8 +136,8 @@ class _Forger:
 
 
 def arm(insiders: Insiders, graph: Graph) -> Callable[[list[Agent]], None]:
-    """A hook for :attr:`~emulation.fleets.inproc.InProcessFleet.after_build` that turns the
-    insiders' agents into forgers."""
+    """A hook for :attr:`~airgossip.emulation.fleets.inproc.InProcessFleet.after_build` that turns
+    the insiders' agents into forgers."""
 
     def hook(agents: list[Agent]) -> None:
         for i in insiders.indices:

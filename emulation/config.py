@@ -1,7 +1,7 @@
 """Scenario configuration: one TOML file for a fleet run, flags on top, validated up front.
 
-Data only: what the settings mean is up to the networks (``emulation.networks``) and the
-fleets (``emulation.fleets``), which this module does not know.
+Data only: what the settings mean is up to the networks (``airgossip.emulation.networks``) and the
+fleets (``airgossip.emulation.fleets``), which this module does not know.
 
 Example scenario (every key optional)::
 
@@ -43,14 +43,14 @@ from pydantic import (
     model_validator,
 )
 
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.topology import TOPOLOGIES, SwitchingSettings
-from emulation.errors import ConfigError as ConfigError
-from emulation.errors import format_validation_error
-from emulation.scenario import WirelessSettings
-from emulation.scenario_file import Settings as Settings
-from emulation.scenario_file import merge as merge
-from emulation.scenario_file import read_scenario as read_scenario
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.topology import TOPOLOGIES, SwitchingSettings
+from airgossip.emulation.errors import ConfigError as ConfigError
+from airgossip.emulation.errors import format_validation_error
+from airgossip.emulation.scenario import WirelessSettings
+from airgossip.emulation.scenario_file import Settings as Settings
+from airgossip.emulation.scenario_file import merge as merge
+from airgossip.emulation.scenario_file import read_scenario as read_scenario
 
 #: Message loss a run that emulates every link on one machine (``airgossip run``) applies when
 #: its scenario says nothing: a lossy network is what the emulator is for.
@@ -188,7 +188,9 @@ class RunConfig(AgentSettings):
     wireless: WirelessSettings | None = Field(
         None, description="wireless channel model; replaces [network] and the topology"
     )
-    mode: str = Field("process", description="how agents run: a fleet mode (emulation.fleets)")
+    mode: str = Field(
+        "process", description="how agents run: a fleet mode (airgossip.emulation.fleets)"
+    )
     switching: SwitchingSettings | None = Field(
         None, description="change the gossip graph during the run (its first graph is the topology)"
     )
@@ -310,7 +312,7 @@ def load_config(
 def private_defaults(task: str) -> dict[str, JsonValue]:
     """The options a ``[privacy]`` run of built-in task ``task`` uses where ``[task]`` sets
     none (its ``private_defaults``: digits' step size); none for a user's own task."""
-    from edge.tasks.registry import BUILTIN_TASKS  # torch: only where a run is private
+    from airgossip.edge.tasks.registry import BUILTIN_TASKS  # torch: only where a run is private
 
     factory = BUILTIN_TASKS.get(task)
     return dict(getattr(factory, "private_defaults", {}))

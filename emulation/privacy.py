@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge.config.identity import agent_ids, natural_key
-from edge.observability.stats import RoundRecord
-from edge.security.tls import TlsCredentials
-from emulation.config import RunConfig
-from emulation.networks import Network
-from emulation.results import PairwiseFigures, PrivacyFigures
+from airgossip.edge.config.identity import agent_ids, natural_key
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.security.tls import TlsCredentials
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.networks import Network
+from airgossip.emulation.results import PairwiseFigures, PrivacyFigures
 
 if TYPE_CHECKING:  # privacy code loads only for runs that ask for it
-    from edge.privacy.keys import PairSecrets
-    from edge.privacy.mechanism import PrivacyContext
-    from edge.privacy.plan import FleetGraph
-    from edge.tasks import Task
+    from airgossip.edge.privacy.keys import PairSecrets
+    from airgossip.edge.privacy.mechanism import PrivacyContext
+    from airgossip.edge.privacy.plan import FleetGraph
+    from airgossip.edge.tasks import Task
 
 
 def privacy_context(
@@ -36,14 +36,14 @@ def privacy_context(
     privacy): the first graph of ``network`` over ``ids`` (index order), and ``secrets``."""
     if not config.privacy.enabled:
         return None
-    from edge.privacy.mechanism import PrivacyContext
+    from airgossip.edge.privacy.mechanism import PrivacyContext
 
     return PrivacyContext(_fleet_graph(network, tuple(ids)), secrets)
 
 
 @lru_cache(maxsize=4)  # an in-process fleet asks once per agent: build the graph once
 def _fleet_graph(network: Network, ids: tuple[str, ...]) -> FleetGraph:
-    from edge.privacy.plan import FleetGraph
+    from airgossip.edge.privacy.plan import FleetGraph
 
     static = not network.time_varying and not network.round_driven
     return FleetGraph.of(network.first_graph(), ids, network.scheme, static=static)
@@ -54,7 +54,7 @@ def run_keyring(config: RunConfig, ids: Sequence[str]) -> dict[str, PairSecrets]
     pairs agents by secrets): one process, no TLS, so keys are derived from the run's seed."""
     if not config.privacy.mechanism.pair_secrets:
         return {}
-    from edge.privacy.keys import RunKeyring
+    from airgossip.edge.privacy.keys import RunKeyring
 
     keyring = RunKeyring(ids, seed=config.seed)
     return {i: keyring.for_agent(i) for i in ids}
@@ -84,8 +84,8 @@ def privacy_figures(
     settings = config.privacy
     if not settings.enabled:
         return None
-    from edge.privacy.figures import Spent
-    from edge.privacy.noise import resolve_noise
+    from airgossip.edge.privacy.figures import Spent
+    from airgossip.edge.privacy.noise import resolve_noise
 
     ids = sorted(records, key=natural_key)
     if len(ids) != config.agents:  # someone never reported: the launchers' names
@@ -145,9 +145,9 @@ def check_privacy(config: RunConfig, network: Network, task: Task) -> RunConfig:
     carried in ``[privacy] resolved_noise``, for every agent and the figures to take."""
     if not config.privacy.enabled:
         return config
-    from edge.privacy.accounting import opacus_module
-    from edge.privacy.noise import carried_noise
-    from edge.tasks import SupportsPrivateTraining
+    from airgossip.edge.privacy.accounting import opacus_module
+    from airgossip.edge.privacy.noise import carried_noise
+    from airgossip.edge.tasks import SupportsPrivateTraining
 
     mechanism = config.privacy.mechanism
     opacus_module("accountants", mechanism.name)
@@ -173,6 +173,6 @@ def certificate_secrets(
     without TLS, where the agent then refuses to start with a line saying why)."""
     if not config.privacy.mechanism.pair_secrets or credentials is None or directory is None:
         return None
-    from edge.privacy.keys import CertificateSecrets
+    from airgossip.edge.privacy.keys import CertificateSecrets
 
     return CertificateSecrets(credentials, directory)

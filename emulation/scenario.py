@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from emulation.channel.radio import WIFI_DATA_SUBCARRIERS
+from airgossip.emulation.channel.radio import WIFI_DATA_SUBCARRIERS
 
 PATH_LOSS_MODELS = (
     "log-distance", "free-space", "umi", "uma", "inh",
@@ -204,7 +204,7 @@ class WirelessSettings(_Strict):
 
 def preset_names() -> list[str]:
     """Names of the bundled scenarios."""
-    folder = resources.files("emulation") / "scenarios"
+    folder = resources.files("airgossip.emulation") / "scenarios"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -225,7 +225,7 @@ def scenario_path(name_or_file: str) -> Path:
             f"unknown scenario '{name_or_file}'; choose one of: {', '.join(names)}, "
             "or give a .toml file"
         )
-    return Path(str(resources.files("emulation") / "scenarios" / f"{name_or_file}.toml"))
+    return Path(str(resources.files("airgossip.emulation") / "scenarios" / f"{name_or_file}.toml"))
 
 
 def resolve_trace_paths(data: dict[str, JsonValue], base: Path) -> dict[str, JsonValue]:

@@ -1,10 +1,10 @@
 """A user task: least-squares linear regression on synthetic data, one shard per agent.
 
-Run it with ``airgossip run --task examples.linear_task:make_task`` from the repository root
-(or any importable ``module:callable``). The callable gets an
-:class:`edge.tasks.TaskContext` and returns an object with ``initial_parameters``, ``train``
-and ``evaluate``; torch's global RNG is already seeded with the fleet seed, so a model built
-the ordinary way starts identical on every agent.
+Run it with ``airgossip run --task examples.linear_task:make_task`` from the repository root (or any
+importable ``module:callable``). The callable gets an :class:`airgossip.edge.tasks.TaskContext` and
+returns an object with ``initial_parameters``, ``train`` and ``evaluate``; torch's global RNG is
+already seeded with the fleet seed, so a model built the ordinary way starts identical on every
+agent.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.tasks import EvalResult, TaskContext, TrainConfig, TrainResult
-from edge.tasks.base import load_flat
+from airgossip.edge.tasks import EvalResult, TaskContext, TrainConfig, TrainResult
+from airgossip.edge.tasks.base import load_flat
 
 
 class LinearTask:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import coordinator_pb2 as protos_dot_coordinator__pb2
+from airgossip.protos import coordinator_pb2 as airgossip_dot_protos_dot_coordinator__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/coordinator_pb2_grpc.py depends on'
+        + ' but the generated code in airgossip/protos/coordinator_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class CoordinatorStub:
         """
         self.Register = channel.unary_unary(
                 '/airgossip.v1.Coordinator/Register',
-                request_serializer=protos_dot_coordinator__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=protos_dot_coordinator__pb2.RegisterReply.FromString,
+                request_serializer=airgossip_dot_protos_dot_coordinator__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_coordinator__pb2.RegisterReply.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/airgossip.v1.Coordinator/Heartbeat',
-                request_serializer=protos_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=protos_dot_coordinator__pb2.HeartbeatReply.FromString,
+                request_serializer=airgossip_dot_protos_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_coordinator__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
         self.WatchNeighbours = channel.unary_stream(
                 '/airgossip.v1.Coordinator/WatchNeighbours',
-                request_serializer=protos_dot_coordinator__pb2.WatchRequest.SerializeToString,
-                response_deserializer=protos_dot_coordinator__pb2.Assignment.FromString,
+                request_serializer=airgossip_dot_protos_dot_coordinator__pb2.WatchRequest.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_coordinator__pb2.Assignment.FromString,
                 _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/airgossip.v1.Coordinator/Leave',
-                request_serializer=protos_dot_coordinator__pb2.LeaveRequest.SerializeToString,
-                response_deserializer=protos_dot_coordinator__pb2.LeaveReply.FromString,
+                request_serializer=airgossip_dot_protos_dot_coordinator__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_coordinator__pb2.LeaveReply.FromString,
                 _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/airgossip.v1.Coordinator/GetRun',
-                request_serializer=protos_dot_coordinator__pb2.RunRequest.SerializeToString,
-                response_deserializer=protos_dot_coordinator__pb2.RunReply.FromString,
+                request_serializer=airgossip_dot_protos_dot_coordinator__pb2.RunRequest.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_coordinator__pb2.RunReply.FromString,
                 _registered_method=True)
         self.Report = channel.unary_unary(
                 '/airgossip.v1.Coordinator/Report',
-                request_serializer=protos_dot_coordinator__pb2.ReportRequest.SerializeToString,
-                response_deserializer=protos_dot_coordinator__pb2.ReportReply.FromString,
+                request_serializer=airgossip_dot_protos_dot_coordinator__pb2.ReportRequest.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_coordinator__pb2.ReportReply.FromString,
                 _registered_method=True)
 
 
@@ -121,33 +121,33 @@ def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=protos_dot_coordinator__pb2.RegisterRequest.FromString,
-                    response_serializer=protos_dot_coordinator__pb2.RegisterReply.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_coordinator__pb2.RegisterRequest.FromString,
+                    response_serializer=airgossip_dot_protos_dot_coordinator__pb2.RegisterReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=protos_dot_coordinator__pb2.HeartbeatRequest.FromString,
-                    response_serializer=protos_dot_coordinator__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=airgossip_dot_protos_dot_coordinator__pb2.HeartbeatReply.SerializeToString,
             ),
             'WatchNeighbours': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchNeighbours,
-                    request_deserializer=protos_dot_coordinator__pb2.WatchRequest.FromString,
-                    response_serializer=protos_dot_coordinator__pb2.Assignment.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_coordinator__pb2.WatchRequest.FromString,
+                    response_serializer=airgossip_dot_protos_dot_coordinator__pb2.Assignment.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
-                    request_deserializer=protos_dot_coordinator__pb2.LeaveRequest.FromString,
-                    response_serializer=protos_dot_coordinator__pb2.LeaveReply.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_coordinator__pb2.LeaveRequest.FromString,
+                    response_serializer=airgossip_dot_protos_dot_coordinator__pb2.LeaveReply.SerializeToString,
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
-                    request_deserializer=protos_dot_coordinator__pb2.RunRequest.FromString,
-                    response_serializer=protos_dot_coordinator__pb2.RunReply.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_coordinator__pb2.RunRequest.FromString,
+                    response_serializer=airgossip_dot_protos_dot_coordinator__pb2.RunReply.SerializeToString,
             ),
             'Report': grpc.unary_unary_rpc_method_handler(
                     servicer.Report,
-                    request_deserializer=protos_dot_coordinator__pb2.ReportRequest.FromString,
-                    response_serializer=protos_dot_coordinator__pb2.ReportReply.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_coordinator__pb2.ReportRequest.FromString,
+                    response_serializer=airgossip_dot_protos_dot_coordinator__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,8 +175,8 @@ class Coordinator:
             request,
             target,
             '/airgossip.v1.Coordinator/Register',
-            protos_dot_coordinator__pb2.RegisterRequest.SerializeToString,
-            protos_dot_coordinator__pb2.RegisterReply.FromString,
+            airgossip_dot_protos_dot_coordinator__pb2.RegisterRequest.SerializeToString,
+            airgossip_dot_protos_dot_coordinator__pb2.RegisterReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -202,8 +202,8 @@ class Coordinator:
             request,
             target,
             '/airgossip.v1.Coordinator/Heartbeat',
-            protos_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
-            protos_dot_coordinator__pb2.HeartbeatReply.FromString,
+            airgossip_dot_protos_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            airgossip_dot_protos_dot_coordinator__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -229,8 +229,8 @@ class Coordinator:
             request,
             target,
             '/airgossip.v1.Coordinator/WatchNeighbours',
-            protos_dot_coordinator__pb2.WatchRequest.SerializeToString,
-            protos_dot_coordinator__pb2.Assignment.FromString,
+            airgossip_dot_protos_dot_coordinator__pb2.WatchRequest.SerializeToString,
+            airgossip_dot_protos_dot_coordinator__pb2.Assignment.FromString,
             options,
             channel_credentials,
             insecure,
@@ -256,8 +256,8 @@ class Coordinator:
             request,
             target,
             '/airgossip.v1.Coordinator/Leave',
-            protos_dot_coordinator__pb2.LeaveRequest.SerializeToString,
-            protos_dot_coordinator__pb2.LeaveReply.FromString,
+            airgossip_dot_protos_dot_coordinator__pb2.LeaveRequest.SerializeToString,
+            airgossip_dot_protos_dot_coordinator__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -283,8 +283,8 @@ class Coordinator:
             request,
             target,
             '/airgossip.v1.Coordinator/GetRun',
-            protos_dot_coordinator__pb2.RunRequest.SerializeToString,
-            protos_dot_coordinator__pb2.RunReply.FromString,
+            airgossip_dot_protos_dot_coordinator__pb2.RunRequest.SerializeToString,
+            airgossip_dot_protos_dot_coordinator__pb2.RunReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -310,8 +310,8 @@ class Coordinator:
             request,
             target,
             '/airgossip.v1.Coordinator/Report',
-            protos_dot_coordinator__pb2.ReportRequest.SerializeToString,
-            protos_dot_coordinator__pb2.ReportReply.FromString,
+            airgossip_dot_protos_dot_coordinator__pb2.ReportRequest.SerializeToString,
+            airgossip_dot_protos_dot_coordinator__pb2.ReportReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,9 +9,9 @@ neighbours they already have. Each identity's calls are rate-limited per method 
 the limit: RESOURCE_EXHAUSTED; an agent backs off and sends again).
 """
 
+from airgossip.protos import coordinator_pb2 as _coordinator_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
-from protos import coordinator_pb2 as _coordinator_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

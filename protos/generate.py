@@ -1,6 +1,7 @@
 """Regenerate the checked-in protobuf and gRPC code from ``protos/*.proto``.
 
-Run ``python -m protos.generate`` from the repository root after editing a ``.proto`` file.
+Run ``python -m airgossip.protos.generate`` from the repository root after editing a ``.proto``
+file.
 ``tests/test_protos.py`` regenerates into a temporary folder and fails on any difference.
 It needs the dev extras: ``grpcio-tools==1.81.1`` (the newest that works with protobuf 6,
 which flwr 1.42 requires) and ``mypy-protobuf`` for the type stubs.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -17,6 +19,8 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent
+#: Where the protos are installed, as a path: the generated imports' package.
+PACKAGE = "airgossip/protos"
 
 
 def _plugin(folder: Path, name: str, entry: str) -> Path:
@@ -42,27 +46,36 @@ def generate(out_root: Path) -> list[Path]:
     """
     from grpc_tools import protoc  # dev dependency: imported only when generating
 
-    protos = sorted(p.relative_to(REPO_ROOT).as_posix() for p in PROTO_DIR.glob("*.proto"))
     (out_root / "protos").mkdir(parents=True, exist_ok=True)
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     with tempfile.TemporaryDirectory() as tmp:
+        # The .proto files are compiled where they are installed (airgossip/protos/), so that
+        # the generated code imports its siblings as ``airgossip.protos``.
+        source = Path(tmp) / "source"
+        (source / PACKAGE).mkdir(parents=True)
+        for proto in PROTO_DIR.glob("*.proto"):
+            shutil.copy(proto, source / PACKAGE / proto.name)
+        out = Path(tmp) / "out"
+        out.mkdir()
         mypy = _plugin(Path(tmp), "protoc-gen-mypy", "main")
         mypy_grpc = _plugin(Path(tmp), "protoc-gen-mypy_grpc", "grpc")
         args = [
             "grpc_tools.protoc",
-            f"-I{REPO_ROOT}",
+            f"-I{source}",
             f"-I{include}",
             f"--plugin=protoc-gen-mypy={mypy}",
             f"--plugin=protoc-gen-mypy_grpc={mypy_grpc}",
-            f"--python_out={out_root}",
-            f"--grpc_python_out={out_root}",
-            f"--mypy_out={out_root}",
-            f"--mypy_grpc_out={out_root}",
-            *protos,
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            f"--mypy_out={out}",
+            f"--mypy_grpc_out={out}",
+            *sorted(f"{PACKAGE}/{p.name}" for p in PROTO_DIR.glob("*.proto")),
         ]
         code = protoc.main(args)
-    if code != 0:
-        raise RuntimeError(f"protoc failed with exit code {code}")
+        if code != 0:
+            raise RuntimeError(f"protoc failed with exit code {code}")
+        for path in (out / PACKAGE).glob("*_pb2*.py*"):
+            shutil.copy(path, out_root / "protos" / path.name)
     return sorted((out_root / "protos").glob("*_pb2*.py*"))
 
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import gossip_pb2 as protos_dot_gossip__pb2
+from airgossip.protos import gossip_pb2 as airgossip_dot_protos_dot_gossip__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/gossip_pb2_grpc.py depends on'
+        + ' but the generated code in airgossip/protos/gossip_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class GossipStub:
         """
         self.Push = channel.stream_unary(
                 '/airgossip.v1.Gossip/Push',
-                request_serializer=protos_dot_gossip__pb2.PushChunk.SerializeToString,
-                response_deserializer=protos_dot_gossip__pb2.PushAck.FromString,
+                request_serializer=airgossip_dot_protos_dot_gossip__pb2.PushChunk.SerializeToString,
+                response_deserializer=airgossip_dot_protos_dot_gossip__pb2.PushAck.FromString,
                 _registered_method=True)
 
 
@@ -56,8 +56,8 @@ def add_GossipServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=protos_dot_gossip__pb2.PushChunk.FromString,
-                    response_serializer=protos_dot_gossip__pb2.PushAck.SerializeToString,
+                    request_deserializer=airgossip_dot_protos_dot_gossip__pb2.PushChunk.FromString,
+                    response_serializer=airgossip_dot_protos_dot_gossip__pb2.PushAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,8 +85,8 @@ class Gossip:
             request_iterator,
             target,
             '/airgossip.v1.Gossip/Push',
-            protos_dot_gossip__pb2.PushChunk.SerializeToString,
-            protos_dot_gossip__pb2.PushAck.FromString,
+            airgossip_dot_protos_dot_gossip__pb2.PushChunk.SerializeToString,
+            airgossip_dot_protos_dot_gossip__pb2.PushAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,9 +8,9 @@ and every chunk carries a slice of one flat, encoded parameter buffer. Models of
 therefore cross without ever building one giant protobuf message.
 """
 
+from airgossip.protos import gossip_pb2 as _gossip_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
-from protos import gossip_pb2 as _gossip_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

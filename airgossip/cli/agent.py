@@ -155,8 +155,8 @@ def agent(
     size and scenario come from the coordinator. Links are real: nothing is emulated unless
     the scenario's network table asks.
     """
-    from emulation.errors import ConfigError
-    from emulation.runtime.command import AgentCommand, check_command
+    from airgossip.emulation.errors import ConfigError
+    from airgossip.emulation.runtime.command import AgentCommand, check_command
 
     command = AgentCommand(
         config=config, agent_id=agent_id, index=index, listen=listen, advertise=advertise,
@@ -180,7 +180,7 @@ def agent(
         check_scenario_file(config)
     if device is not None:
         check_flags({"device": device})
-    from emulation.runtime.process import AgentProcessError, run_agent_command
+    from airgossip.emulation.runtime.process import AgentProcessError, run_agent_command
 
     try:
         code = run_agent_command(command)

@@ -2,7 +2,7 @@
 
 ``airgossip baseline flower PATH`` runs a Flower app with Flower's own simulation engine
 and the app's own ServerApp, and writes results.json in our schema
-(``emulation.baselines.flower``); ``airgossip compare`` reads it as it reads our runs.
+(``airgossip.emulation.baselines.flower``); ``airgossip compare`` reads it as it reads our runs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from airgossip.cli.run import _raise_keyboard_interrupt
 from airgossip.cli.scenario import default_out
 
 if TYPE_CHECKING:
-    from emulation.fleets import FleetProgress
+    from airgossip.emulation.fleets import FleetProgress
 
 #: The extra that holds Flower's simulation engine, and the module that says it is there.
 EXTRA, ENGINE_MODULE = "baseline", "ray"
@@ -79,8 +79,8 @@ def flower(
     """
     check_baseline_flags(app, agents, rounds, client_cpus)
     ensure_simulation_engine()
-    from emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
-    from emulation.config import ConfigError
+    from airgossip.emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
+    from airgossip.emulation.config import ConfigError
 
     spec = FlowerBaseline(
         app=app_spec(app), agents=agents, rounds=rounds,

@@ -31,55 +31,55 @@ REGISTRY_NAMES = Path(__file__).with_name("registry_names.json")
 
 
 def _topologies() -> str:
-    from edge.topology import TOPOLOGIES
+    from airgossip.edge.topology import TOPOLOGIES
 
     return ", ".join(TOPOLOGIES)
 
 
 def _named_topologies() -> str:
-    from edge.topology import TOPOLOGIES
+    from airgossip.edge.topology import TOPOLOGIES
 
     return ", ".join(name for name in TOPOLOGIES if name != "edges")
 
 
 def _algorithms() -> str:
-    from edge.algorithms import ALGORITHMS
+    from airgossip.edge.algorithms import ALGORITHMS
 
     return ", ".join(ALGORITHMS)
 
 
 def _tasks() -> str:
-    from edge.tasks import BUILTIN_TASKS
+    from airgossip.edge.tasks import BUILTIN_TASKS
 
     return ", ".join(BUILTIN_TASKS)
 
 
 def _app_free_tasks() -> str:
-    from edge.tasks import BUILTIN_TASKS
+    from airgossip.edge.tasks import BUILTIN_TASKS
 
     return ", ".join(name for name in BUILTIN_TASKS if name != "flower")
 
 
 def _codecs() -> str:
-    from edge.compression import CODEC_FORMS
+    from airgossip.edge.compression import CODEC_FORMS
 
     return ", ".join(CODEC_FORMS)
 
 
 def _modes() -> str:
-    from emulation.fleets import modes_help
+    from airgossip.emulation.fleets import modes_help
 
     return modes_help()
 
 
 def _mode_names() -> str:
-    from emulation.fleets import FLEETS
+    from airgossip.emulation.fleets import FLEETS
 
     return ", ".join(FLEETS)
 
 
 def _presets() -> str:
-    from emulation.scenario import preset_names
+    from airgossip.emulation.scenario import preset_names
 
     return ", ".join(preset_names())
 

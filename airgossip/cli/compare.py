@@ -33,8 +33,8 @@ def compare(
         if not file.exists():
             fail(f"{file} does not exist")
 
-    from emulation.compare import comparison_rows, load_runs, plot_comparison
-    from emulation.config import ConfigError
+    from airgossip.emulation.compare import comparison_rows, load_runs, plot_comparison
+    from airgossip.emulation.config import ConfigError
 
     try:
         loaded = load_runs(runs)

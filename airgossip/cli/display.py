@@ -22,9 +22,9 @@ from rich.text import Text
 if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
     from pydantic import JsonValue
 
-    from emulation.config import RunConfig
-    from emulation.fleets import FleetProgress
-    from emulation.results import RunResults
+    from airgossip.emulation.config import RunConfig
+    from airgossip.emulation.fleets import FleetProgress
+    from airgossip.emulation.results import RunResults
 
 console = Console()
 errors = Console(stderr=True)
@@ -201,7 +201,7 @@ def write_summary(
     path: Path, results: RunResults, out_dir: Path, links: str, *, title: str = "airgossip run"
 ) -> None:
     """The summary table as plain text at 80 columns (``summary.txt``), a private file."""
-    from edge.security.private_files import open_private
+    from airgossip.edge.security.private_files import open_private
 
     with open_private(path, "w") as handle:
         Console(file=handle, width=80, color_system=None, force_terminal=False).print(
@@ -258,7 +258,7 @@ def _privacy_rows(results: RunResults) -> list[tuple[str, Any]]:
         line = f"{p.mechanism} · ε {spent} (most any agent spent) at δ {p.delta:g}"
     if p.gossip_rounds > 1:
         line += f" · a private step every {p.gossip_rounds} rounds"
-    from edge.privacy.mechanisms.registry import MECHANISMS  # no torch: names and flags
+    from airgossip.edge.privacy.mechanisms.registry import MECHANISMS  # no torch: names and flags
 
     mechanism = MECHANISMS.get(p.mechanism)
     if mechanism is not None and mechanism.caveat:

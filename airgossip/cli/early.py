@@ -1,13 +1,14 @@
 """Flags checked before anything heavy is imported, so that a bad one is answered at once.
 
-The settings' own validation (``emulation.config``) needs the registries, and they import
-torch: seconds before a typo is reported. What a setting can be checked against without them
-is checked here first: with the names ``registry_names.json`` holds and the keys a scenario
-may hold (``setting_keys.json``; both generated from the models and registries and checked
-against them), and with the torch-free rules the full validation itself asks (a codec spec:
-``edge.compression.forms``; what an algorithm asks of its graph: ``edge.algorithms.graph_needs``
-with the graph built by ``edge.topology``; a user's ``module:callable`` task:
-``edge.tasks.custom``), in the same words as the full validation:
+The settings' own validation (``airgossip.emulation.config``) needs the registries, and they import
+torch: seconds before a typo is reported. What a setting can be checked against without them is
+checked here first: with the names ``registry_names.json`` holds and the keys a scenario may hold
+(``setting_keys.json``; both generated from the models and registries and checked against them), and
+with the torch-free rules the full validation itself asks (a codec spec:
+``airgossip.edge.compression.forms``; what an algorithm asks of its graph:
+``airgossip.edge.algorithms.graph_needs`` with the graph built by ``airgossip.edge.topology``; a
+user's ``module:callable`` task:
+``airgossip.edge.tasks.custom``), in the same words as the full validation:
 ``tests/system/test_cli_early.py`` holds the two to the same message for every bad value.
 """
 
@@ -22,15 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airgossip.cli.choices import registry_names
 from airgossip.cli.display import fail
-from edge.compression.forms import check_compression
-from emulation.errors import ConfigError, format_validation_error, unknown_setting
-from emulation.scenario_file import Settings, merge, read_scenario
+from airgossip.edge.compression.forms import check_compression
+from airgossip.emulation.errors import ConfigError, format_validation_error, unknown_setting
+from airgossip.emulation.scenario_file import Settings, merge, read_scenario
 
 if TYPE_CHECKING:
-    from emulation.config import KeyTree
+    from airgossip.emulation.config import KeyTree
 
-#: The keys a scenario may hold and the defaults of the settings that make its graph, as
-#: generated (:func:`write_setting_keys`) from ``emulation.config``: the file is read where
+#: The keys a scenario may hold and the defaults of the settings that make its graph, as generated
+#: (:func:`write_setting_keys`) from ``airgossip.emulation.config``: the file is read where
 #: importing that module would import torch.
 SETTING_KEYS = Path(__file__).with_name("setting_keys.json")
 #: The settings the first graph of a run is built from.
@@ -100,23 +101,25 @@ def check_scenario_file(path: Path) -> Settings:
 
 @cache
 def setting_keys() -> dict[str, Any]:
-    """What ``setting_keys.json`` holds: ``keys`` (a :data:`~emulation.config.KeyTree`) and
-    ``defaults`` (of the settings a run's graph is built from)."""
+    """What ``setting_keys.json`` holds: ``keys`` (a
+    :data:`~airgossip.emulation.config.KeyTree`) and ``defaults`` (of the settings a run's graph
+    is built from)."""
     data: dict[str, Any] = json.loads(SETTING_KEYS.read_text())
     return data
 
 
 def read_setting_keys() -> dict[str, Any]:
-    """What ``setting_keys.json`` should hold, read from ``emulation.config`` (imports torch)."""
-    from emulation.config import RunConfig
-    from emulation.config import setting_keys as model_keys
+    """What ``setting_keys.json`` should hold, read from ``airgossip.emulation.config``
+    (imports torch)."""
+    from airgossip.emulation.config import RunConfig
+    from airgossip.emulation.config import setting_keys as model_keys
 
     defaults = {name: RunConfig.model_fields[name].default for name in _GRAPH_SETTINGS}
     return {"keys": model_keys(), "defaults": defaults}
 
 
 def write_setting_keys() -> None:
-    """Generate ``setting_keys.json`` from ``emulation.config``::
+    """Generate ``setting_keys.json`` from ``airgossip.emulation.config``::
 
     python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"
     """
@@ -174,7 +177,7 @@ def check_run(
     the user's that cannot be found (imported when found, with whatever it imports).
     ``wireless``: a ``--scenario`` gives the run its graph; ``app``: a Flower app is the
     task."""
-    from edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
+    from airgossip.edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
 
     scenario = check_scenario_file(config) if config is not None else {}
     run: dict[str, Any] = merge(merge(setting_keys()["defaults"], scenario), flags)
@@ -188,7 +191,7 @@ def check_run(
         and isinstance(agents, int)
         and agents <= _EARLY_GRAPH_AGENTS
     ):
-        from edge.topology.graphs import build_graph
+        from airgossip.edge.topology.graphs import build_graph
 
         try:  # the named graphs are connected by construction: no SciPy to check it
             graph = build_graph(
@@ -202,7 +205,7 @@ def check_run(
     task = run.get("task")
     task = task.get("name") if isinstance(task, dict) else None
     if not app and isinstance(task, str) and ":" in task and task not in _names("tasks"):
-        from edge.tasks.custom import TaskError, import_task_factory
+        from airgossip.edge.tasks.custom import TaskError, import_task_factory
 
         try:
             import_task_factory(task)

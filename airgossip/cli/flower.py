@@ -12,8 +12,8 @@ from airgossip.cli.display import fail
 if TYPE_CHECKING:  # the CLI imports Flower only when a command runs a Flower app
     from pydantic import JsonValue
 
-    from edge.tasks.flower.app import RunConfigValue
-    from emulation.config import RunConfig, Settings
+    from airgossip.edge.tasks.flower.app import RunConfigValue
+    from airgossip.emulation.config import RunConfig, Settings
 
 
 def app_spec(app: str) -> str:
@@ -27,8 +27,8 @@ def parse_run_config_flag(text: str | None) -> dict[str, RunConfigValue]:
     """``--run-config 'k=v ...'`` as Flower reads it; one-line error if malformed."""
     if text is None:
         return {}
-    from edge.tasks.flower import FlowerAppError
-    from edge.tasks.flower.app import parse_run_config
+    from airgossip.edge.tasks.flower import FlowerAppError
+    from airgossip.edge.tasks.flower.app import parse_run_config
 
     try:
         return dict(parse_run_config(text))
@@ -72,7 +72,7 @@ def with_flower_rounds(config: RunConfig, flags: Settings) -> RunConfig:
         return config
     if "rounds" in config.model_fields_set:
         return config
-    from edge.tasks.flower import FlowerAppError, load_flower_app
+    from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
 
     options = config.task.options
     try:

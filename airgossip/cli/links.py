@@ -14,7 +14,7 @@ from airgossip.cli.display import console, fail, say
 from airgossip.cli.scenario import flag_overrides, scenario_base
 
 if TYPE_CHECKING:
-    from emulation.scenario import WirelessSettings
+    from airgossip.emulation.scenario import WirelessSettings
 
 
 def links_command(
@@ -48,9 +48,9 @@ def links_command(
     check_scenario(scenario)
     check_flags(flag_overrides(agents=agents, seed=seed))
 
-    from emulation.config import ConfigError, load_config
-    from emulation.networks.link_report import link_report, plot_links
-    from emulation.networks.wireless import WirelessNetwork
+    from airgossip.emulation.config import ConfigError, load_config
+    from airgossip.emulation.networks.link_report import link_report, plot_links
+    from airgossip.emulation.networks.wireless import WirelessNetwork
 
     base = scenario_base(scenario)
     try:
@@ -100,7 +100,7 @@ def _path_loss_table(wireless: WirelessSettings, png: Path) -> None:
     """The path loss of a scenario against distance, beside 38.901's base-station curve."""
     import numpy as np
 
-    from emulation.channel.curves import TABLE_DISTANCES_M, path_loss_curves
+    from airgossip.emulation.channel.curves import TABLE_DISTANCES_M, path_loss_curves
 
     area = wireless.mobility.area_m
     reach = max(float(np.hypot(area[0], area[1])), 10.0)
@@ -153,7 +153,7 @@ def _plot_path_loss(wireless: WirelessSettings, reach: float, png: Path, title: 
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from emulation.channel.curves import path_loss_curves
+    from airgossip.emulation.channel.curves import path_loss_curves
 
     c = path_loss_curves(wireless, np.geomspace(1.0, max(reach, 10.0), 400))
     fig, ax = plt.subplots(figsize=(8, 5))

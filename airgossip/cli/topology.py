@@ -19,9 +19,9 @@ def topology_info(
 
     NAME is one of {named_topologies}, or the coordinator's k-out (its first graph).
     """
-    from coordinator.policy import POLICIES, TopologySpec, make_policy
-    from edge.config.identity import agent_ids
-    from edge.topology import (
+    from airgossip.coordinator.policy import POLICIES, TopologySpec, make_policy
+    from airgossip.edge.config.identity import agent_ids
+    from airgossip.edge.topology import (
         Graph,
         TopologyError,
         build_graph,

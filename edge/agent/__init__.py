@@ -2,10 +2,10 @@
 checkpoints (:mod:`.checkpoints`, :mod:`.checkpointing`), how it waits for in-neighbours
 (:mod:`.waiting`), and how one is built from settings (:mod:`.build`)."""
 
-from edge.agent.admission import FORMER_ROUNDS
-from edge.agent.agent import PATIENCE_ROUNDS, Agent
-from edge.agent.build import build_agent, check_task_fits, fleet_digest
-from edge.agent.sending import PROBE_ROUNDS, hold_back
+from airgossip.edge.agent.admission import FORMER_ROUNDS
+from airgossip.edge.agent.agent import PATIENCE_ROUNDS, Agent
+from airgossip.edge.agent.build import build_agent, check_task_fits, fleet_digest
+from airgossip.edge.agent.sending import PROBE_ROUNDS, hold_back
 
 __all__ = [
     "FORMER_ROUNDS",

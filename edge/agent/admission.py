@@ -5,7 +5,7 @@ recent former one, which may still deliver what its edge owes), runs the same al
 the same task, has the shape, codec and size of this model, numbers its messages sensibly
 and holds finite values. The algorithm then refuses what does not fit the edge or would
 leave the state out of bounds. Nothing here changes gossip state: a refusal is a
-:class:`~edge.transport.base.Rejected` handed to the agent's ``refuse`` callback (which
+:class:`~airgossip.edge.transport.base.Rejected` handed to the agent's ``refuse`` callback (which
 counts and logs it) and raised.
 """
 
@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from edge.algorithms import GossipAlgorithm, Payload
-from edge.compression import DecodeError, Encoded, decode_blocks, get_codec
-from edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
-from edge.transport.wire import MAX_HEADER_BYTES
+from airgossip.edge.algorithms import GossipAlgorithm, Payload
+from airgossip.edge.compression import DecodeError, Encoded, decode_blocks, get_codec
+from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
+from airgossip.edge.transport.wire import MAX_HEADER_BYTES
 
 #: A peer that stops being an in-neighbour (the graph changed) may still deliver what its
 #: edge owes for this many of our rounds.

@@ -4,20 +4,20 @@ One round is ``local_step`` (train on the de-biased estimate) -> ``push`` (split
 one message per out-neighbour, at most one in flight per edge) -> wait (bounded staleness:
 a little for in-neighbours that fall behind, never for ever; :meth:`Agent.neighbours_ready`)
 -> ``mix`` (fold in whatever has arrived) -> ``report``. An agent process runs the rounds on
-the wall clock (:class:`~edge.agent.runner.WallClockRunner`); an in-process driver calls the
-same phases in lock step or on a virtual clock. There is no global barrier: an agent never
-waits on anything but its own in-neighbours, and not for longer than ``wait_timeout_s``.
+the wall clock (:class:`~airgossip.edge.agent.runner.WallClockRunner`); an in-process driver calls
+the same phases in lock step or on a virtual clock. There is no global barrier: an agent never waits
+on anything but its own in-neighbours, and not for longer than ``wait_timeout_s``.
 
-The agent is also the transport's :class:`~edge.transport.base.InboundHandler`: every
-incoming message passes :class:`~edge.agent.admission.Admission` before it can touch the
+The agent is also the transport's :class:`~airgossip.edge.transport.base.InboundHandler`: every
+incoming message passes :class:`~airgossip.edge.agent.admission.Admission` before it can touch the
 gossip state, and the algorithm then refuses what does not fit the edge or would leave the
 state out of bounds. Every refusal is counted by reason and logged at a bounded rate.
 
-With a :class:`~edge.agent.checkpoints.CheckpointStore` the agent writes its own state
-(:class:`~edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` and can
+With a :class:`~airgossip.edge.agent.checkpoints.CheckpointStore` the agent writes its own state
+(:class:`~airgossip.edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` and can
 :meth:`Agent.resume` from the newest usable checkpoint after a crash (intact, MACed, of its
 own fleet, run and task, values in bounds; else the one before, else it starts fresh),
-starting every edge over (:mod:`edge.agent.lineage`).
+starting every edge over (:mod:`airgossip.edge.agent.lineage`).
 """
 
 from __future__ import annotations
@@ -31,21 +31,21 @@ from pathlib import Path
 
 import torch
 
-from edge.agent.admission import Admission
-from edge.agent.checkpointing import AgentState, Checkpointer, check_loaded, check_values
-from edge.agent.checkpoints import CheckpointError, CheckpointStore
-from edge.agent.influence import InNeighbourWatch
-from edge.agent.lineage import EdgeLineages, new_incarnation
-from edge.agent.rejoin import LATE_WEIGHT
-from edge.agent.sending import Outbox, Sender, gossip_message, send_event
-from edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
-from edge.compression import Codec
-from edge.config.settings import AgentSettings
-from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
-from edge.observability.telemetry import AgentObserver, ReceiveEvent, StepEvent
-from edge.tasks import Distiller, Task, TrainConfig
-from edge.topology import Assignment
-from edge.transport.base import (  # fmt: skip
+from airgossip.edge.agent.admission import Admission
+from airgossip.edge.agent.checkpointing import AgentState, Checkpointer, check_loaded, check_values
+from airgossip.edge.agent.checkpoints import CheckpointError, CheckpointStore
+from airgossip.edge.agent.influence import InNeighbourWatch
+from airgossip.edge.agent.lineage import EdgeLineages, new_incarnation
+from airgossip.edge.agent.rejoin import LATE_WEIGHT
+from airgossip.edge.agent.sending import Outbox, Sender, gossip_message, send_event
+from airgossip.edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
+from airgossip.edge.compression import Codec
+from airgossip.edge.config.settings import AgentSettings
+from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from airgossip.edge.observability.telemetry import AgentObserver, ReceiveEvent, StepEvent
+from airgossip.edge.tasks import Distiller, Task, TrainConfig
+from airgossip.edge.topology import Assignment
+from airgossip.edge.transport.base import (  # fmt: skip
     GossipMessage,
     MessageHeader,
     RejectCode,
@@ -53,7 +53,7 @@ from edge.transport.base import (  # fmt: skip
     SendOutcome,
     Transport,
 )
-from edge.transport.guard import RefusalLog
+from airgossip.edge.transport.guard import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,14 @@ class Agent:
     observer:
         Gets plain events (sends, local steps, receptions) as they happen (optional).
     fleet:
-        The fleet's name on the wire (:func:`edge.security.tls.fleet_of`); messages naming
+        The fleet's name on the wire (:func:`airgossip.edge.security.tls.fleet_of`); messages naming
         another are refused.
     checkpoints:
         Where the agent keeps its checkpoints (None: it keeps none).
     checkpoint_interval_s:
         How often it writes one (at the end of a round).
     incarnation:
-        This agent process's incarnation (:func:`~edge.agent.lineage.new_incarnation`);
+        This agent process's incarnation (:func:`~airgossip.edge.agent.lineage.new_incarnation`);
         0 for agents that never restart (in-process fleets).
     """
 
@@ -243,7 +243,7 @@ class Agent:
 
     def skip_to(self, round_index: int) -> None:
         """Make ``round_index`` the last round this agent ran: it rejoins a fleet ahead, with
-        :data:`~edge.agent.rejoin.LATE_WEIGHT` when it took up no checkpoint."""
+        :data:`~airgossip.edge.agent.rejoin.LATE_WEIGHT` when it took up no checkpoint."""
         with self._lock:
             self.round = round_index
             if not self.holds_past:
@@ -412,7 +412,7 @@ class Agent:
         )
 
     def checkpoint(self) -> None:
-        """Write a checkpoint now (atomically; see :mod:`edge.agent.checkpoints`)."""
+        """Write a checkpoint now (atomically; see :mod:`airgossip.edge.agent.checkpoints`)."""
         if self.checkpointer is None:
             raise RuntimeError("this agent keeps no checkpoints")
         with self._lock:
@@ -425,7 +425,7 @@ class Agent:
 
         Usable: intact, MACed under this agent's key, of this fleet, run, agent and task,
         and holding values a message could have left it with
-        (:func:`~edge.agent.checkpointing.check_values`, ``check_loaded``). Every newer
+        (:func:`~airgossip.edge.agent.checkpointing.check_values`, ``check_loaded``). Every newer
         checkpoint is refused with one warning naming its file and why, and the one before
         it tried; with none usable the agent starts fresh.
         """

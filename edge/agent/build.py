@@ -12,18 +12,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edge.agent.agent import Agent
-from edge.agent.checkpoints import CheckpointStore
-from edge.algorithms import algorithm_class, create_algorithm
-from edge.config.seeds import derive_seed
-from edge.config.settings import AgentSettings, gossip_dtype, resolve_codec, resolve_device
-from edge.observability.stats import StatsSink
-from edge.observability.telemetry import AgentObserver
-from edge.tasks import Distiller, Task, TaskContext, load_task
-from edge.transport.base import Transport
+from airgossip.edge.agent.agent import Agent
+from airgossip.edge.agent.checkpoints import CheckpointStore
+from airgossip.edge.algorithms import algorithm_class, create_algorithm
+from airgossip.edge.config.seeds import derive_seed
+from airgossip.edge.config.settings import (
+    AgentSettings,
+    gossip_dtype,
+    resolve_codec,
+    resolve_device,
+)
+from airgossip.edge.observability.stats import StatsSink
+from airgossip.edge.observability.telemetry import AgentObserver
+from airgossip.edge.tasks import Distiller, Task, TaskContext, load_task
+from airgossip.edge.transport.base import Transport
 
 if TYPE_CHECKING:  # imported only by runs that ask for privacy (Opacus, the accountants)
-    from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
+    from airgossip.edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
 
 
 def fleet_digest(task: Task, initial: torch.Tensor) -> str:
@@ -121,7 +126,7 @@ def build_privacy(
 ) -> PrivacyMechanism:
     """The agent's ``[privacy]`` mechanism (imported only here: Opacus and the accountants
     load when a run asks for privacy). ``ValueError`` naming what is missing."""
-    from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
+    from airgossip.edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
 
     return PrivacyMechanism(
         settings.privacy,
@@ -138,7 +143,7 @@ def build_privacy(
 
 def private_task(task: Task, mechanism: PrivacyMechanism, weight: Callable[[], float]) -> Task:
     """``task`` trained by ``mechanism``: the agent's seam with ``[privacy]``
-    (:class:`edge.privacy.task.PrivateTask`)."""
-    from edge.privacy.task import PrivateTask
+    (:class:`airgossip.edge.privacy.task.PrivateTask`)."""
+    from airgossip.edge.privacy.task import PrivateTask
 
     return PrivateTask(task, mechanism, weight=weight)

@@ -1,14 +1,15 @@
 """When an agent writes its checkpoints, what one holds, and taking one up again.
 
 The file format (atomic, bound to its fleet, run and agent, MACed, falling back to the
-previous file) is :mod:`edge.agent.checkpoints`; what an agent keeps is an
+previous file) is :mod:`airgossip.edge.agent.checkpoints`; what an agent keeps is an
 :class:`AgentState`, and a :class:`Checkpointer` writes one every interval, one writer at a
 time, and loads the newest that belongs to the agent and holds values it may hold.
 
 The values are checked with the functions that hold incoming messages to the state bounds
-(:func:`~edge.algorithms.base.check_absorption`, :func:`~edge.algorithms.base.check_weight`,
-:func:`~edge.agent.admission.all_finite`): a checkpoint can leave an agent in no state that a
-message could not, and a refused one leaves it as it was.
+(:func:`~airgossip.edge.algorithms.base.check_absorption`,
+:func:`~airgossip.edge.algorithms.base.check_weight`,
+:func:`~airgossip.edge.agent.admission.all_finite`): a checkpoint can leave an agent in no state
+that a message could not, and a refused one leaves it as it was.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from typing import Any
 
 import torch
 
-from edge.agent.admission import MAX_ROUND, all_finite
-from edge.agent.checkpoints import CheckpointError, CheckpointStore
-from edge.algorithms import GossipAlgorithm, InvalidPayload
-from edge.algorithms.base import check_absorption, check_weight
-from edge.algorithms.push_sum import PushSumCore
-from edge.observability.stats import Counters
+from airgossip.edge.agent.admission import MAX_ROUND, all_finite
+from airgossip.edge.agent.checkpoints import CheckpointError, CheckpointStore
+from airgossip.edge.algorithms import GossipAlgorithm, InvalidPayload
+from airgossip.edge.algorithms.base import check_absorption, check_weight
+from airgossip.edge.algorithms.push_sum import PushSumCore
+from airgossip.edge.observability.stats import Counters
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class AgentState:
         The algorithm's own state (``GossipAlgorithm.state_dict``; no per-edge state).
     incarnation:
         The incarnation that wrote it: a restarted agent takes a larger one
-        (:func:`~edge.agent.lineage.new_incarnation`).
+        (:func:`~airgossip.edge.agent.lineage.new_incarnation`).
     """
 
     agent_id: str
@@ -122,7 +123,7 @@ def check_loaded(algorithm: GossipAlgorithm, before: dict[str, Any]) -> None:
     a checkpoint; ``before``: its ``state_dict`` as built) is one a message could leave it
     in: every tensor of the shape it was built with, a push-sum weight in
     ``(0, MAX_WEIGHT]``, its mass and its estimate within the bounds of
-    :func:`~edge.algorithms.base.check_absorption`."""
+    :func:`~airgossip.edge.algorithms.base.check_absorption`."""
     after = algorithm.state_dict()
     for name, built in before.items():
         if isinstance(built, torch.Tensor) and (

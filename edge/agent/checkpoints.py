@@ -22,7 +22,7 @@ fleet, run and agent wins (and whatever the caller checks besides: the values); 
 one is refused with one line saying why, and none usable means the agent starts fresh. The
 newest few are kept.
 
-Nothing here knows what an agent keeps: :class:`~edge.agent.Agent` builds the state, the
+Nothing here knows what an agent keeps: :class:`~airgossip.edge.agent.Agent` builds the state, the
 algorithms fill in theirs (``GossipAlgorithm.state_dict``).
 """
 
@@ -65,8 +65,8 @@ class CheckpointOwner:
     agent:
         The agent's id.
     fleet:
-        The fleet: the fingerprint of its CA certificate (:func:`edge.security.tls.fleet_of`;
-        empty over plaintext).
+        The fleet: the fingerprint of its CA certificate
+        (:func:`airgossip.edge.security.tls.fleet_of`; empty over plaintext).
     run:
         The run: the coordinator's run id, or for static peers the run the operator names
         (``--run-id``) or else a digest of the run's settings and peer list.

@@ -28,7 +28,7 @@ An algorithm that leaves its pending mass as it was (``robust-push-sum`` holds e
 increments apart until the mix, where it clips them) is measured by the payload itself:
 ``v = vector / y``, the value the edge's running sum proposes, before any clipping. The
 clip events (``clipped_by_sender``, counted at the mix) and, on algorithms with a drift
-budget, the sender's drift score (``drift_by_sender``, :mod:`edge.algorithms.drift`) reach
+budget, the sender's drift score (``drift_by_sender``, :mod:`airgossip.edge.algorithms.drift`) reach
 the observer with the sender's next message.
 """
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import torch
 
-from edge.algorithms import GossipAlgorithm, Payload
-from edge.algorithms.push_sum import PushSumCore
-from edge.observability.telemetry import ReceiveEvent
+from airgossip.edge.algorithms import GossipAlgorithm, Payload
+from airgossip.edge.algorithms.push_sum import PushSumCore
+from airgossip.edge.observability.telemetry import ReceiveEvent
 
 #: Below this norm an estimate counts as zero (the ratio is then taken against 1).
 TINY = 1e-30

@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import time
 
-from edge.algorithms import Ack, GossipAlgorithm, Payload, ProtocolError
+from airgossip.edge.algorithms import Ack, GossipAlgorithm, Payload, ProtocolError
 
 #: Lineages of one incarnation: ``incarnation << LINEAGE_BITS`` and up.
 LINEAGE_BITS = 20

@@ -1,10 +1,10 @@
 """How an agent process drives its agent's rounds on the wall clock.
 
-The :class:`~edge.agent.agent.Agent` has the phases of a round and nothing of time; in-process
-drivers call them in lock step or on a virtual clock. A process runs them here: it waits for
-in-neighbours (bounded by ``wait_timeout_s``), writes checkpoints at their interval, and, when
+The :class:`~airgossip.edge.agent.agent.Agent` has the phases of a round and nothing of time;
+in-process drivers call them in lock step or on a virtual clock. A process runs them here: it waits
+for in-neighbours (bounded by ``wait_timeout_s``), writes checkpoints at their interval, and, when
 it starts while its fleet is under way (a restart), rejoins at the fleet's round
-(:mod:`edge.agent.rejoin`).
+(:mod:`airgossip.edge.agent.rejoin`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from edge.agent.agent import Agent
-from edge.agent.rejoin import (
+from airgossip.edge.agent.agent import Agent
+from airgossip.edge.agent.rejoin import (
     LATE_WEIGHT,
     MIN_QUORUM,
     REJOIN_WAIT_S,
@@ -21,7 +21,7 @@ from edge.agent.rejoin import (
     rejoin_round,
 )
 
-log = logging.getLogger("edge.agent.agent")
+log = logging.getLogger("airgossip.edge.agent.agent")
 
 
 class WallClockRunner:
@@ -87,7 +87,7 @@ class WallClockRunner:
 
     def rejoin(self, fleet: int) -> None:
         """Skip ahead to round ``fleet`` (where the fleet is, as its coordinator or peers
-        say) when it is well ahead (:func:`~edge.agent.rejoin.rejoin_round`)."""
+        say) when it is well ahead (:func:`~airgossip.edge.agent.rejoin.rejoin_round`)."""
         agent = self.agent
         target = rejoin_round(
             agent.round, fleet, rounds=agent.settings.rounds, staleness=agent.settings.staleness
@@ -102,11 +102,11 @@ class WallClockRunner:
 
     def catch_up(self, wait_s: float = 0.0) -> None:
         """:meth:`rejoin` the fleet at its peers' round, decided once, as soon as
-        :data:`~edge.agent.rejoin.MIN_QUORUM` distinct peers have named their rounds
+        :data:`~airgossip.edge.agent.rejoin.MIN_QUORUM` distinct peers have named their rounds
         (acknowledgements, messages), waiting at most ``wait_s`` for them.
 
         The round is one a quorum of the peers heard agree on
-        (:func:`~edge.agent.rejoin.fleet_round`): one peer cannot make the agent skip. An
+        (:func:`~airgossip.edge.agent.rejoin.fleet_round`): one peer cannot make the agent skip. An
         agent whose phase has fewer peers than a quorum never skips on its peers' word (its
         coordinator's, :meth:`rejoin`, is another matter).
         """

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from edge.algorithms import Payload
-from edge.compression import Codec
-from edge.observability.telemetry import SendEvent
-from edge.topology import Phase
-from edge.transport.base import GossipMessage, MessageHeader, RejectCode, SendOutcome
+from airgossip.edge.algorithms import Payload
+from airgossip.edge.compression import Codec
+from airgossip.edge.observability.telemetry import SendEvent
+from airgossip.edge.topology import Phase
+from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, SendOutcome
 
 #: An out-neighbour that cannot be reached keeps its share at home (a dead peer would swallow
 #: a share every round: within a few seconds, all of the fleet's push-sum weight); every this

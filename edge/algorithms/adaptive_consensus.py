@@ -20,7 +20,8 @@ The update is D-PSGD's with a consensus step ``gamma_t``::
 - ``ramp``: ``gamma`` rises linearly from ``gamma_min`` to ``gamma_max`` over the first
   ``ramp_rounds`` rounds and stays there: replicas apart early, together late.
 
-The weights and the handling of lost messages are D-PSGD's (:class:`~edge.algorithms.dpsgd.DPSGD`).
+The weights and the handling of lost messages are D-PSGD's
+(:class:`~airgossip.edge.algorithms.dpsgd.DPSGD`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edge.algorithms.dpsgd import DPSGD
+from airgossip.edge.algorithms.dpsgd import DPSGD
 
 
 class AdaptiveConsensusOptions(BaseModel):

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from edge.algorithms.graph_needs import supports_directed
-from edge.compression import (
+from airgossip.edge.algorithms.graph_needs import supports_directed
+from airgossip.edge.compression import (
     Codec,
     Encoded,
     RawCodec,
@@ -34,9 +34,9 @@ from edge.compression import (
     encode_blocks,
     raw_codec_for,
 )
-from edge.config.options import validate_options
-from edge.config.seeds import derive_seed
-from edge.topology.mixing import Phase
+from airgossip.edge.config.options import validate_options
+from airgossip.edge.config.seeds import derive_seed
+from airgossip.edge.topology.mixing import Phase
 
 #: Most weight an agent may hold or one message carry. A fleet's weights sum to its size, so
 #: anything near this is an attack or a bug, never a fleet.
@@ -215,7 +215,7 @@ class Payload:
 class Ack:
     """What a receiver reports back for one message.
 
-    ``lineage`` and ``start_over`` are the agent's (see :mod:`edge.agent.lineage`): the
+    ``lineage`` and ``start_over`` are the agent's (see :mod:`airgossip.edge.agent.lineage`): the
     lineage of the edge the receiver holds, and whether it could not place the message, so
     that the sender starts the edge over.
     """
@@ -241,7 +241,7 @@ class GossipAlgorithm(ABC):
         Codec of every payload (default: the lossless codec of ``dtype``).
     seed:
         Root of the algorithm's random draws (stochastic rounding, random-k indices); give
-        every agent its own (see :func:`~edge.config.seeds.derive_seed`).
+        every agent its own (see :func:`~airgossip.edge.config.seeds.derive_seed`).
     options:
         The algorithm's ``[algorithm_options]``, validated against :attr:`options_model`.
     shared_start:
@@ -251,16 +251,16 @@ class GossipAlgorithm(ABC):
 
     name: str = ""
     #: Whether the algorithm runs on directed graphs (column-stochastic weights suffice); set
-    #: from :data:`~edge.algorithms.graph_needs.UNDIRECTED_ONLY` by the algorithm's name.
+    #: from :data:`~airgossip.edge.algorithms.graph_needs.UNDIRECTED_ONLY` by the algorithm's name.
     supports_directed: ClassVar[bool] = True
-    #: Weighting scheme of the mixing matrix the algorithm needs (see ``edge.topology``).
+    #: Weighting scheme of the mixing matrix the algorithm needs (see ``airgossip.edge.topology``).
     mixing: ClassVar[str] = "column-stochastic"
     #: Most blocks one message may carry (the receiver refuses more before buffering).
     max_blocks: ClassVar[int] = 1
     #: Validates ``[algorithm_options]``.
     options_model: ClassVar[type[BaseModel]] = NoOptions
     #: Combines models by distillation (:meth:`teachers`): the task must implement
-    #: :class:`~edge.tasks.base.Distiller`.
+    #: :class:`~airgossip.edge.tasks.base.Distiller`.
     needs_distillation: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

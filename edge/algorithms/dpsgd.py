@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from edge.algorithms.base import (
+from airgossip.edge.algorithms.base import (
     Ack,
     GossipAlgorithm,
     InvalidPayload,
@@ -27,8 +27,8 @@ from edge.algorithms.base import (
     check_absorption,
     check_sequence,
 )
-from edge.compression import Codec
-from edge.topology.mixing import Phase
+from airgossip.edge.compression import Codec
+from airgossip.edge.topology.mixing import Phase
 
 
 class DPSGD(GossipAlgorithm):

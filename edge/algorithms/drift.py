@@ -1,6 +1,6 @@
 """A budget on how far one in-neighbour may move an agent over a whole run, not per message.
 
-Per-message clipping (:mod:`edge.algorithms.clipping`) bounds one round's pull. An insider
+Per-message clipping (:mod:`airgossip.edge.algorithms.clipping`) bounds one round's pull. An insider
 that stays inside the radius, sending each receiver its own estimate plus a small step in
 one fixed direction, moves it by that step every round: each message is small, the sum over
 rounds is not. :class:`DriftGuard` keeps, per sender ``s``, the *net displacement*

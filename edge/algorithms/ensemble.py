@@ -6,13 +6,13 @@ from the same parameters: the average of independently initialised networks is a
 ensemble does, by averaging their *outputs*, and then compresses the ensemble back into one
 model of the same size by distillation on local data.
 
-Here every ``period`` rounds an agent sends its whole model to its out-neighbours and keeps
-the latest model from each in-neighbour. After that round's mix its *teachers* are its own
-model and every in-neighbour's model received since the previous combination; the agent
-hands them to the task's ``distill`` (:class:`~edge.tasks.base.Distiller`), which trains the
-model on local data towards the teachers' averaged outputs. The algorithm itself stays pure:
-parameters in, the teachers out; the task does the learning. The fleet's models never
-become equal, so there is no consensus to measure; what counts is each agent's accuracy.
+Here every ``period`` rounds an agent sends its whole model to its out-neighbours and keeps the
+latest model from each in-neighbour. After that round's mix its *teachers* are its own model and
+every in-neighbour's model received since the previous combination; the agent hands them to the
+task's ``distill`` (:class:`~airgossip.edge.tasks.base.Distiller`), which trains the model on local
+data towards the teachers' averaged outputs. The algorithm itself stays pure: parameters in, the
+teachers out; the task does the learning. The fleet's models never become equal, so there is no
+consensus to measure; what counts is each agent's accuracy.
 
 Lost messages cost only ensemble members: a model that did not arrive is left out of that
 combination (an old one is not reused). Directed graphs are fine.
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.algorithms.base import (
+from airgossip.edge.algorithms.base import (
     Ack,
     GossipAlgorithm,
     InvalidPayload,
@@ -35,9 +35,9 @@ from edge.algorithms.base import (
     check_absorption,
     check_sequence,
 )
-from edge.algorithms.local_sgd import SILENT
-from edge.compression import Codec
-from edge.topology.mixing import Phase
+from airgossip.edge.algorithms.local_sgd import SILENT
+from airgossip.edge.compression import Codec
+from airgossip.edge.topology.mixing import Phase
 
 
 class EnsembleOptions(BaseModel):

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from edge.algorithms.push_sum import PushSum
+from airgossip.edge.algorithms.push_sum import PushSum
 
 
 class GradientTracking(PushSum):

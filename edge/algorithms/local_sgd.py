@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edge.algorithms.base import Payload
-from edge.algorithms.push_sum import PushSum
-from edge.config.seeds import derive_seed
-from edge.topology.mixing import Phase
+from airgossip.edge.algorithms.base import Payload
+from airgossip.edge.algorithms.push_sum import PushSum
+from airgossip.edge.config.seeds import derive_seed
+from airgossip.edge.topology.mixing import Phase
 
 #: The phase of a silent round: keep everything, talk to no one.
 SILENT = Phase(1.0, {}, ())

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from edge.algorithms.base import (
+from airgossip.edge.algorithms.base import (
     SEQ_SLACK,
     Ack,
     GossipAlgorithm,
@@ -43,8 +43,8 @@ from edge.algorithms.base import (
     check_weight,
     refuse_amplifying_codec,
 )
-from edge.compression import Codec
-from edge.topology.mixing import Phase
+from airgossip.edge.compression import Codec
+from airgossip.edge.topology.mixing import Phase
 
 #: Weight below which an agent gives no share away (an agent starts with 1, a fleet's
 #: weights sum to its size). An agent that runs far faster than its in-neighbours (it
@@ -180,7 +180,7 @@ class PushSum(PushSumCore):
     **Restarts.** Running sums hold an edge's whole history, so an agent that lost its
     state cannot continue its edges: a restarted agent (from a checkpoint of any age, or
     from none) starts every edge over in a new lineage (the agent's bookkeeping, see
-    :mod:`edge.agent.lineage`), and a receiver that cannot place a message has the sender
+    :mod:`airgossip.edge.agent.lineage`), and a receiver that cannot place a message has the sender
     start over. Starting an out-edge over (:meth:`restart_out_edge`) sends everything the
     receiver has not acknowledged, measured from nothing; forgetting an in-edge
     (:meth:`forget_in_edge`) keeps what was absorbed. What a restart costs the fleet's mass

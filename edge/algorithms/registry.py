@@ -7,17 +7,17 @@ from typing import Any
 
 import torch
 
-from edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
-from edge.algorithms.base import GossipAlgorithm, parse_algorithm_options
-from edge.algorithms.dpsgd import DPSGD
-from edge.algorithms.ensemble import EnsembleCompression
-from edge.algorithms.gradient_tracking import GradientTracking
-from edge.algorithms.local_sgd import LocalSGD
-from edge.algorithms.push_sum import PlainPushSum, PushSum
-from edge.algorithms.robust import ClippedGossip, CSPlusGossip
-from edge.algorithms.robust_push_sum import RobustPushSum
-from edge.algorithms.shared_copy import Choco, QuantizedPushSum
-from edge.compression import Codec
+from airgossip.edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
+from airgossip.edge.algorithms.base import GossipAlgorithm, parse_algorithm_options
+from airgossip.edge.algorithms.dpsgd import DPSGD
+from airgossip.edge.algorithms.ensemble import EnsembleCompression
+from airgossip.edge.algorithms.gradient_tracking import GradientTracking
+from airgossip.edge.algorithms.local_sgd import LocalSGD
+from airgossip.edge.algorithms.push_sum import PlainPushSum, PushSum
+from airgossip.edge.algorithms.robust import ClippedGossip, CSPlusGossip
+from airgossip.edge.algorithms.robust_push_sum import RobustPushSum
+from airgossip.edge.algorithms.shared_copy import Choco, QuantizedPushSum
+from airgossip.edge.compression import Codec
 
 #: Algorithms by the name users pick with ``--algorithm``.
 ALGORITHMS: dict[str, type[GossipAlgorithm]] = {

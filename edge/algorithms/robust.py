@@ -1,6 +1,6 @@
 """Robust gossip on undirected graphs: each neighbour's pull clipped around the agent's own model.
 
-Both algorithms are D-PSGD (:mod:`edge.algorithms.dpsgd`: whole models to every neighbour,
+Both algorithms are D-PSGD (:mod:`airgossip.edge.algorithms.dpsgd`: whole models to every neighbour,
 symmetric Metropolis–Hastings weights, the latest model of a neighbour standing in for a
 lost message) whose mix is
 
@@ -16,7 +16,7 @@ is taken as the sum of the ``byzantine`` largest weights of the agent's neighbou
 
 Over the run, each neighbour's clipped pulls may add up to at most ``drift_budget`` times the
 net pull of the ``byzantine + 1``-th largest other neighbour
-(:class:`~edge.algorithms.drift.DriftGuard`): a neighbour that stays inside the radius but
+(:class:`~airgossip.edge.algorithms.drift.DriftGuard`): a neighbour that stays inside the radius but
 pulls the same way every round (a slow drift) is held there; what the budget cuts is not
 applied (the neighbour's next model is compared afresh).
 """
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.algorithms.clipping import (
+from airgossip.edge.algorithms.clipping import (
     COUNTED_CLIP,
     clip_scale,
     cs_plus_never_mixes,
@@ -37,10 +37,10 @@ from edge.algorithms.clipping import (
     insider_weight,
     self_centred_radius,
 )
-from edge.algorithms.dpsgd import DPSGD
-from edge.algorithms.drift import FLOOR, DriftGuard
-from edge.topology.graphs import Graph
-from edge.topology.mixing import metropolis_hastings
+from airgossip.edge.algorithms.dpsgd import DPSGD
+from airgossip.edge.algorithms.drift import FLOOR, DriftGuard
+from airgossip.edge.topology.graphs import Graph
+from airgossip.edge.topology.mixing import metropolis_hastings
 
 
 class ClippedGossipOptions(BaseModel):
@@ -153,7 +153,7 @@ class _ClippedMix(DPSGD):
 class ClippedGossip(_ClippedMix):
     """Self-centred clipping (ClippedGossip; He, Karimireddy and Jaggi 2022) on undirected
     graphs. ``tau`` fixes the radius; without it, each round's radius is the paper's adaptive
-    rule (:func:`~edge.algorithms.clipping.self_centred_radius`) over the neighbours'
+    rule (:func:`~airgossip.edge.algorithms.clipping.self_centred_radius`) over the neighbours'
     current distances."""
 
     name = "clipped-gossip"
@@ -176,7 +176,7 @@ class CSPlusGossip(_ClippedMix):
     """CS+-RG (Gaucher et al., ICML 2025) on undirected graphs, the variant with the paper's
     adaptive radius: every round, each agent clips the neighbours that hold the ``2 b``
     farthest weight to the distance of the nearest of them
-    (:func:`~edge.algorithms.clipping.cs_plus_radius`) and takes a step ``eta`` (``step``)
+    (:func:`~airgossip.edge.algorithms.clipping.cs_plus_radius`) and takes a step ``eta`` (``step``)
     along the weighted sum of the clipped differences. With ``byzantine = 0`` it is D-PSGD
     (no clipping); ClippedGossip is the same step with He et al.'s radius."""
 

@@ -1,9 +1,9 @@
 """Push-sum over directed, lossy graphs with each in-neighbour's influence bounded per round.
 
-:class:`~edge.algorithms.push_sum.PushSum` absorbs, per in-edge, the increment ``(dx, dy)``
-of the sender's running sum. An insider can make that increment anything finite. Here the
-increments of a round are held per sender until the mix, and there each is cut down
-before it joins the state:
+:class:`~airgossip.edge.algorithms.push_sum.PushSum` absorbs, per in-edge, the increment ``(dx,
+dy)`` of the sender's running sum. An insider can make that increment anything finite. Here the
+increments of a round are held per sender until the mix, and there each is cut down before it joins
+the state:
 
 1. **Weight.** At most ``weight_cap`` times the round's typical sender weight (the lower
    median of the senders' weights, and at most the agent's own weight ``y``) is absorbed
@@ -27,7 +27,7 @@ limit is dropped, counted in :attr:`RobustPushSum.dropped_mass`: that, and the d
 what robustness costs an honest fleet (figures in docs/algorithms.md).
 
 ``tau``: a fixed radius, or (default) each round's radius by ClippedGossip's adaptive rule
-(:func:`~edge.algorithms.clipping.self_centred_radius`) over the senders heard from this
+(:func:`~airgossip.edge.algorithms.clipping.self_centred_radius`) over the senders heard from this
 round, each counted once (not by its increment's weight, which an insider can inflate), with
 ``byzantine`` the most insiders among an agent's in-neighbours. The radius follows the rule
 up at once and down by at most ``radius_decay`` a round (the rule alone, on a sparse graph,
@@ -36,7 +36,7 @@ fewer than ``byzantine + 1`` senders were heard, the previous round's radius is 
 
 4. **Drift.** Over the run, one sender's absorbed deviations may move the estimate by at most
    ``drift_budget`` times the net displacement of the ``byzantine + 1``-th largest of the
-   other senders (:class:`~edge.algorithms.drift.DriftGuard`): an insider that stays
+   other senders (:class:`~airgossip.edge.algorithms.drift.DriftGuard`): an insider that stays
    within the radius but pushes the same way round after round (a slow drift) is held at
    that budget; the cut part waits in its backlog like clipped mass.
 
@@ -53,10 +53,10 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.algorithms.base import Ack, Payload
-from edge.algorithms.clipping import COUNTED_CLIP, clip_scale, self_centred_radius
-from edge.algorithms.drift import DriftGuard
-from edge.algorithms.push_sum import PushSum
+from airgossip.edge.algorithms.base import Ack, Payload
+from airgossip.edge.algorithms.clipping import COUNTED_CLIP, clip_scale, self_centred_radius
+from airgossip.edge.algorithms.drift import DriftGuard
+from airgossip.edge.algorithms.push_sum import PushSum
 
 
 class RobustPushSumOptions(BaseModel):

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.algorithms.base import (
+from airgossip.edge.algorithms.base import (
     Ack,
     InvalidPayload,
     Payload,
@@ -56,8 +56,8 @@ from edge.algorithms.base import (
     check_weight,
     refuse_amplifying_codec,
 )
-from edge.algorithms.push_sum import PushSumCore
-from edge.compression import (
+from airgossip.edge.algorithms.push_sum import PushSumCore
+from airgossip.edge.compression import (
     Codec,
     Encoded,
     QSGDCodec,
@@ -66,7 +66,7 @@ from edge.compression import (
     TopKCodec,
     join_blocks,
 )
-from edge.topology.mixing import Phase
+from airgossip.edge.topology.mixing import Phase
 
 #: Most unacknowledged blocks an edge keeps (and one message carries).
 MAX_BLOCKS = 16
@@ -124,7 +124,7 @@ class SharedCopyGossip(PushSumCore):
     acknowledged; see the module docstring.
 
     **Restarts.** Copies are edge state: a restarted agent starts every edge over (a new
-    lineage, see :mod:`edge.agent.lineage`), from the start copy on both ends.
+    lineage, see :mod:`airgossip.edge.agent.lineage`), from the start copy on both ends.
     """
 
     max_blocks: ClassVar[int] = MAX_BLOCKS

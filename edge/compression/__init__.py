@@ -1,6 +1,6 @@
 """Codecs: flat vectors to bytes and back (raw dtypes, qsgd quantization, sparsifiers).
 
-The names below are loaded on first use (PEP 562): :mod:`edge.compression.forms`, the
+The names below are loaded on first use (PEP 562): :mod:`airgossip.edge.compression.forms`, the
 torch-free grammar of codec specs, is imported by checks that run before torch is.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edge.lazy_exports import lazy_exports
+from airgossip.edge.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from edge.compression.codec import (
+    from airgossip.edge.compression.codec import (
         Codec,
         DecodeError,
         Encoded,
@@ -20,20 +20,25 @@ if TYPE_CHECKING:
         encode_blocks,
         join_blocks,
     )
-    from edge.compression.quantize import QSGD_BUCKET, QSGDCodec
-    from edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
-    from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec, random_indices
+    from airgossip.edge.compression.quantize import QSGD_BUCKET, QSGDCodec
+    from airgossip.edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
+    from airgossip.edge.compression.sparsify import (
+        RandomKCodec,
+        SlimCodec,
+        TopKCodec,
+        random_indices,
+    )
 
 #: Each public name and the module that defines it.
 _HOMES = {
     **dict.fromkeys(
         ["Codec", "DecodeError", "Encoded", "RawCodec", "decode_blocks", "encode_blocks",
-         "join_blocks"], "edge.compression.codec"),
-    **dict.fromkeys(["QSGD_BUCKET", "QSGDCodec"], "edge.compression.quantize"),
+         "join_blocks"], "airgossip.edge.compression.codec"),
+    **dict.fromkeys(["QSGD_BUCKET", "QSGDCodec"], "airgossip.edge.compression.quantize"),
     **dict.fromkeys(["CODEC_FORMS", "CODECS", "get_codec", "raw_codec_for"],
-                    "edge.compression.registry"),
+                    "airgossip.edge.compression.registry"),
     **dict.fromkeys(["RandomKCodec", "SlimCodec", "TopKCodec", "random_indices"],
-                    "edge.compression.sparsify"),
+                    "airgossip.edge.compression.sparsify"),
 }  # fmt: skip
 
 

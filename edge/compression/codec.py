@@ -2,7 +2,7 @@
 
 A codec is named by a spec string: a registered name, optionally with one argument after a
 colon (``"float32"``, ``"fp16"``, ``"qsgd:4"``, ``"topk:0.01"``). The registry
-(:mod:`edge.compression.registry`) maps each name to a factory and parses specs; the spec
+(:mod:`airgossip.edge.compression.registry`) maps each name to a factory and parses specs; the spec
 travels in every message header so the receiver decodes with the sender's codec. This module
 holds the contract and the raw codecs; it knows no other codec.
 
@@ -11,9 +11,9 @@ bytes plus :meth:`Codec.meta_bytes` side-information bytes, so a receiver can bo
 message before buffering it and refuse any other size. Decoding checks sizes and contents
 before touching memory and never trusts the header alone.
 
-A message may carry several *blocks* (vectors of the same length, each encoded on its own,
-their bytes concatenated): :func:`join_blocks`, :func:`encode_blocks`, :func:`decode_blocks`.
-Stochastic codecs draw from an explicit ``seed`` (see :func:`edge.config.seeds.derive_seed`), never
+A message may carry several *blocks* (vectors of the same length, each encoded on its own, their
+bytes concatenated): :func:`join_blocks`, :func:`encode_blocks`, :func:`decode_blocks`. Stochastic
+codecs draw from an explicit ``seed`` (see :func:`airgossip.edge.config.seeds.derive_seed`), never
 from global random state, so the same fleet seed gives the same bytes.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edge.config.seeds import derive_seed
+from airgossip.edge.config.seeds import derive_seed
 
 
 class DecodeError(ValueError):

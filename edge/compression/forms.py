@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the settings' validation and the CLI's early check of ``--compression``
 read a spec with :func:`parse_codec_spec` before torch is imported, and the registry
-(:mod:`edge.compression.registry`) builds the codec from what it parsed, so the rules of a
+(:mod:`airgossip.edge.compression.registry`) builds the codec from what it parsed, so the rules of a
 spec live here only.
 """
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from edge.compression.codec import Codec, DecodeError, Encoded
+from airgossip.edge.compression.codec import Codec, DecodeError, Encoded
 
 #: Elements per scale: a float32 scale every 512 elements costs 1/16 bit per element.
 QSGD_BUCKET = 512

@@ -1,8 +1,8 @@
 """The codec registry: every codec by name, and the parser of codec specs.
 
-A leaf module: it imports the codecs, and no codec imports it, so adding a codec is one
-module, its spec in :mod:`edge.compression.forms` (how users write it, what its argument may
-be: torch-free, so settings are checked before torch is imported) and one line in
+A leaf module: it imports the codecs, and no codec imports it, so adding a codec is one module, its
+spec in :mod:`airgossip.edge.compression.forms` (how users write it, what its argument may be:
+torch-free, so settings are checked before torch is imported) and one line in
 :data:`_BUILDERS` (the class built from the parsed argument), checked complete at import.
 """
 
@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from edge.compression.codec import RAW_DTYPES, Codec, RawCodec
-from edge.compression.forms import CODEC_FORMS as CODEC_FORMS
-from edge.compression.forms import CODEC_NAMES, RAW_FORMS, parse_codec_spec
-from edge.compression.quantize import QSGDCodec
-from edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec
+from airgossip.edge.compression.codec import RAW_DTYPES, Codec, RawCodec
+from airgossip.edge.compression.forms import CODEC_FORMS as CODEC_FORMS
+from airgossip.edge.compression.forms import CODEC_NAMES, RAW_FORMS, parse_codec_spec
+from airgossip.edge.compression.quantize import QSGDCodec
+from airgossip.edge.compression.sparsify import RandomKCodec, SlimCodec, TopKCodec
 
-#: Builds a codec from its parsed argument (:func:`~edge.compression.forms.parse_codec_spec`).
+#: Builds a codec from its parsed argument
+#: (:func:`~airgossip.edge.compression.forms.parse_codec_spec`).
 CodecBuilder = Callable[[Any], Codec]
 #: Builds a codec from the argument after the colon (None when the spec has none).
 CodecFactory = Callable[[str | None], Codec]
@@ -33,7 +34,7 @@ def _raw(spec: str) -> CodecBuilder:
     return build
 
 
-#: Each codec's class, by the name :mod:`edge.compression.forms` gives its spec.
+#: Each codec's class, by the name :mod:`airgossip.edge.compression.forms` gives its spec.
 _BUILDERS: dict[str, CodecBuilder] = {
     **{spec: _raw(spec) for spec in RAW_DTYPES},
     "qsgd": QSGDCodec,

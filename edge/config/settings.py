@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge.compression.forms import check_compression
-from edge.privacy.settings import PrivacySettings
+from airgossip.edge.compression.forms import check_compression
+from airgossip.edge.privacy.settings import PrivacySettings
 
 if TYPE_CHECKING:
     import torch
 
-    from edge.compression import Codec
+    from airgossip.edge.compression import Codec
 
 # The registries (and torch, which they import) are imported where a check needs them: a
 # setting that is wrong on its own (a bound, a type, a name) is refused without them, so
@@ -67,7 +67,7 @@ class AgentSettings(BaseModel):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, value: str) -> str:
-        from edge.algorithms.registry import ALGORITHMS
+        from airgossip.edge.algorithms.registry import ALGORITHMS
 
         if value not in ALGORITHMS:
             raise ValueError(f"unknown algorithm '{value}'; choose one of: {', '.join(ALGORITHMS)}")
@@ -80,8 +80,8 @@ class AgentSettings(BaseModel):
 
     @model_validator(mode="after")
     def _algorithm_accepts(self) -> AgentSettings:
-        from edge.algorithms.registry import algorithm_class, check_algorithm_settings
-        from edge.compression.registry import get_codec
+        from airgossip.edge.algorithms.registry import algorithm_class, check_algorithm_settings
+        from airgossip.edge.compression.registry import get_codec
 
         codec = get_codec(self.compression) if self.compression != "none" else get_codec("float32")
         check_algorithm_settings(self.algorithm, codec, self.algorithm_options)
@@ -107,7 +107,7 @@ def gossip_dtype(settings: AgentSettings, task_dtype: torch.dtype) -> torch.dtyp
 
 def resolve_codec(settings: AgentSettings, dtype: torch.dtype) -> Codec:
     """The codec of every message: the ``compression`` setting, or lossless in ``dtype``."""
-    from edge.compression.registry import get_codec, raw_codec_for
+    from airgossip.edge.compression.registry import get_codec, raw_codec_for
 
     if settings.compression == "none":
         return raw_codec_for(dtype)

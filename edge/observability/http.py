@@ -10,9 +10,9 @@ that closes the oldest that is still waiting for its request, so a scraper (whic
 request at once) always gets in. Routes are computed on a small thread pool, so a slow one
 never stalls the loop.
 
-:class:`HttpSecurity` puts TLS (the process's own certificate, :mod:`edge.security.tls`) and
-HTTP basic auth in front of every route; Prometheus scrapes such an endpoint with its
-``tls_config`` (the fleet's CA, ``server_name`` :data:`~edge.security.tls.METRICS_NAME` or
+:class:`HttpSecurity` puts TLS (the process's own certificate, :mod:`airgossip.edge.security.tls`)
+and HTTP basic auth in front of every route; Prometheus scrapes such an endpoint with its
+``tls_config`` (the fleet's CA, ``server_name`` :data:`~airgossip.edge.security.tls.METRICS_NAME` or
 the process's identity) and ``basic_auth``.
 """
 
@@ -41,8 +41,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from edge.security.tls import TlsCredentials
-from edge.transport.ports import split_listen
+from airgossip.edge.security.tls import TlsCredentials
+from airgossip.edge.transport.ports import split_listen
 
 log = logging.getLogger("airgossip.http")
 

@@ -1,12 +1,12 @@
 """An agent's Prometheus metrics (the HTTP server that exposes them is
-:mod:`edge.observability.http`).
+:mod:`airgossip.edge.observability.http`).
 
-Every Prometheus object of an agent process is created in :class:`AgentMetrics`, fed by the
-plain records and events of :mod:`edge.observability.stats` and
-:mod:`edge.observability.telemetry`; nothing else in ``edge`` touches ``prometheus_client``
-(but the HTTP server, which serves a registry).
-To export more figures (per-link radio state from an emulator, say), declare the new gauges
-in ``AgentMetrics.__init__`` and add one method that takes a plain record of them.
+Every Prometheus object of an agent process is created in :class:`AgentMetrics`, fed by the plain
+records and events of :mod:`airgossip.edge.observability.stats` and
+:mod:`airgossip.edge.observability.telemetry`; nothing else in ``edge`` touches
+``prometheus_client`` (but the HTTP server, which serves a registry). To export more figures
+(per-link radio state from an emulator, say), declare the new gauges in ``AgentMetrics.__init__``
+and add one method that takes a plain record of them.
 
 Names follow Prometheus conventions: base units in the name (``_seconds``, ``_bytes``,
 ``_ratio``), ``_total`` on counters, no ``*_created`` series. Series carry no agent label:
@@ -22,16 +22,16 @@ import threading
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
-from edge.observability.stats import RoundRecord
-from edge.observability.telemetry import (
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.observability.telemetry import (
     LinkFigures,
     LinkPackets,
     ReceiveEvent,
     SendEvent,
     StepEvent,
 )
-from edge.privacy.figures import EPSILON, EXHAUSTED, STEPS
-from edge.transport.base import RejectCode
+from airgossip.edge.privacy.figures import EPSILON, EXHAUSTED, STEPS
+from airgossip.edge.transport.base import RejectCode
 
 # `*_created` series double every counter and histogram for a timestamp nobody queries.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -45,8 +45,8 @@ SIZE_BUCKETS = tuple(float(4**k * 256) for k in range(12))
 
 
 class AgentMetrics:
-    """Prometheus view of one agent: a :class:`~edge.observability.stats.StatsSink` and an
-    :class:`~edge.observability.telemetry.AgentObserver`.
+    """Prometheus view of one agent: a :class:`~airgossip.edge.observability.stats.StatsSink` and an
+    :class:`~airgossip.edge.observability.telemetry.AgentObserver`.
 
     Parameters
     ----------
@@ -123,8 +123,9 @@ class AgentMetrics:
         )
         for code in RejectCode:  # every code exported from the start, at 0 (its default reason)
             self.rejected.labels(code.value, code.value.lower())
-        # What each current in-neighbour's messages do to this agent (edge.agent.influence):
-        # series of a peer that stops being an in-neighbour are removed.
+        # What each current in-neighbour's messages do to this agent
+        # (airgossip.edge.agent.influence): series of a peer that stops being an in-neighbour are
+        # removed.
         self.in_absorbed = Counter(
             "airgossip_agent_in_neighbour_absorbed",
             "Messages of each in-neighbour that moved this agent's state.",
@@ -151,8 +152,8 @@ class AgentMetrics:
             "airgossip_agent_in_neighbour_drift_score",
             "How persistently each in-neighbour's offers pull this agent one way: the norm of "
             "their mean displacement over about 20 rounds, in multiples of the other "
-            "in-neighbours' typical displacement (edge.algorithms.drift): at most about 3 for "
-            "honest in-neighbours, tens for a slow drifter.",
+            "in-neighbours' typical displacement (airgossip.edge.algorithms.drift): at most "
+            "about 3 for honest in-neighbours, tens for a slow drifter.",
             ["peer"], registry=r,
         )  # fmt: skip
         self._in_series: dict[str, set[tuple[str, ...]]] = {}  # peer -> its refusal labels

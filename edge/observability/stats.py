@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge.security.private_files import open_private, private_folder
+from airgossip.edge.security.private_files import open_private, private_folder
 
 #: Estimates longer than this are reported as a count sketch (see :func:`probe_estimate`).
 EXACT_ESTIMATE_LIMIT = 1 << 20

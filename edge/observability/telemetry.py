@@ -1,7 +1,7 @@
 """Plain events an agent emits while it works, and a keeper of its latest figures.
 
 The agent knows nothing of Prometheus or of the coordinator. Besides the per-round
-:class:`~edge.observability.stats.RoundRecord` it hands an :class:`AgentObserver` three
+:class:`~airgossip.edge.observability.stats.RoundRecord` it hands an :class:`AgentObserver` three
 kinds of event, measured where they happen:
 
 * :class:`SendEvent`: one push finished (delivered, dropped by the link, or failed), with its
@@ -9,9 +9,9 @@ kinds of event, measured where they happen:
 * :class:`StepEvent`: one local optimisation step and its duration;
 * :class:`ReceiveEvent`: one incoming message accepted or refused (and why).
 
-Consumers (the Prometheus exporter in :mod:`edge.observability.metrics`, :class:`LatestStats`
-for the coordinator's heartbeats) implement whichever methods they need; :class:`Telemetry` fans
-records and events out to all of them.
+Consumers (the Prometheus exporter in :mod:`airgossip.edge.observability.metrics`,
+:class:`LatestStats` for the coordinator's heartbeats) implement whichever methods they need;
+:class:`Telemetry` fans records and events out to all of them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from edge.observability.stats import Counters, RoundRecord
+from airgossip.edge.observability.stats import Counters, RoundRecord
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,11 @@ class ReceiveEvent:
     #: For refusals: a short fixed label of why (``wrong_receiver``, ``weight``...).
     reason: str = ""
     #: For an absorbed message of a current in-neighbour: how far it moved the receiver
-    #: (:mod:`edge.agent.influence`); None otherwise.
+    #: (:mod:`airgossip.edge.agent.influence`); None otherwise.
     increment: float | None = None
     #: Clip events of the sender's messages since its last event (algorithms that clip).
     clipped: int = 0
-    #: The sender's drift score (:mod:`edge.algorithms.drift`) on algorithms with a drift
+    #: The sender's drift score (:mod:`airgossip.edge.algorithms.drift`) on algorithms with a drift
     #: budget; None otherwise.
     drift: float | None = None
 
@@ -147,7 +147,8 @@ class AgentObserver(Protocol):
 class Telemetry:
     """Fans round records and events out to several consumers.
 
-    Each consumer implements any of ``record`` (a :class:`~edge.observability.stats.StatsSink`),
+    Each consumer implements any of ``record`` (a
+    :class:`~airgossip.edge.observability.stats.StatsSink`),
     ``on_send``, ``on_step`` and ``on_receive``; the missing ones are skipped.
     """
 

@@ -1,7 +1,7 @@
 """Privacy accountants: what an agent has spent so far, and noise calibrated to a target.
 
 Every mechanism but network DP is a (Poisson-subsampled) Gaussian mechanism per step, whose
-noise multiplier the graph may stretch (:mod:`edge.privacy.graph`): those are accounted by
+noise multiplier the graph may stretch (:mod:`airgossip.edge.privacy.graph`): those are accounted by
 Opacus's own accountants (RDP or PRV), stepped once per private step. Network DP is one
 Gaussian mechanism over the whole run with a sensitivity per pair of agents, converted to
 ``(epsilon, delta)`` exactly (the analytic Gaussian mechanism, Balle and Wang 2018).
@@ -85,8 +85,8 @@ class Ledger(Protocol):
 
 class OpacusLedger:
     """Opacus's accountant (``rdp`` or ``prv``) stepped with one noise multiplier and one
-    sampling rate per step, as Opacus's own privacy engine steps it; :meth:`charge` adds
-    steps of another multiplier (what a restart costs, see :mod:`edge.privacy.journal`)."""
+    sampling rate per step, as Opacus's own privacy engine steps it; :meth:`charge` adds steps of
+    another multiplier (what a restart costs, see :mod:`airgossip.edge.privacy.journal`)."""
 
     def __init__(
         self, noise_multiplier: float, sample_rate: float, delta: float, kind: str, mechanism: str
@@ -127,7 +127,7 @@ class OpacusLedger:
 
 class NetworkLedger:
     """Pairwise network DP of one agent: epsilon towards every other agent after each round
-    (``mu_squared`` from :func:`edge.privacy.graph.network_sensitivities`, its row). With
+    (``mu_squared`` from :func:`airgossip.edge.privacy.graph.network_sensitivities`, its row). With
     ``local``, every pair gets local DP's figure instead (an agent restarted from a
     checkpoint ran rounds twice, which the graph's linear view does not model)."""
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.privacy.adversary import ADVERSARIES
+from airgossip.edge.privacy.adversary import ADVERSARIES
 
 #: Most rows (rounds times in-neighbours) of one agent's view the exact network-DP
 #: computation factorises; longer runs are accounted as local DP (a valid, weaker bound).
@@ -198,7 +198,7 @@ def network_sensitivities(
     weights:
         ``(rounds, n)``: what scales each agent's update as it enters the state in each
         round (default: 1; the privacy mechanisms add their steps to push-sum's value as
-        they are, see :meth:`edge.privacy.mechanism.PrivacyMechanism.train`).
+        they are, see :meth:`airgossip.edge.privacy.mechanism.PrivacyMechanism.train`).
 
     The model of a round: ``s_t = W s_(t-1) + diag(y_t) (d_t + eta_t)`` and agent ``v``
     receives ``W[v, w] s_t[w]`` from each in-neighbour ``w``; ``v`` knows its own noise.

@@ -1,7 +1,7 @@
 """Pairwise masks that cancel: each pair of partners draws the same Gaussian vector each round
 from the key they share, and adds it with opposite signs.
 
-The vector comes from ChaCha20 keyed with the pair's mask key (:mod:`edge.privacy.keys`),
+The vector comes from ChaCha20 keyed with the pair's mask key (:mod:`airgossip.edge.privacy.keys`),
 the round as nonce: a cryptographic stream, so seeing masks of some rounds says nothing of
 the others, and nobody without the key can predict or strip them. Its 64-bit words become
 uniforms (their top 53 bits) and pairs of uniforms normals (Box-Muller), in float64; the
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from edge.config.identity import natural_key
+from airgossip.edge.config.identity import natural_key
 
 #: The round's nonce: ChaCha20 takes 16 bytes, a 4-byte block counter then 12 bytes.
 _NONCE_PAD = b"\x00" * 4
@@ -55,7 +55,7 @@ class PairMasks:
     partners:
         The agents it shares a secret with (both ends of a pair list each other).
     key_of:
-        The pair's mask key for a partner (:meth:`edge.privacy.keys.PairSecrets.mask_key`
+        The pair's mask key for a partner (:meth:`airgossip.edge.privacy.keys.PairSecrets.mask_key`
         with the run's context); asked once per partner, kept in memory only.
     numel:
         Length of the masked vector.

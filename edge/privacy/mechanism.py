@@ -14,17 +14,17 @@ from pathlib import Path
 
 import torch
 
-from edge.config.seeds import derive_seed
-from edge.privacy.accounting import Ledger, NetworkLedger, OpacusLedger, PrivacyError
-from edge.privacy.figures import Spent
-from edge.privacy.journal import PrivacyJournal
-from edge.privacy.keys import PairSecrets
-from edge.privacy.masks import PairMasks
-from edge.privacy.noise import resolve_noise
-from edge.privacy.plan import FleetGraph, NoisePlan
-from edge.privacy.settings import PrivacySettings
-from edge.privacy.training import PrivateTrainer
-from edge.tasks.base import SupportsPrivateTraining, Task, TrainConfig, TrainResult
+from airgossip.edge.config.seeds import derive_seed
+from airgossip.edge.privacy.accounting import Ledger, NetworkLedger, OpacusLedger, PrivacyError
+from airgossip.edge.privacy.figures import Spent
+from airgossip.edge.privacy.journal import PrivacyJournal
+from airgossip.edge.privacy.keys import PairSecrets
+from airgossip.edge.privacy.masks import PairMasks
+from airgossip.edge.privacy.noise import resolve_noise
+from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.privacy.training import PrivateTrainer
+from airgossip.edge.tasks.base import SupportsPrivateTraining, Task, TrainConfig, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ class PrivacyContext:
 class PrivacyMechanism:
     """One agent's mechanism (see the module docstring): what it holds of the run (its
     noise plan, its ledger, its masks), with :attr:`kind`, the
-    :class:`~edge.privacy.mechanisms.base.Mechanism` ``[privacy]`` names, saying what differs.
+    :class:`~airgossip.edge.privacy.mechanisms.base.Mechanism` ``[privacy]`` names, saying what
+    differs.
 
     Parameters
     ----------
@@ -58,7 +59,7 @@ class PrivacyMechanism:
         derived from it, so another run draws other masks.
     journal:
         Where the agent keeps what it spent across restarts (beside its checkpoints; None:
-        in memory, for agents that keep no checkpoints). See :mod:`edge.privacy.journal`.
+        in memory, for agents that keep no checkpoints). See :mod:`airgossip.edge.privacy.journal`.
     """
 
     def __init__(
@@ -182,7 +183,7 @@ class PrivacyMechanism:
         return TrainResult(parameters, metrics, examples)
 
     def _spend(self, round_index: int) -> None:
-        """Account the round's steps, on disk first (see :mod:`edge.privacy.journal`)."""
+        """Account the round's steps, on disk first (see :mod:`airgossip.edge.privacy.journal`)."""
         steps, entry = self.steps_per_round, self.journal.entry
         rerun = round_index <= self.journal.previous_round
         entry.steps += steps

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import math
 
-from edge.privacy.accounting import PrivacyError
-from edge.privacy.mechanisms.base import listed
-from edge.privacy.mechanisms.registry import MECHANISMS
-from edge.privacy.plan import FleetGraph, NoisePlan
-from edge.privacy.settings import PrivacySettings, ResolvedNoise
+from airgossip.edge.privacy.accounting import PrivacyError
+from airgossip.edge.privacy.mechanisms.base import listed
+from airgossip.edge.privacy.mechanisms.registry import MECHANISMS
+from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+from airgossip.edge.privacy.settings import PrivacySettings, ResolvedNoise
 
-#: The version of :class:`~edge.privacy.settings.ResolvedNoise`'s content, part of its
+#: The version of :class:`~airgossip.edge.privacy.settings.ResolvedNoise`'s content, part of its
 #: ``inputs``: a plan carried in another version never matches and is resolved again.
 CARRIED_VERSION = 1
 
@@ -36,7 +36,7 @@ def noise_inputs(
 def resolve_noise(
     settings: PrivacySettings, *, rounds: int, num_agents: int, graph: FleetGraph | None
 ) -> NoisePlan:
-    """The run's :class:`~edge.privacy.plan.NoisePlan` for ``rounds`` rounds (of which the
+    """The run's :class:`~airgossip.edge.privacy.plan.NoisePlan` for ``rounds`` rounds (of which the
     private ones, every ``gossip_rounds``, are what the accountant composes): the one
     ``settings`` carries where it was resolved from these inputs, else resolved here.
     :class:`PrivacyError` when it cannot be made (a graph mechanism without the graph, or on

@@ -12,9 +12,9 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from edge.privacy.accounting import gaussian_epsilon
-from edge.privacy.graph import NetworkSensitivities, network_sensitivities, pair_graph
-from edge.topology import Graph, mixing_matrices
+from airgossip.edge.privacy.accounting import gaussian_epsilon
+from airgossip.edge.privacy.graph import NetworkSensitivities, network_sensitivities, pair_graph
+from airgossip.edge.topology import Graph, mixing_matrices
 
 
 @dataclass(frozen=True, eq=False)

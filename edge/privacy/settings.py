@@ -1,9 +1,9 @@
 """``[privacy]``: which mechanism protects the agents' training data, and how much.
 
-One table for the whole fleet (every agent must add the same kind of noise for the
-guarantees to hold), validated up front with one line per problem. The mechanism is looked
-up by name here, once (:mod:`edge.privacy.mechanisms.registry`): everything downstream holds
-it. See ``docs/privacy.md`` for what each mechanism guarantees and against whom.
+One table for the whole fleet (every agent must add the same kind of noise for the guarantees to
+hold), validated up front with one line per problem. The mechanism is looked up by name here, once
+(:mod:`airgossip.edge.privacy.mechanisms.registry`): everything downstream holds it. See
+``docs/privacy.md`` for what each mechanism guarantees and against whom.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pydantic import (
     model_validator,
 )
 
-from edge.privacy.adversary import Adversary
-from edge.privacy.mechanisms.base import Mechanism
-from edge.privacy.mechanisms.registry import MECHANISMS, NO_PRIVACY, mechanism_named
+from airgossip.edge.privacy.adversary import Adversary
+from airgossip.edge.privacy.mechanisms.base import Mechanism
+from airgossip.edge.privacy.mechanisms.registry import MECHANISMS, NO_PRIVACY, mechanism_named
 
 #: ``[privacy] mechanism``: a name in the settings and on disk, a :class:`Mechanism` in code.
 MechanismSetting = Annotated[
@@ -37,7 +37,7 @@ class ResolvedNoise(BaseModel):
     """The noise a run resolved before its agents started, carried to them in the run's
     config (the run fills it in; a scenario leaves it out). An agent uses it where
     ``inputs`` is what it would resolve the noise from, and resolves its own otherwise
-    (:func:`edge.privacy.noise.resolve_noise`)."""
+    (:func:`airgossip.edge.privacy.noise.resolve_noise`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from edge.privacy.mechanism import PrivacyMechanism
-from edge.tasks.base import EvalResult, Task, TrainConfig, TrainResult
+from airgossip.edge.privacy.mechanism import PrivacyMechanism
+from airgossip.edge.tasks.base import EvalResult, Task, TrainConfig, TrainResult
 
 
 class PrivateTask:
@@ -30,7 +30,7 @@ class PrivateTask:
     weight:
         The agent's push-sum weight now (1 for algorithms without one): the one-step
         mechanisms add their step to push-sum's value as it is (see
-        :meth:`~edge.privacy.mechanism.PrivacyMechanism.train`).
+        :meth:`~airgossip.edge.privacy.mechanism.PrivacyMechanism.train`).
     """
 
     def __init__(

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from edge.privacy.accounting import opacus_module
-from edge.tasks.base import PrivateTraining
+from airgossip.edge.privacy.accounting import opacus_module
+from airgossip.edge.tasks.base import PrivateTraining
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ A member's X25519 key is derived from its certificate's ECDSA key (HKDF-SHA256 o
 scalar: no second key file to keep), and its public half rides in the certificate as a
 second URI subject alternative name, ``airgossip-x25519:<key, base64url>``, which the fleet's
 authority signs with the rest. A partner's certificate then authenticates the key it
-agrees a secret with (``edge.privacy.keys``). A name rather than an extension of its own:
+agrees a secret with (``airgossip.edge.privacy.keys``). A name rather than an extension of its own:
 every TLS stack parses names (Prometheus's Go one refuses an object identifier whose arcs
 do not fit 64 bits, as a UUID-based one does), and a name that is not ``airgossip:<id>``
-identifies nobody (:func:`edge.security.tls.certificate_identity`).
+identifies nobody (:func:`airgossip.edge.security.tls.certificate_identity`).
 """
 
 from __future__ import annotations

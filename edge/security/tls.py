@@ -1,8 +1,9 @@
 """Transport security: mutual TLS credentials, and the identities they prove.
 
-Every link of a fleet (agent to agent, agent to coordinator) is mutual TLS unless the operator
-asks for plaintext (``--insecure``). A fleet has one certificate authority; each member holds
-a certificate and key issued by it (see :mod:`edge.security.certificates` and ``airgossip certs``).
+Every link of a fleet (agent to agent, agent to coordinator) is mutual TLS unless the operator asks
+for plaintext (``--insecure``). A fleet has one certificate authority; each member holds a
+certificate and key issued by it (see :mod:`airgossip.edge.security.certificates` and ``airgossip
+certs``).
 
 **The identity** of a member is its certificate's URI subject alternative name
 ``airgossip:<id>`` (exactly one): an agent's id (``agent-3``) or ``coordinator``. Servers read

@@ -1,6 +1,6 @@
 """Tasks: the Task protocol, built-in tasks and loading users' own.
 
-The names below are loaded on first use (PEP 562): :mod:`edge.tasks.custom`, which finds a
+The names below are loaded on first use (PEP 562): :mod:`airgossip.edge.tasks.custom`, which finds a
 user's ``module:callable``, is used by checks that run before torch is imported.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edge.lazy_exports import lazy_exports
+from airgossip.edge.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from edge.tasks.base import (
+    from airgossip.edge.tasks.base import (
         Distiller,
         EvalResult,
         PrivateTraining,
@@ -22,15 +22,15 @@ if TYPE_CHECKING:
         TrainConfig,
         TrainResult,
     )
-    from edge.tasks.registry import BUILTIN_TASKS, load_task, resolve_task_factory
+    from airgossip.edge.tasks.registry import BUILTIN_TASKS, load_task, resolve_task_factory
 
 #: Each public name and the module that defines it.
 _HOMES = {
     **dict.fromkeys(
         ["Distiller", "EvalResult", "PrivateTraining", "SupportsPrivateTraining", "Task",
-         "TaskContext", "TaskError", "TrainConfig", "TrainResult"], "edge.tasks.base"),
+         "TaskContext", "TaskError", "TrainConfig", "TrainResult"], "airgossip.edge.tasks.base"),
     **dict.fromkeys(["BUILTIN_TASKS", "load_task", "resolve_task_factory"],
-                    "edge.tasks.registry"),
+                    "airgossip.edge.tasks.registry"),
 }  # fmt: skip
 
 

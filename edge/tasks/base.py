@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from edge.tasks.custom import TaskError as TaskError
+from airgossip.edge.tasks.custom import TaskError as TaskError
 
 
 @dataclass(frozen=True)

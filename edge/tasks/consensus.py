@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.tasks.base import EvalResult, TaskContext, TrainConfig, TrainResult
-from edge.tasks.options import parse_options
+from airgossip.edge.tasks.base import EvalResult, TaskContext, TrainConfig, TrainResult
+from airgossip.edge.tasks.options import parse_options
 
 
 class ConsensusOptions(BaseModel):

@@ -1,9 +1,8 @@
 """Users' own tasks, ``module:callable``, found by importing the module: torch-free.
 
-A task's module imports what it needs (torch, most likely); finding it does not, so the
-CLI refuses a ``module:callable`` that does not exist before torch is imported, with the
-same words as the agent that builds the task (:func:`edge.tasks.registry.resolve_task_factory`
-asks here).
+A task's module imports what it needs (torch, most likely); finding it does not, so the CLI refuses
+a ``module:callable`` that does not exist before torch is imported, with the same words as the agent
+that builds the task (:func:`airgossip.edge.tasks.registry.resolve_task_factory` asks here).
 """
 
 from __future__ import annotations

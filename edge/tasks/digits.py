@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from edge.tasks.base import (
+from airgossip.edge.tasks.base import (
     EvalResult,
     PrivateTraining,
     TaskContext,
@@ -30,7 +30,7 @@ from edge.tasks.base import (
     TrainResult,
     load_flat,
 )
-from edge.tasks.options import parse_options
+from airgossip.edge.tasks.options import parse_options
 
 #: The step size of a ``[privacy]`` run whose ``[task]`` sets no ``lr``: a private round is
 #: one clipped, noisy step on the whole shard, where the task's own training takes
@@ -171,7 +171,7 @@ class DigitsTask:
     name = "digits"
     gossip_dtype = torch.float32
     #: Options a ``[privacy]`` run uses where ``[task]`` sets none (resolved once per run,
-    #: with the run's settings: ``emulation.config.load_config``).
+    #: with the run's settings: ``airgossip.emulation.config.load_config``).
     private_defaults: ClassVar[Mapping[str, float]] = {"lr": PRIVATE_LR}
 
     def __init__(self, context: TaskContext) -> None:

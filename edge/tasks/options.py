@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from edge.config.options import validate_options
-from edge.tasks.base import TaskError
+from airgossip.edge.config.options import validate_options
+from airgossip.edge.tasks.base import TaskError
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 

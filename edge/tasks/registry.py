@@ -7,18 +7,18 @@ from typing import cast
 
 import torch
 
-from edge.tasks.base import Task, TaskContext, TaskError
-from edge.tasks.consensus import ConsensusTask
-from edge.tasks.custom import import_task_factory
-from edge.tasks.digits import DigitsTask
-from edge.tasks.separable import SeparableTask
+from airgossip.edge.tasks.base import Task, TaskContext, TaskError
+from airgossip.edge.tasks.consensus import ConsensusTask
+from airgossip.edge.tasks.custom import import_task_factory
+from airgossip.edge.tasks.digits import DigitsTask
+from airgossip.edge.tasks.separable import SeparableTask
 
 TaskFactory = Callable[[TaskContext], Task]
 
 
 def _flower_task(context: TaskContext) -> Task:
-    """A Flower ClientApp (``edge.tasks.flower``; Flower is imported only for it)."""
-    from edge.tasks.flower import FlowerTask
+    """A Flower ClientApp (``airgossip.edge.tasks.flower``; Flower is imported only for it)."""
+    from airgossip.edge.tasks.flower import FlowerTask
 
     return FlowerTask(context)
 

@@ -18,7 +18,7 @@ its agents in one process, or the coordinator of agent processes and devices) me
 figures with :func:`fleet_figures`, turns a new graph into assignments with a higher epoch
 (:func:`switched_assignments`), and every agent installs its own with
 ``Agent.set_assignment``, keeping its gossip state. The old peers stay in each
-directory (:func:`~edge.topology.assignment.transition`), so push-sum weight and
+directory (:func:`~airgossip.edge.topology.assignment.transition`), so push-sum weight and
 unacknowledged blocks still owed on edges that left the graph are delivered and the fleet's
 totals stay exact across switches.
 """
@@ -34,10 +34,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edge.config.options import validate_options
-from edge.observability.stats import RoundRecord
-from edge.topology.assignment import Assignment, assignments_for_graph, transition
-from edge.topology.graphs import TOPOLOGIES, Graph, build_graph
+from airgossip.edge.config.options import validate_options
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.topology.assignment import Assignment, assignments_for_graph, transition
+from airgossip.edge.topology.graphs import TOPOLOGIES, Graph, build_graph
 
 Trigger = Literal["consensus-distance-below", "consensus-distance-above", "loss-plateau"]
 
@@ -116,7 +116,7 @@ def fleet_figures(round_index: int, records: Sequence[RoundRecord], agents: int)
 
     ``records``: the records reported for ``round_index`` (none when it was not an
     evaluated round). An estimate that is a count sketch (large models, see
-    :func:`edge.observability.stats.probe_estimate`) gives an estimate of the distance.
+    :func:`airgossip.edge.observability.stats.probe_estimate`) gives an estimate of the distance.
     """
     estimates = [r.estimate for r in records if r.estimate is not None]
     losses = [r.metrics["loss"] for r in records if "loss" in r.metrics]

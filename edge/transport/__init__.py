@@ -1,6 +1,6 @@
 """Transports: the contract, gRPC server/client, and an in-memory twin."""
 
-from edge.transport.base import (
+from airgossip.edge.transport.base import (
     GossipMessage,
     InboundHandler,
     LinkShaper,
@@ -11,7 +11,7 @@ from edge.transport.base import (
     SendOutcome,
     Transport,
 )
-from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 
 __all__ = [
     "GossipMessage",

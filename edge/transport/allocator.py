@@ -13,12 +13,12 @@ before, so an agent holds no more than its buffers' worth beyond its models.
 
 from __future__ import annotations
 
-from edge.malloc_tuning import keep_heap_blocks
+from airgossip.edge.malloc_tuning import keep_heap_blocks
 
 #: Blocks below this come from the heap (gRPC's slices, a frame's bytes), above it are mapped.
 MMAP_THRESHOLD = 4 << 20
 #: Free memory kept at the top of the heap before it is given back to the kernel: a push's
-#: buffers several times over, not a channel model's blocks (see emulation.channel.heap).
+#: buffers several times over, not a channel model's blocks (see airgossip.emulation.channel.heap).
 TRIM_THRESHOLD = 32 << 20
 
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from edge.algorithms.base import Ack
+from airgossip.edge.algorithms.base import Ack
 
 
 class RejectCode(enum.Enum):

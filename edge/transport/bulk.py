@@ -16,7 +16,7 @@ call's status, as ever, and a push whose data ended short, ran over or stalled i
 whole, never absorbed. A connection that carried a push whole stays open for the same
 sender's next push (:meth:`BulkListener.keep`): one TLS handshake per pair of agents, not
 per push. What a cut push received is kept (:class:`Partials`) and the sender's next offer
-of the same header goes on from there (:func:`edge.transport.bulk_send.bulk_push`).
+of the same header goes on from there (:func:`airgossip.edge.transport.bulk_send.bulk_push`).
 
 The data connection is authenticated as the call is: with TLS by mutual TLS on the same
 certificates (Python's :mod:`ssl`), its identity that of the call; in plaintext
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from edge.security.tls import TlsCredentials
-from edge.transport.base import MessageHeader, RejectCode, Rejected
-from edge.transport.tlssocket import ssl_context, ssl_identity
-from edge.transport.wire import PushAssembler
+from airgossip.edge.security.tls import TlsCredentials
+from airgossip.edge.transport.base import MessageHeader, RejectCode, Rejected
+from airgossip.edge.transport.tlssocket import ssl_context, ssl_identity
+from airgossip.edge.transport.wire import PushAssembler
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ MAX_PARTIALS = 4
 PARTIAL_TTL_S = 60.0
 #: Data connections kept open between pushes at once (more are closed after their push),
 #: and how long one is kept without a push (longer than a sender keeps it: see
-#: :data:`edge.transport.bulk_send.IDLE_S`).
+#: :data:`airgossip.edge.transport.bulk_send.IDLE_S`).
 MAX_IDLE = 64
 IDLE_S = 60.0
 

@@ -1,4 +1,4 @@
-"""The bulk path, the sender's side (see :mod:`edge.transport.bulk` for the whole path).
+"""The bulk path, the sender's side (see :mod:`airgossip.edge.transport.bulk` for the whole path).
 
 A push of a large payload offers the bulk path and streams its header alone; the
 receiver's answer (its data port, a one-time token and where to start) arrives in the
@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from edge.transport.base import GossipMessage, RejectCode, Rejected
-from edge.transport.bulk import CHUNKS, OFFER_KEY, RESUME_KEY, TOKEN_BYTES
-from edge.transport.tlssocket import ssl_identity
-from edge.transport.wire import data_frames, frames
-from protos import gossip_pb2
+from airgossip.edge.transport.base import GossipMessage, RejectCode, Rejected
+from airgossip.edge.transport.bulk import CHUNKS, OFFER_KEY, RESUME_KEY, TOKEN_BYTES
+from airgossip.edge.transport.tlssocket import ssl_identity
+from airgossip.edge.transport.wire import data_frames, frames
+from airgossip.protos import gossip_pb2
 
 #: Attempts of one push on the bulk path (the first and its resumptions), and the pause
 #: before each resumption (the receiver must first notice the cut and let go of the edge).
@@ -35,7 +35,7 @@ RESUME_PAUSE_S = 0.25
 CONNECT_TIMEOUT_S = 5.0
 UNREACHABLE_S = 60.0
 #: How long a data connection is kept open after its push for the next one to the same
-#: receiver (shorter than the receiver keeps it: :data:`edge.transport.bulk.IDLE_S`), and
+#: receiver (shorter than the receiver keeps it: :data:`airgossip.edge.transport.bulk.IDLE_S`), and
 #: how many are kept for one receiver.
 IDLE_S = 30.0
 IDLE_PER_PEER = 2

@@ -5,19 +5,19 @@ over mutual TLS unless told to run in plaintext (``security=None``). Sends run o
 thread pool, so a slow or dead link never blocks the agent's loop; the caller keeps at most
 one message in flight per edge.
 
-The server protects itself (:mod:`edge.transport.guard`): with TLS a push is bound to the
+The server protects itself (:mod:`airgossip.edge.transport.guard`): with TLS a push is bound to the
 certificate's identity before a byte is read (a sender the agent does not take is refused
 at once); at most one push per edge at a time and a bounded number in all, so threads are
 left for health checks; a deadline and a progress timeout on every push; requests parsed
-from raw bytes (:mod:`edge.transport.wire`). Every refusal has its gRPC status and goes to
+from raw bytes (:mod:`airgossip.edge.transport.wire`). Every refusal has its gRPC status and goes to
 the handler (metrics and a rate-limited log line), none leaves a traceback.
 
-Both ends frame the chunks themselves (:func:`~edge.transport.wire.frames`, no serializer
-on ``Push``): a chunk leaves as one copy of its slice and arrives as a view of gRPC's bytes
-copied once into a reused payload buffer (:class:`~edge.transport.wire.PayloadBuffers`);
-the C allocator keeps gRPC's megabyte buffers in its heap (:mod:`edge.transport.allocator`).
-A payload of at least ``bulk_bytes`` (by default 1 MiB in plaintext, 64 MiB over mutual TLS:
-:data:`~edge.transport.bulk.DEFAULT_BULK_BYTES`) takes a data connection of its own
+Both ends frame the chunks themselves (:func:`~airgossip.edge.transport.wire.frames`, no serializer
+on ``Push``): a chunk leaves as one copy of its slice and arrives as a view of gRPC's bytes copied
+once into a reused payload buffer (:class:`~airgossip.edge.transport.wire.PayloadBuffers`); the C
+allocator keeps gRPC's megabyte buffers in its heap (:mod:`airgossip.edge.transport.allocator`). A
+payload of at least ``bulk_bytes`` (by default 1 MiB in plaintext, 64 MiB over mutual TLS:
+:data:`~airgossip.edge.transport.bulk.DEFAULT_BULK_BYTES`) takes a data connection of its own
 (:mod:`.bulk`); a receiver without one takes it over the call.
 """
 
@@ -32,10 +32,10 @@ from typing import NoReturn, cast
 import grpc
 from grpc_health.v1 import health_pb2
 
-from edge.algorithms.base import Ack
-from edge.security.tls import TlsCredentials, add_port, dial, peer_identity
-from edge.transport.allocator import settle_allocator
-from edge.transport.base import (
+from airgossip.edge.algorithms.base import Ack
+from airgossip.edge.security.tls import TlsCredentials, add_port, dial, peer_identity
+from airgossip.edge.transport.allocator import settle_allocator
+from airgossip.edge.transport.base import (
     GossipMessage,
     InboundHandler,
     LinkShaper,
@@ -44,24 +44,24 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
-from edge.transport.bulk import (
+from airgossip.edge.transport.bulk import (
     DEFAULT_BULK_BYTES,
     DEFAULT_BULK_BYTES_TLS,
     OFFER_KEY,
     BulkListener,
     receive_offered,
 )
-from edge.transport.bulk_send import DataPorts, bulk_push
-from edge.transport.guard import (
+from airgossip.edge.transport.bulk_send import DataPorts, bulk_push
+from airgossip.edge.transport.guard import (
     HealthService,
     StreamSlots,
     StreamWatchdog,
     Watch,
     raw_stream_unary,
 )
-from edge.transport.ports import PortInUseError, ensure_bindable
-from edge.transport.tlssocket import ssl_context
-from edge.transport.wire import (
+from airgossip.edge.transport.ports import PortInUseError, ensure_bindable
+from airgossip.edge.transport.tlssocket import ssl_context
+from airgossip.edge.transport.wire import (
     CHUNK_BYTES,
     MAX_HEADER_BYTES,
     PayloadBuffers,
@@ -70,7 +70,7 @@ from edge.transport.wire import (
     parse_chunk,
     wire_bytes,
 )
-from protos import gossip_pb2
+from airgossip.protos import gossip_pb2
 
 SERVICE_NAME = "airgossip.v1.Gossip"
 log = logging.getLogger(__name__)
@@ -246,10 +246,11 @@ class GrpcTransport:
     progress_timeout_s:
         Longest an inbound push may go without a chunk (the first one included).
     bulk_bytes:
-        Payloads of at least this many bytes are offered the bulk path (:mod:`.bulk`) and a
-        data listener serves peers' offers; None: :data:`~edge.transport.bulk.DEFAULT_BULK_BYTES`
-        in plaintext, :data:`~edge.transport.bulk.DEFAULT_BULK_BYTES_TLS` over mutual TLS; 0:
-        every payload over the call, no data listener, offers answered ``chunks``.
+        Payloads of at least this many bytes are offered the bulk path (:mod:`.bulk`) and a data
+        listener serves peers' offers; None:
+        :data:`~airgossip.edge.transport.bulk.DEFAULT_BULK_BYTES` in plaintext,
+        :data:`~airgossip.edge.transport.bulk.DEFAULT_BULK_BYTES_TLS` over mutual TLS; 0: every
+        payload over the call, no data listener, offers answered ``chunks``.
     """
 
     def __init__(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from edge.transport.base import (
+from airgossip.edge.transport.base import (
     GossipMessage,
     InboundHandler,
     LinkShaper,
@@ -19,7 +19,7 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
-from edge.transport.wire import wire_bytes
+from airgossip.edge.transport.wire import wire_bytes
 
 
 class InMemoryNetwork:

@@ -1,10 +1,10 @@
 """Mutual TLS on plain sockets with a member's fleet credentials (Python's :mod:`ssl`).
 
 gRPC speaks TLS through its own stack; a raw data connection (the bulk path of
-:mod:`edge.transport.bulk`) uses the same certificate authority, certificate and key through
-OpenSSL here: both ends present their certificate, each trusts only the fleet's CA, and the
-identity checked is the certificate's ``airgossip:<id>`` URI, as gRPC's ``peer_identity``
-checks it (the host name plays no part: agents are dialled by address).
+:mod:`airgossip.edge.transport.bulk`) uses the same certificate authority, certificate and key
+through OpenSSL here: both ends present their certificate, each trusts only the fleet's CA, and the
+identity checked is the certificate's ``airgossip:<id>`` URI, as gRPC's ``peer_identity`` checks it
+(the host name plays no part: agents are dialled by address).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from edge.security.tls import IDENTITY_URI_PREFIX, TlsCredentials
+from airgossip.edge.security.tls import IDENTITY_URI_PREFIX, TlsCredentials
 
 
 def ssl_context(security: TlsCredentials, *, server: bool) -> ssl.SSLContext:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
-from protos import gossip_pb2
+from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
+from airgossip.protos import gossip_pb2
 
 #: Bytes of payload per chunk: well under gRPC's default 4 MiB message limit.
 CHUNK_BYTES = 1 << 20

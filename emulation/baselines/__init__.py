@@ -4,6 +4,6 @@
 (FedAvg, for a quickstart app), on the same partitions as a serverless run of the app.
 """
 
-from emulation.baselines.flower import BaselineError, FlowerBaseline, run_flower_baseline
+from airgossip.emulation.baselines.flower import BaselineError, FlowerBaseline, run_flower_baseline
 
 __all__ = ["BaselineError", "FlowerBaseline", "run_flower_baseline"]

@@ -1,15 +1,15 @@
 """Flower's centralized run of an app, beside our serverless ones: the baseline.
 
 :func:`run_flower_baseline` runs a Flower app with Flower's own simulation engine (Ray) and
-the app's own ServerApp (FedAvg for a quickstart app) on as many nodes as a serverless run
-has agents; node ``i`` gets ``partition-id`` ``i``, as agent ``i`` does, so both see the same
-data split. It writes ``results.json`` in our schema (:class:`~emulation.results.RunResults`):
-per round the accuracy the ClientApps report on the global model (mean, min, max over the
-nodes that evaluated), the bytes Flower moved so far (messages to and from the server, in
-Flower's serialized form) and the wall time since the ServerApp started.
+the app's own ServerApp (FedAvg for a quickstart app) on as many nodes as a serverless run has
+agents; node ``i`` gets ``partition-id`` ``i``, as agent ``i`` does, so both see the same data
+split. It writes ``results.json`` in our schema (:class:`~airgossip.emulation.results.RunResults`):
+per round the accuracy the ClientApps report on the global model (mean, min, max over the nodes that
+evaluated), the bytes Flower moved so far (messages to and from the server, in Flower's serialized
+form) and the wall time since the ServerApp started.
 
 Flower's side effects stay inside the run's folder: the engine runs in a process group of
-its own (``emulation.baselines.flower_simulation``) that is ended, with Ray's processes,
+its own (``airgossip.emulation.baselines.flower_simulation``) that is ended, with Ray's processes,
 whatever happens; telemetry, update checks and Ray's usage stats are off; ``FLWR_HOME`` is
 ``OUT/flower-home``; the app's dependencies are not installed (they must be importable
 already) and no SuperLink is started.
@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from edge.security.private_files import open_private, private_folder
-from emulation.baselines.job import FlowerJob, FlowerRound, RunConfigValue
-from emulation.config import ConfigError
-from emulation.fleets.base import FleetProgress
-from emulation.fleets.processes import JsonLinesTail
-from emulation.results import FinalFigures, RoundFigures, RunResults, plot_results
-from emulation.runtime.folder import refuse_used_out_dir
+from airgossip.edge.security.private_files import open_private, private_folder
+from airgossip.emulation.baselines.job import FlowerJob, FlowerRound, RunConfigValue
+from airgossip.emulation.config import ConfigError
+from airgossip.emulation.fleets.base import FleetProgress
+from airgossip.emulation.fleets.processes import JsonLinesTail
+from airgossip.emulation.results import FinalFigures, RoundFigures, RunResults, plot_results
+from airgossip.emulation.runtime.folder import refuse_used_out_dir
 
 if TYPE_CHECKING:  # Flower is imported when a baseline runs
-    from edge.tasks.flower.app import FlowerApp
+    from airgossip.edge.tasks.flower.app import FlowerApp
 
 _Row = TypeVar("_Row", bound=RoundFigures)
 
@@ -92,7 +92,7 @@ class FlowerBaseline:
 
 def _check(baseline: FlowerBaseline) -> tuple[FlowerApp, dict[str, RunConfigValue]]:
     """The app and the run config overrides, or :class:`ConfigError`."""
-    from edge.tasks.flower import FlowerAppError, load_flower_app
+    from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
 
     if baseline.agents < 1:
         raise ConfigError(f"agents must be at least 1, got {baseline.agents}")
@@ -254,7 +254,12 @@ def run_flower_baseline(
     interrupted = False
     with open_private(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "emulation.baselines.flower_simulation", str(job_path)],
+            [
+                sys.executable,
+                "-m",
+                "airgossip.emulation.baselines.flower_simulation",
+                str(job_path),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

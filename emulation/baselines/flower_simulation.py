@@ -1,8 +1,8 @@
 """The Flower baseline's own process: Flower's simulation engine running an app with its own
 ServerApp, watched through the grid the engine hands it.
 
-Run by :func:`emulation.baselines.flower.run_flower_baseline` as
-``python -m emulation.baselines.flower_simulation JOB.json`` in a process group of its
+Run by :func:`airgossip.emulation.baselines.flower.run_flower_baseline` as
+``python -m airgossip.emulation.baselines.flower_simulation JOB.json`` in a process group of its
 own, so that Ray and everything it starts go away with it. This is what Flower's
 ``flwr-simulation`` process runs once a SuperLink has handed it an app
 (``flwr.simulation.run_simulation._run_simulation`` with the app's folder, its ServerApp
@@ -38,12 +38,12 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
-from edge.security.private_files import open_private
-from edge.tasks.flower import FlowerAppError, load_flower_app
-from edge.tasks.flower.client import SERVER_ROUND
-from edge.tasks.flower.initial import seeded
-from edge.tasks.flower.task import evaluation_metrics, flower_run_id
-from emulation.baselines.job import FlowerJob, FlowerRound
+from airgossip.edge.security.private_files import open_private
+from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
+from airgossip.edge.tasks.flower.client import SERVER_ROUND
+from airgossip.edge.tasks.flower.initial import seeded
+from airgossip.edge.tasks.flower.task import evaluation_metrics, flower_run_id
+from airgossip.emulation.baselines.job import FlowerJob, FlowerRound
 
 
 def message_bytes(message: Message) -> int:

@@ -11,8 +11,8 @@ copy-on-write and unpickles the arrays as views of the mapping, which lives as l
 do. (Pickled whole through the socket, the 35 MB of a 1,000-node step took the caller
 0.1-0.2 s a step to read.)
 
-The worker is :mod:`emulation.channel.worker` (``python -m emulation.channel.worker FD``,
-started by :class:`StepsAhead`, not by hand).
+The worker is :mod:`airgossip.emulation.channel.worker` (``python -m
+airgossip.emulation.channel.worker FD``, started by :class:`StepsAhead`, not by hand).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from emulation.channel.state import LinkState
-    from emulation.scenario import WirelessSettings
+    from airgossip.emulation.channel.state import LinkState
+    from airgossip.emulation.scenario import WirelessSettings
 
 #: Where each array starts in a step's memory file (bytes).
 _ALIGN = 64
@@ -106,7 +106,7 @@ class StepsAhead:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "emulation.channel.worker", str(theirs.fileno())],
+                [sys.executable, "-m", "airgossip.emulation.channel.worker", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:

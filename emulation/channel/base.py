@@ -15,12 +15,17 @@ from collections import OrderedDict
 
 import numpy as np
 
-from emulation.channel import radio
-from emulation.channel.bursts import GilbertElliottLoss
-from emulation.channel.mobility import GaussMarkov, Mobility, RandomWaypoint, StaticMobility
-from emulation.channel.state import AnyLinkState
-from emulation.channel.traces import RateTrace, read_trace
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel import radio
+from airgossip.emulation.channel.bursts import GilbertElliottLoss
+from airgossip.emulation.channel.mobility import (
+    GaussMarkov,
+    Mobility,
+    RandomWaypoint,
+    StaticMobility,
+)
+from airgossip.emulation.channel.state import AnyLinkState
+from airgossip.emulation.channel.traces import RateTrace, read_trace
+from airgossip.emulation.scenario import WirelessSettings
 
 #: Bytes per directed link of one computed step (the arrays of a link state).
 LINK_STATE_BYTES = 35

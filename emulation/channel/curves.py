@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulation.channel import radio
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel import radio
+from airgossip.emulation.scenario import WirelessSettings
 
 #: The geometry of 38.901's scenario families (Table 7.2-1 / 7.4.1-1): base station and user
 #: terminal heights in metres.

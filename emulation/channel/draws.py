@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from emulation.channel import fading as fad
+from airgossip.emulation.channel import fading as fad
 
 
 class Draws(Protocol):

@@ -7,8 +7,8 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from edge.topology.graphs import SPARSE_LIMIT, Adjacency, sparse_adjacency
-from emulation.channel.state import AnyLinkState, SparseLinkState
+from airgossip.edge.topology.graphs import SPARSE_LIMIT, Adjacency, sparse_adjacency
+from airgossip.emulation.channel.state import AnyLinkState, SparseLinkState
 
 
 def gossip_adjacency(
@@ -94,7 +94,7 @@ def _sparse_gossip_adjacency(
 ) -> Adjacency:
     """:func:`gossip_adjacency` over the links a sparse state holds (the same choices: the
     strongest first, ties to the lowest receiver), kept as a flag per link until the end:
-    dense ``(n, n)`` up to :data:`~edge.topology.graphs.SPARSE_LIMIT` nodes, a sparse CSR
+    dense ``(n, n)`` up to :data:`~airgossip.edge.topology.graphs.SPARSE_LIMIT` nodes, a sparse CSR
     array above (a dense one of 100,000 nodes is 10 GB, most of it touched by the links)."""
     n = state.n
     if n < 2:

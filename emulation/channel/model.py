@@ -14,7 +14,7 @@ A step computes, for every directed link at once (numpy, float32, a block of row
   state (fading-driven or a Gilbert-Elliott chain).
 
 Each link owns fixed positions in the draw arrays. Large fleets use the model over the links
-in range (:mod:`emulation.channel.sparse`); :func:`channel_model` picks one.
+in range (:mod:`airgossip.emulation.channel.sparse`); :func:`channel_model` picks one.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulation.channel import fading as fad
-from emulation.channel import radio
-from emulation.channel.ahead import StepsAhead, WorkerGone
-from emulation.channel.base import (
+from airgossip.emulation.channel import fading as fad
+from airgossip.emulation.channel import radio
+from airgossip.emulation.channel.ahead import StepsAhead, WorkerGone
+from airgossip.emulation.channel.base import (
     ACTIVE,
     BURST,
     CACHE_BYTES,
@@ -40,10 +40,10 @@ from emulation.channel.base import (
     SHADOW,
     ChannelBase,
 )
-from emulation.channel.graph import gossip_adjacency, strongly_connected
-from emulation.channel.mobility import MobilityState
-from emulation.channel.state import AnyLinkState, LinkState, SparseLinkState
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel.graph import gossip_adjacency, strongly_connected
+from airgossip.emulation.channel.mobility import MobilityState
+from airgossip.emulation.channel.state import AnyLinkState, LinkState, SparseLinkState
+from airgossip.emulation.scenario import WirelessSettings
 
 __all__ = [
     "ACTIVE", "CACHE_BYTES", "LINK_STATE_BYTES", "AnyLinkState", "ChannelBase", "ChannelModel",
@@ -86,14 +86,14 @@ def channel_model(
         dense = n <= DENSE_MAX_NODES
     if dense:
         return ChannelModel(settings, n, seed)
-    from emulation.channel.sparse import SparseChannelModel
+    from airgossip.emulation.channel.sparse import SparseChannelModel
 
     return SparseChannelModel(settings, n, seed)
 
 
 class ChannelModel(ChannelBase):
     """Per directed link channel state over time for ``n`` nodes, all ``n x n`` links
-    (parameters as :class:`~emulation.channel.base.ChannelBase`'s)."""
+    (parameters as :class:`~airgossip.emulation.channel.base.ChannelBase`'s)."""
 
     def __init__(
         self, settings: WirelessSettings, n: int, seed: int, cache_steps: int | None = None
@@ -104,7 +104,7 @@ class ChannelModel(ChannelBase):
 
     def compute_ahead(self) -> bool:
         """Have the steps after step 0 computed in a worker process, each while the caller
-        works in the one before (:mod:`emulation.channel.ahead`; the same arrays), where
+        works in the one before (:mod:`airgossip.emulation.channel.ahead`; the same arrays), where
         that pays: :data:`AHEAD_MIN_NODES` nodes or more and a second CPU for this process.
         Whether it does. The worker ends with the model, or at :meth:`close`."""
         if self._ahead is None:

@@ -1,5 +1,5 @@
 """Finding the node pairs in range and putting links in order, for the model over the links in
-range (:mod:`emulation.channel.sparse`).
+range (:mod:`airgossip.emulation.channel.sparse`).
 
 Pairs ``i < j`` are keyed ``i * n + j``; a step holds them sorted by key.
 """

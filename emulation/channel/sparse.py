@@ -1,12 +1,12 @@
 """The channel model over the links in range: what large fleets use.
 
-The same physics as the dense model (:mod:`emulation.channel.model`), computed only for the
-node pairs within :attr:`SparseChannelModel.range_m` of each other (a k-d tree finds them
-each step, or a scan of every pair where most are in range): shadowing, line of sight and
-fast fading are held per pair in range, link figures are computed for the links that exist
-(mean received power at least the lowest rate's sensitivity), and interference is summed
-over the concurrent transmitters in range of the receiver. A pair that comes into range
-starts from a fresh draw of its stationary distribution.
+The same physics as the dense model (:mod:`airgossip.emulation.channel.model`), computed only for
+the node pairs within :attr:`SparseChannelModel.range_m` of each other (a k-d tree finds them each
+step, or a scan of every pair where most are in range): shadowing, line of sight and fast fading are
+held per pair in range, link figures are computed for the links that exist (mean received power at
+least the lowest rate's sensitivity), and interference is summed over the concurrent transmitters in
+range of the receiver. A pair that comes into range starts from a fresh draw of its stationary
+distribution.
 
 ``range_m`` is the distance past which path loss leaves a link below the sensitivity even
 with shadowing :data:`SHADOW_MARGIN` standard deviations in its favour (where line of sight
@@ -14,7 +14,7 @@ is drawn per pair: non line of sight, and line of sight while its probability is
 :data:`LOS_CUTOFF`); links beyond it (a rare line-of-sight pair far away, a deeper shadowing
 tail) are not modelled, nor is the interference of transmitters beyond it. Where ``range_m``
 covers the whole area and the draws are the dense model's
-(:class:`~emulation.channel.draws.DenseDraws`), both models give the same link state.
+(:class:`~airgossip.emulation.channel.draws.DenseDraws`), both models give the same link state.
 """
 
 from __future__ import annotations
@@ -25,15 +25,21 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.spatial import cKDTree
 
-from emulation.channel import fading as fad
-from emulation.channel import radio
-from emulation.channel.base import BURST, FADING, LOS, MOBILITY, SHADOW, ChannelBase
-from emulation.channel.draws import DenseDraws, Draws, StreamDraws
-from emulation.channel.heap import keep_block_temporaries
-from emulation.channel.mobility import MobilityState
-from emulation.channel.pairs import BLOCK_PAIRS, by_node, next_set, pair_distances, scan_rows
-from emulation.channel.state import SparseLinkState
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel import fading as fad
+from airgossip.emulation.channel import radio
+from airgossip.emulation.channel.base import BURST, FADING, LOS, MOBILITY, SHADOW, ChannelBase
+from airgossip.emulation.channel.draws import DenseDraws, Draws, StreamDraws
+from airgossip.emulation.channel.heap import keep_block_temporaries
+from airgossip.emulation.channel.mobility import MobilityState
+from airgossip.emulation.channel.pairs import (
+    BLOCK_PAIRS,
+    by_node,
+    next_set,
+    pair_distances,
+    scan_rows,
+)
+from airgossip.emulation.channel.state import SparseLinkState
+from airgossip.emulation.scenario import WirelessSettings
 
 #: Up to this many node pairs, the pairs in range are found by measuring every pair, a block
 #: of rows at a time, when they are most of the pairs (:func:`.pairs.scan_rows`).
@@ -64,7 +70,7 @@ class SparseChannelModel(ChannelBase):
     """Channel state of the links in range over time for ``n`` nodes (see the module).
 
     ``dense_draws``: draw as the dense model does (whole ``n x n`` arrays): the same state as
-    :class:`~emulation.channel.model.ChannelModel` where the range covers the area.
+    :class:`~airgossip.emulation.channel.model.ChannelModel` where the range covers the area.
     """
 
     def __init__(
@@ -126,7 +132,7 @@ class SparseChannelModel(ChannelBase):
         self, positions: np.ndarray, previous: int | None = None, reuse: _Pairs | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The keys of the pairs in range, sorted, their distances (float32) and, where
-        the row scan found them, its flags (:func:`~emulation.channel.pairs.scan_rows`).
+        the row scan found them, its flags (:func:`~airgossip.emulation.channel.pairs.scan_rows`).
 
         ``previous``: how many pairs the step before held (picks how they are found; the
         pairs and distances are the same either way). ``reuse``: the step before, found by
@@ -295,7 +301,7 @@ class SparseChannelModel(ChannelBase):
         # (i < j) from the start, the links i -> j from ``pairs`` on. Joined (j -> i first)
         # and stably sorted by sender they are in order: a sender's links j -> i (in the
         # pairs' order, i ascending) then its links i -> j (j ascending) are its links by
-        # receiver (:func:`~emulation.channel.pairs.by_node`).
+        # receiver (:func:`~airgossip.emulation.channel.pairs.by_node`).
         pairs = s.keys.size
         kinds = {"src": np.int32, "dst": np.int32, "rx": np.float32, "d": np.float32,
                  "re": np.float32, "im": np.float32, "b": bool}  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from emulation.channel import radio
+from airgossip.emulation.channel import radio
 
 #: The per-link figures a state holds, by the name of their array.
 FIGURES = ("distance_m", "rx_dbm", "sinr_db", "rate_bps", "per", "residual", "bad",

@@ -1,9 +1,9 @@
-"""The worker process of :class:`~emulation.channel.ahead.StepsAhead`.
+"""The worker process of :class:`~airgossip.emulation.channel.ahead.StepsAhead`.
 
-``python -m emulation.channel.worker FD`` (started by ``StepsAhead``, not by hand): reads
+``python -m airgossip.emulation.channel.worker FD`` (started by ``StepsAhead``, not by hand): reads
 ``(settings, n, seed, first step)`` from the Unix socket ``FD``, computes step ``first`` at
 once, then answers each step number it reads with that step (see
-:mod:`emulation.channel.ahead`) and computes the next while the caller works; it answers a
+:mod:`airgossip.emulation.channel.ahead`) and computes the next while the caller works; it answers a
 failure with its message and exits, and exits when the caller closes the socket.
 """
 
@@ -14,8 +14,8 @@ import os
 import socket
 import sys
 
-from emulation.channel.ahead import Packed, pack, receive, send
-from emulation.channel.model import ChannelModel
+from airgossip.emulation.channel.ahead import Packed, pack, receive, send
+from airgossip.emulation.channel.model import ChannelModel
 
 
 def serve(sock: socket.socket) -> None:

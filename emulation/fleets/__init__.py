@@ -6,13 +6,19 @@ the kernel), ``containers`` (Docker containers, each agent shaping its own links
 kernel) and ``ray`` (Ray actors across a Ray cluster: :mod:`.ray_fleet`, :mod:`.ray_cluster`),
 registered by mode in :mod:`.registry`; :mod:`.agent_fleet` is the base of the
 process-based fleets and :mod:`.processes` their group of agent processes; :mod:`.run`
-checks a run and carries it to ``results.json`` (written by :mod:`emulation.runtime`).
+checks a run and carries it to ``results.json`` (written by :mod:`airgossip.emulation.runtime`).
 """
 
-from emulation.fleets.base import Fleet, FleetError, FleetProgress, Launch, ProgressCallback
-from emulation.fleets.registry import FLEETS, fleet_class, modes_help
-from emulation.fleets.run import Plan, preflight, run_fleet
-from emulation.runtime.results import reference_answer
+from airgossip.emulation.fleets.base import (
+    Fleet,
+    FleetError,
+    FleetProgress,
+    Launch,
+    ProgressCallback,
+)
+from airgossip.emulation.fleets.registry import FLEETS, fleet_class, modes_help
+from airgossip.emulation.fleets.run import Plan, preflight, run_fleet
+from airgossip.emulation.runtime.results import reference_answer
 
 __all__ = [
     "FLEETS",

@@ -1,15 +1,14 @@
 """The base of fleets whose agents are OS processes (``process``, ``namespaces``,
 ``containers``): what they share, written once.
 
-An :class:`AgentProcessFleet` holds the run's :class:`~emulation.runtime.folder.RunFolder`
-and an :class:`~emulation.fleets.processes.AgentProcesses` group; its records, progress and
-stopping come from the group. :meth:`~AgentProcessFleet.run` starts the agents
-(:meth:`~AgentProcessFleet.start_agents`, the one thing every mode writes), follows them to
-the end, then stops them and closes what the mode started
-(:meth:`~AgentProcessFleet.close`), whatever happened. A mode whose agents find each other
-through a coordinator starts the embedded one (:meth:`~AgentProcessFleet.start_coordinator`),
-which also switches a graph that changes by round (``[switching]``): it sees every agent's
-round reports.
+An :class:`AgentProcessFleet` holds the run's :class:`~airgossip.emulation.runtime.folder.RunFolder`
+and an :class:`~airgossip.emulation.fleets.processes.AgentProcesses` group; its records, progress
+and stopping come from the group. :meth:`~AgentProcessFleet.run` starts the agents
+(:meth:`~AgentProcessFleet.start_agents`, the one thing every mode writes), follows them to the end,
+then stops them and closes what the mode started (:meth:`~AgentProcessFleet.close`), whatever
+happened. A mode whose agents find each other through a coordinator starts the embedded one
+(:meth:`~AgentProcessFleet.start_coordinator`), which also switches a graph that changes by round
+(``[switching]``): it sees every agent's round reports.
 """
 
 from __future__ import annotations
@@ -17,17 +16,17 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
-from coordinator.roster import Roster
-from coordinator.run import RunSpec
-from coordinator.service import CoordinatorServer
-from edge.config.identity import agent_ids
-from edge.observability.stats import RoundRecord
-from edge.security.tls import TlsCredentials
-from emulation.config import RunConfig
-from emulation.fleets.base import FleetBase, Launch
-from emulation.fleets.processes import AgentHost, AgentProcesses
-from emulation.networks import LinkRuntime, Network
-from emulation.runtime.folder import RunFolder
+from airgossip.coordinator.roster import Roster
+from airgossip.coordinator.run import RunSpec
+from airgossip.coordinator.service import CoordinatorServer
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.security.tls import TlsCredentials
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.base import FleetBase, Launch
+from airgossip.emulation.fleets.processes import AgentHost, AgentProcesses
+from airgossip.emulation.networks import LinkRuntime, Network
+from airgossip.emulation.runtime.folder import RunFolder
 
 
 def start_embedded_coordinator(

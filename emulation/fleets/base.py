@@ -2,10 +2,10 @@
 
 A :class:`Fleet` runs every agent of a run to the end and hands back their round records.
 One class per mode (``process``, ``inproc``, ``virtual``, ``namespaces``), each registered
-by its :attr:`Fleet.mode` in :mod:`emulation.fleets.registry`; a mode that cannot serve a
+by its :attr:`Fleet.mode` in :mod:`airgossip.emulation.fleets.registry`; a mode that cannot serve a
 network says so (:meth:`Fleet.refuse`) instead of turning into another mode. A fleet never
 asks which network it has: everything about the links comes from the
-:class:`~emulation.networks.base.Network` it is handed.
+:class:`~airgossip.emulation.networks.base.Network` it is handed.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from edge.observability.stats import Counters, RoundRecord
-from emulation.config import RunConfig
-from emulation.networks import LinkRuntime, Network
+from airgossip.edge.observability.stats import Counters, RoundRecord
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.networks import LinkRuntime, Network
 
 
 class FleetError(RuntimeError):

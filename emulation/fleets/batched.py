@@ -1,18 +1,18 @@
 """Push-sum consensus of a whole in-process fleet as array operations over every agent.
 
-The lock-step driver (:mod:`.inproc`) runs each agent's :class:`~edge.agent.Agent`: per
+The lock-step driver (:mod:`.inproc`) runs each agent's :class:`~airgossip.edge.agent.Agent`: per
 message, its share, encoding, link verdict, decoding, checks and acknowledgement, about
 100 us of Python. For the one workload where none of that varies between agents (the
 ``consensus`` task, ``push-sum`` without compression, on a static graph) the whole round is
 a handful of array operations instead: :class:`BatchedPushSum` keeps every agent's ``(x, y)``
 as rows of one array and every edge's running sum as rows of another, and decides every
 message's fate with its network's own verdicts in batch (:meth:`Network.message_drops`;
-the static network's are its shaper's draws, :mod:`emulation.networks.link_draws`).
+the static network's are its shaper's draws, :mod:`airgossip.emulation.networks.link_draws`).
 
 It is the per-agent code's arithmetic, not an approximation of it. With acknowledgements
 inline, as the in-memory transport gives them, a delivered message hands over its edge's
 whole running sum and the edge starts again from zero; a dropped one leaves the sum to grow
-until the next message lands (:class:`~edge.algorithms.push_sum.PushSum`). Receivers add
+until the next message lands (:class:`~airgossip.edge.algorithms.push_sum.PushSum`). Receivers add
 what arrives in the order the agents push (by index), so the estimates equal the per-agent
 path's to the last bits of a fused multiply-add; drops and counts are exactly the same
 (tests/emulation/test_batched_fleet.py). Each agent's round records are written as its
@@ -31,21 +31,21 @@ import numpy as np
 import torch
 from scipy.sparse import csr_array
 
-from edge.agent.build import fleet_digest
-from edge.agent.sending import Sender, gossip_message
-from edge.algorithms import Payload
-from edge.algorithms.base import SEQ_SLACK
-from edge.algorithms.push_sum import STARVED_WEIGHT
-from edge.config.settings import resolve_codec
-from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
-from edge.tasks import TaskContext, load_task
-from edge.tasks.consensus import ConsensusOptions, consensus_vector
-from edge.tasks.options import parse_options
-from edge.topology import Graph, adjacency_edges
-from edge.transport.wire import wire_bytes
-from emulation.config import RunConfig
-from emulation.networks import Network
-from emulation.networks.base import BatchedDrops
+from airgossip.edge.agent.build import fleet_digest
+from airgossip.edge.agent.sending import Sender, gossip_message
+from airgossip.edge.algorithms import Payload
+from airgossip.edge.algorithms.base import SEQ_SLACK
+from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
+from airgossip.edge.config.settings import resolve_codec
+from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from airgossip.edge.tasks import TaskContext, load_task
+from airgossip.edge.tasks.consensus import ConsensusOptions, consensus_vector
+from airgossip.edge.tasks.options import parse_options
+from airgossip.edge.topology import Graph, adjacency_edges
+from airgossip.edge.transport.wire import wire_bytes
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.networks import Network
+from airgossip.emulation.networks.base import BatchedDrops
 
 #: The epoch of a static graph's assignments (``assignments_for_graph``'s first).
 STATIC_EPOCH = 1
@@ -58,7 +58,7 @@ def workload_refusals(config: RunConfig, network: Network) -> list[str]:
     ``consensus`` task with ``push-sum``, lossless codec, float64, no options or privacy,
     column-stochastic weights, at most ``SEQ_SLACK`` rounds (an edge's sequence numbers
     then never wrap). Both :func:`batched_refusal` and the virtual clock's
-    :func:`~emulation.fleets.virtual_fast.fast_refusal` start from it."""
+    :func:`~airgossip.emulation.fleets.virtual_fast.fast_refusal` start from it."""
     settings = [
         (config.task.name == "consensus", "the task is not consensus"),
         (config.algorithm == "push-sum", "the algorithm is not push-sum"),

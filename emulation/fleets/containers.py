@@ -2,17 +2,18 @@
 agent's links shaped by the kernel inside its own container.
 
 The fleet makes a Docker network of its own, starts the coordinator in this process on that
-network's gateway address, and runs the agent module (``python -m emulation.runtime.agent``,
-in place of the image's ``airgossip`` entry point) in one container per agent (the image of
-``[containers] image``) through :class:`~emulation.fleets.processes.AgentProcesses`:
+network's gateway address, and runs the agent module (``python -m
+airgossip.emulation.runtime.agent``, in place of the image's ``airgossip`` entry point) in one
+container per agent (the image of
+``[containers] image``) through :class:`~airgossip.emulation.fleets.processes.AgentProcesses`:
 the parts of the run's folder an agent needs (the config, ``agents/`` for records, its own
 checkpoint folder) are mounted into its container, so records, progress and results work as
 in the process mode. Unless the run is insecure, the run's throwaway certificate authority
 (its key never written) gives every member a certificate, and each container sees only the
 CA's certificate and its own certificate and key (read-only), never the other members' keys.
 With ``NET_ADMIN`` (the default) every agent applies its share of the
-network's :class:`~emulation.networks.base.KernelLinks` on its own interface
-(:class:`~emulation.networks.kernel.AgentKernelLinks`); without it, or where the engine
+network's :class:`~airgossip.emulation.networks.base.KernelLinks` on its own interface
+(:class:`~airgossip.emulation.networks.kernel.AgentKernelLinks`); without it, or where the engine
 refuses it, the agent says so in its log and shapes its links itself. Containers, and the
 network, are removed at the end, on Ctrl-C and on errors; all carry the label
 ``airgossip.run=<tag>``.
@@ -27,16 +28,16 @@ import time
 import uuid
 from pathlib import Path
 
-from edge.config.identity import agent_ids
-from edge.security.private_files import private_folder
-from edge.security.tls import CA_CERT
-from emulation.config import RunConfig
-from emulation.fleets.agent_fleet import AgentProcessFleet
-from emulation.fleets.base import FleetError, Launch
-from emulation.fleets.processes import AgentHost
-from emulation.networks import Network
-from emulation.networks.kernel import AgentKernelReport, ContainerKernelReport
-from emulation.runtime.command import AGENT_MODULE, AgentCommand
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.security.private_files import private_folder
+from airgossip.edge.security.tls import CA_CERT
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
+from airgossip.emulation.fleets.base import FleetError, Launch
+from airgossip.emulation.fleets.processes import AgentHost
+from airgossip.emulation.networks import Network
+from airgossip.emulation.networks.kernel import AgentKernelReport, ContainerKernelReport
+from airgossip.emulation.runtime.command import AGENT_MODULE, AgentCommand
 
 #: Where an agent container sees the run's folder, its own certificates, and its working
 #: directory (the image's).

@@ -8,21 +8,21 @@ from collections.abc import Callable
 
 import torch
 
-from edge.agent import Agent, build_agent
-from edge.config.identity import agent_ids
-from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
-from edge.transport import InMemoryNetwork, InMemoryTransport
-from emulation.config import RunConfig
-from emulation.fleets.base import (
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
+from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.base import (
     AgentProgress,
     FleetBase,
     Launch,
     fleet_progress,
     group_records,
 )
-from emulation.fleets.batched import BatchedPushSum, batched_refusal
-from emulation.networks import LinkRuntime, Network
-from emulation.privacy import privacy_context, run_keyring
+from airgossip.emulation.fleets.batched import BatchedPushSum, batched_refusal
+from airgossip.emulation.networks import LinkRuntime, Network
+from airgossip.emulation.privacy import privacy_context, run_keyring
 
 
 class InProcessFleet(FleetBase):
@@ -34,9 +34,9 @@ class InProcessFleet(FleetBase):
     assignments readable) for checks that need more than the records.
 
     ``batched``: run consensus by push-sum on a static graph as array operations over all
-    agents (:class:`~emulation.fleets.batched.BatchedPushSum`; no :class:`Agent` objects are
-    built, :attr:`agents` stays empty). None (the default): wherever it applies and nothing
-    asks for the agents (:attr:`after_build`); False: never; True: required.
+    agents (:class:`~airgossip.emulation.fleets.batched.BatchedPushSum`; no :class:`Agent` objects
+    are built, :attr:`agents` stays empty). None (the default): wherever it applies and nothing asks
+    for the agents (:attr:`after_build`); False: never; True: required.
     """
 
     mode = "inproc"
@@ -186,7 +186,7 @@ def run_in_process(
     """Run ``config``'s fleet in lock step in this process (no output folder, no results
     file) and return every agent's records: for notebooks, tests and benchmarks
     (``batched``: as :class:`InProcessFleet` takes it)."""
-    from emulation.networks import network_for
+    from airgossip.emulation.networks import network_for
 
     fleet = InProcessFleet(config, network_for(config), batched=batched)
     fleet.run()

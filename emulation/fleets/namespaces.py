@@ -1,19 +1,19 @@
 """``namespaces`` mode: one agent process per Linux network namespace, static peers, every
 directed link shaped by the kernel (tc, iptables) from the network's
-:class:`~emulation.networks.base.KernelLinks`, step by step."""
+:class:`~airgossip.emulation.networks.base.KernelLinks`, step by step."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from edge.config.identity import agent_ids
-from edge.security.private_files import write_private
-from emulation.config import ConfigError, RunConfig
-from emulation.fleets.agent_fleet import AgentProcessFleet
-from emulation.fleets.base import Launch, refuse_round_driven
-from emulation.networks import Network
-from emulation.networks.kernel import (
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.security.private_files import write_private
+from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
+from airgossip.emulation.fleets.base import Launch, refuse_round_driven
+from airgossip.emulation.networks import Network
+from airgossip.emulation.networks.kernel import (
     AGENT_PORT,
     KernelUnavailable,
     LinkController,
@@ -21,7 +21,7 @@ from emulation.networks.kernel import (
     NamespaceNetwork,
     kernel_support,
 )
-from emulation.runtime.command import AgentCommand
+from airgossip.emulation.runtime.command import AgentCommand
 
 
 class NamespaceFleet(AgentProcessFleet):

@@ -3,9 +3,9 @@ loopback."""
 
 from __future__ import annotations
 
-from edge.config.identity import agent_ids
-from emulation.fleets.agent_fleet import AgentProcessFleet
-from emulation.runtime.command import AgentCommand
+from airgossip.edge.config.identity import agent_ids
+from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
+from airgossip.emulation.runtime.command import AgentCommand
 
 
 class ProcessFleet(AgentProcessFleet):

@@ -1,22 +1,22 @@
 """Agents as OS processes: start them, follow their records, stop them.
 
 :class:`AgentProcesses` is the one way fleets run agent processes
-(``python -m emulation.runtime.agent``, :mod:`emulation.runtime`): the process, namespace
-and container fleets each hold one (their base,
-:class:`~emulation.fleets.agent_fleet.AgentProcessFleet`), differing only in how an agent
+(``python -m airgossip.emulation.runtime.agent``, :mod:`airgossip.emulation.runtime`): the process,
+namespace and container fleets each hold one (their base,
+:class:`~airgossip.emulation.fleets.agent_fleet.AgentProcessFleet`), differing only in how an agent
 finds its peers, what wraps its command (``ip netns exec``, ``docker run``) and where the
 agent sees the run's folder (:class:`AgentHost`). Each agent
 writes its round records as JSON lines under ``agents/`` and its log under ``logs/``; the
 group tails the records for progress and reads them back at the end.
 
-Agents without a command prefix are forked by a :class:`~emulation.fleets.forkserver.ForkServer`
-(on Linux): one process imports torch and the agent's modules once and forks every agent,
-instead of every agent paying those imports on its own (three quarters of an agent's
-start-up). An agent whose command is wrapped (``ip netns exec``) is started as a process of
-its own, as is every agent where ``fork`` is not available.
+Agents without a command prefix are forked by a
+:class:`~airgossip.emulation.fleets.forkserver.ForkServer` (on Linux): one process imports torch and
+the agent's modules once and forks every agent, instead of every agent paying those imports on its
+own (three quarters of an agent's start-up). An agent whose command is wrapped (``ip netns exec``)
+is started as a process of its own, as is every agent where ``fork`` is not available.
 
 Unless the run is ``insecure``, the group issues the run's throwaway credentials
-(:meth:`~emulation.runtime.folder.RunFolder.issue_credentials`: the authority's key never
+(:meth:`~airgossip.emulation.runtime.folder.RunFolder.issue_credentials`: the authority's key never
 written) and every agent speaks mutual TLS with its own. Each agent keeps its checkpoints
 under ``checkpoints/<id>/``.
 """
@@ -37,26 +37,26 @@ from typing import Protocol
 
 from pydantic import JsonValue
 
-from edge.config.identity import agent_ids
-from edge.observability.stats import RoundRecord, read_records
-from edge.security.private_files import open_private, private_folder
-from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
-from emulation.config import RunConfig
-from emulation.fleets.base import (
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import RoundRecord, read_records
+from airgossip.edge.security.private_files import open_private, private_folder
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.base import (
     AgentProgress,
     FleetError,
     FleetProgress,
     ProgressKeeper,
     fleet_progress,
 )
-from emulation.fleets.forkserver import ForkServer
-from emulation.runtime.command import AGENT_MODULE, AgentCommand
-from emulation.runtime.folder import RunFolder
+from airgossip.emulation.fleets.forkserver import ForkServer
+from airgossip.emulation.runtime.command import AGENT_MODULE, AgentCommand
+from airgossip.emulation.runtime.folder import RunFolder
 
 #: What the fork server imports before it forks agents: everything an agent process imports
 #: before it serves (the CLI, torch, gRPC, the agent and its tasks), none of which starts a
 #: thread, a gRPC channel or torch's thread pool on import.
-AGENT_PRELOAD = ("emulation.runtime.process",)
+AGENT_PRELOAD = ("airgossip.emulation.runtime.process",)
 
 #: Seconds without any agent progress after which a process fleet is declared stuck.
 STALL_TIMEOUT_S = 180.0
@@ -142,7 +142,8 @@ class AgentHost:
     Attributes
     ----------
     command:
-        What runs :data:`~emulation.runtime.command.AGENT_MODULE` (this Python by default).
+        What runs :data:`~airgossip.emulation.runtime.command.AGENT_MODULE` (this Python by
+        default).
     run_dir:
         The run's output folder as the agent sees it (None: the launcher's own path).
     parent_pid:
@@ -168,7 +169,7 @@ class AgentProcesses:
         The run (for progress: fleet size and rounds).
     folder:
         The run's folder: the config every agent reads, records under ``agents/``, logs
-        under ``logs/`` (:class:`~emulation.runtime.folder.RunFolder`).
+        under ``logs/`` (:class:`~airgossip.emulation.runtime.folder.RunFolder`).
     progress:
         Where progress goes as records arrive.
     host:

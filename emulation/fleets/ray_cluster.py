@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from emulation.config import RaySettings
-from emulation.fleets.base import FleetError
-from emulation.fleets.ray_host import RayAgentHost, RayHostSpec
-from emulation.runtime.ray_agent import CheckpointStore
+from airgossip.emulation.config import RaySettings
+from airgossip.emulation.fleets.base import FleetError
+from airgossip.emulation.fleets.ray_host import RayAgentHost, RayHostSpec
+from airgossip.emulation.runtime.ray_agent import CheckpointStore
 
 K = TypeVar("K")
 

@@ -2,9 +2,10 @@
 beside the driver, real gRPC (mutual TLS) between the agents.
 
 The agents are split into hosts (``[ray] agents_per_host``; by default one host per node), each a
-:class:`~emulation.fleets.ray_host.RayAgentHost` actor that imports torch once in a fork server and
-forks one process per agent: the same agent as the process mode, listening on its node's address,
-shaping its links in the agent. The fleet connects to the cluster of ``[ray] address`` (``auto``,
+:class:`~airgossip.emulation.fleets.ray_host.RayAgentHost` actor that imports torch once in a fork
+server and forks one process per agent: the same agent as the process mode, listening on its node's
+address, shaping its links in the agent. The fleet connects to the cluster of ``[ray] address``
+(``auto``,
 ``ray://...``, ``host:port``) or, with none, starts a local Ray on loopback; it places the hosts
 with a placement group of one bundle per host, holding its agents' resources (``spread``: spread
 over the nodes; ``strict-spread``: each host on a node of its own; ``pack``: as few nodes as fit),
@@ -30,21 +31,27 @@ import json
 import time
 from typing import Any
 
-from coordinator.service import CoordinatorServer
-from coordinator.views import DEAD, LEFT
-from edge.config.identity import agent_ids
-from edge.observability.stats import RoundRecord
-from edge.security.private_files import private_folder, write_private
-from edge.security.tls import CA_CERT, COORDINATOR_IDENTITY
-from emulation.config import RunConfig
-from emulation.fleets.agent_fleet import start_embedded_coordinator
-from emulation.fleets.base import AgentProgress, FleetBase, FleetError, Launch, fleet_progress
-from emulation.fleets.processes import STALL_TIMEOUT_S
-from emulation.fleets.ray_cluster import RayCluster
-from emulation.fleets.ray_host import RayHostSpec
-from emulation.networks import LinkRuntime, Network
-from emulation.runtime.folder import RunFolder
-from emulation.runtime.ray_agent import RayAgentSpec, RayAgentState
+from airgossip.coordinator.service import CoordinatorServer
+from airgossip.coordinator.views import DEAD, LEFT
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.security.private_files import private_folder, write_private
+from airgossip.edge.security.tls import CA_CERT, COORDINATOR_IDENTITY
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.agent_fleet import start_embedded_coordinator
+from airgossip.emulation.fleets.base import (
+    AgentProgress,
+    FleetBase,
+    FleetError,
+    Launch,
+    fleet_progress,
+)
+from airgossip.emulation.fleets.processes import STALL_TIMEOUT_S
+from airgossip.emulation.fleets.ray_cluster import RayCluster
+from airgossip.emulation.fleets.ray_host import RayHostSpec
+from airgossip.emulation.networks import LinkRuntime, Network
+from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.emulation.runtime.ray_agent import RayAgentSpec, RayAgentState
 
 #: What to install for this mode, said in one line where Ray is missing.
 INSTALL_HINT = "mode 'ray' needs Ray: pip install 'airgossip[ray]'"
@@ -124,7 +131,7 @@ class RayFleet(FleetBase):
 
     def _write_partial(self) -> None:
         """``results.json`` of a run an error ended: every round recorded, ``interrupted``."""
-        from emulation.runtime.results import ResultsConfig, write_results
+        from airgossip.emulation.runtime.results import ResultsConfig, write_results
 
         resolved = ResultsConfig(
             self.config, self.network.resolved(self.network.first_graph(), self._links)

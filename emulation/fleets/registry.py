@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from emulation.config import ConfigError
-from emulation.fleets.base import Fleet
-from emulation.fleets.containers import ContainerFleet
-from emulation.fleets.inproc import InProcessFleet
-from emulation.fleets.namespaces import NamespaceFleet
-from emulation.fleets.process import ProcessFleet
-from emulation.fleets.ray_fleet import RayFleet
-from emulation.fleets.virtual import VirtualFleet
+from airgossip.emulation.config import ConfigError
+from airgossip.emulation.fleets.base import Fleet
+from airgossip.emulation.fleets.containers import ContainerFleet
+from airgossip.emulation.fleets.inproc import InProcessFleet
+from airgossip.emulation.fleets.namespaces import NamespaceFleet
+from airgossip.emulation.fleets.process import ProcessFleet
+from airgossip.emulation.fleets.ray_fleet import RayFleet
+from airgossip.emulation.fleets.virtual import VirtualFleet
 
 #: Every fleet mode, by the name ``--mode`` takes, in the order help texts list them.
 FLEETS: dict[str, type[Fleet]] = {

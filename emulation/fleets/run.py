@@ -9,19 +9,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.config.settings import resolve_device
-from edge.privacy.settings import PrivacySettings
-from edge.tasks import TaskContext, TaskError, load_task
-from edge.topology import Graph
-from emulation.config import ConfigError, RunConfig
-from emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
-from emulation.fleets.registry import fleet_class
-from emulation.networks import Network, network_for
-from emulation.networks.kernel import ContainerKernelReport, NamespaceKernelReport
-from emulation.privacy import check_privacy
-from emulation.results import KernelFigures, RunResults
-from emulation.runtime.folder import RunFolder
-from emulation.runtime.results import ResultsConfig, write_results
+from airgossip.edge.config.settings import resolve_device
+from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.tasks import TaskContext, TaskError, load_task
+from airgossip.edge.topology import Graph
+from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
+from airgossip.emulation.fleets.registry import fleet_class
+from airgossip.emulation.networks import Network, network_for
+from airgossip.emulation.networks.kernel import ContainerKernelReport, NamespaceKernelReport
+from airgossip.emulation.privacy import check_privacy
+from airgossip.emulation.results import KernelFigures, RunResults
+from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.emulation.runtime.results import ResultsConfig, write_results
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def run_fleet(
     :func:`preflight` of ``config`` when the caller already made it; ``on_notice`` gets
     what the fleet says people should know (what a kernel could not apply, say).
     ``insecure``: agents that talk over the network do so in plaintext (default: mutual TLS,
-    see :class:`~emulation.fleets.base.Launch`).
+    see :class:`~airgossip.emulation.fleets.base.Launch`).
     """
     plan = plan if plan is not None and plan.config == config else preflight(config)
     mechanism = config.privacy.mechanism

@@ -1,9 +1,9 @@
 """``virtual`` mode: every agent in this process, driven by discrete events on a virtual clock.
 
-The same :class:`~edge.agent.Agent` phases as every other mode (``local_step``, ``push``,
+The same :class:`~airgossip.edge.agent.Agent` phases as every other mode (``local_step``, ``push``,
 the wait, ``mix``, ``report``), scheduled on a virtual clock: a local step takes the
 scenario's ``compute_s``, a message arrives when the link model says it does, the wait
-ends when :meth:`~edge.agent.Agent.neighbours_ready` says so or at its timeout. Nothing
+ends when :meth:`~airgossip.edge.agent.Agent.neighbours_ready` says so or at its timeout. Nothing
 sleeps, so a slow network of 1,000 agents runs as fast as the agents' own work allows, and
 the run is deterministic for a seed (events at the same time run in the order they were
 scheduled).
@@ -21,11 +21,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from edge.agent import Agent, build_agent
-from edge.config.identity import agent_ids
-from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord, StatsSink
-from edge.topology import Assignment
-from edge.transport.base import (
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord, StatsSink
+from airgossip.edge.topology import Assignment
+from airgossip.edge.transport.base import (
     GossipMessage,
     InboundHandler,
     LinkShaper,
@@ -34,9 +34,9 @@ from edge.transport.base import (
     SendCallback,
     SendOutcome,
 )
-from edge.transport.wire import wire_bytes
-from emulation.config import RunConfig
-from emulation.fleets.base import (
+from airgossip.edge.transport.wire import wire_bytes
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.base import (
     AgentProgress,
     FleetProgress,
     Launch,
@@ -44,9 +44,9 @@ from emulation.fleets.base import (
     fleet_progress,
     group_records,
 )
-from emulation.fleets.virtual_fast import VirtualPushSum, fast_refusal
-from emulation.networks import LinkRuntime, Network
-from emulation.privacy import privacy_context, run_keyring
+from airgossip.emulation.fleets.virtual_fast import VirtualPushSum, fast_refusal
+from airgossip.emulation.networks import LinkRuntime, Network
+from airgossip.emulation.privacy import privacy_context, run_keyring
 
 
 class EventLoop:
@@ -165,8 +165,8 @@ class VirtualFleet:
     the agents' own work allows (nothing sleeps).
 
     ``fast``: run push-sum consensus without :class:`Agent` objects
-    (:class:`~emulation.fleets.virtual_fast.VirtualPushSum`: the same events, verdicts and
-    figures). None: wherever :func:`~emulation.fleets.virtual_fast.fast_refusal` allows;
+    (:class:`~airgossip.emulation.fleets.virtual_fast.VirtualPushSum`: the same events, verdicts and
+    figures). None: wherever :func:`~airgossip.emulation.fleets.virtual_fast.fast_refusal` allows;
     True: insist (``ValueError`` naming why not); False: always the agents themselves."""
 
     mode: ClassVar[str] = "virtual"

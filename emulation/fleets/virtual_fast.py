@@ -1,9 +1,9 @@
-"""Push-sum consensus on the virtual clock without :class:`~edge.agent.Agent` objects.
+"""Push-sum consensus on the virtual clock without :class:`~airgossip.edge.agent.Agent` objects.
 
-:class:`~emulation.fleets.virtual.VirtualFleet` runs every agent's phases as events; per
+:class:`~airgossip.emulation.fleets.virtual.VirtualFleet` runs every agent's phases as events; per
 message the agent shares, encodes, the link shaper decides, the receiver admits, decodes,
 checks and absorbs, and the acknowledgement comes back: about 100 us of Python, most of it
-the agents' own. For the workload of :func:`~emulation.fleets.batched.workload_refusals`
+the agents' own. For the workload of :func:`~airgossip.emulation.fleets.batched.workload_refusals`
 (``consensus``, ``push-sum`` without compression, float64, no options or privacy) none of
 that varies between agents, so :class:`VirtualPushSum` keeps every agent's ``(x, y)`` and
 pending mass as rows of arrays and every edge's running sum, sequence numbers and the
@@ -26,23 +26,23 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge.agent.admission import FORMER_ROUNDS
-from edge.agent.agent import wait_over
-from edge.algorithms.base import SEQ_SLACK
-from edge.algorithms.push_sum import STARVED_WEIGHT
-from edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
-from edge.tasks.consensus import ConsensusOptions, consensus_vector
-from edge.tasks.options import parse_options
-from edge.topology import Assignment
-from edge.transport.base import LinkShaper
-from emulation.config import RunConfig
-from emulation.fleets.batched import WireSizes, workload_refusals
-from emulation.networks import Network
-from emulation.networks.shaper import WirelessLinkShaper
+from airgossip.edge.agent.admission import FORMER_ROUNDS
+from airgossip.edge.agent.agent import wait_over
+from airgossip.edge.algorithms.base import SEQ_SLACK
+from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
+from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from airgossip.edge.tasks.consensus import ConsensusOptions, consensus_vector
+from airgossip.edge.tasks.options import parse_options
+from airgossip.edge.topology import Assignment
+from airgossip.edge.transport.base import LinkShaper
+from airgossip.emulation.config import RunConfig
+from airgossip.emulation.fleets.batched import WireSizes, workload_refusals
+from airgossip.emulation.networks import Network
+from airgossip.emulation.networks.shaper import WirelessLinkShaper
 
 
 class _Loop(Protocol):
-    """The event loop (:class:`~emulation.fleets.virtual.EventLoop`)."""
+    """The event loop (:class:`~airgossip.emulation.fleets.virtual.EventLoop`)."""
 
     now: float
 
@@ -55,7 +55,7 @@ RoundDone = Callable[[int, RoundRecord | None], None]
 
 def fast_refusal(config: RunConfig, network: Network) -> str | None:
     """Why ``config`` cannot run on :class:`VirtualPushSum` (None: it can): the batched
-    workload (:func:`~emulation.fleets.batched.workload_refusals`, whatever the network
+    workload (:func:`~airgossip.emulation.fleets.batched.workload_refusals`, whatever the network
     decides per message) on a network whose graph changes with time only (one that
     switches by round hands agents new assignments between rounds)."""
     reasons = workload_refusals(config, network)
@@ -146,7 +146,7 @@ class _Agent:
 
 
 class VirtualPushSum:
-    """The agents of a :class:`~emulation.fleets.virtual.VirtualFleet` as arrays (see the
+    """The agents of a :class:`~airgossip.emulation.fleets.virtual.VirtualFleet` as arrays (see the
     module docstring), on the fleet's event loop, link shaper and sink; every finished
     round goes to ``round_done`` (the fleet's bookkeeping of the slowest round)."""
 

@@ -29,18 +29,18 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from coordinator.policy import TopologySpec
-from edge.agent import Agent
-from edge.algorithms import algorithm_class
-from edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
-from edge.algorithms.robust import CSPlusOptions, cs_plus_never_mixing
-from edge.config.identity import agent_id
-from edge.observability.stats import RoundRecord, StatsSink
-from edge.observability.telemetry import LinkFigures
-from edge.topology import Assignment, Graph, TopologySwitcher
-from edge.transport.base import LinkShaper
-from emulation.config import ConfigError, RunConfig
-from emulation.results import ResolvedFigures, RunResults
+from airgossip.coordinator.policy import TopologySpec
+from airgossip.edge.agent import Agent
+from airgossip.edge.algorithms import algorithm_class
+from airgossip.edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
+from airgossip.edge.algorithms.robust import CSPlusOptions, cs_plus_never_mixing
+from airgossip.edge.config.identity import agent_id
+from airgossip.edge.observability.stats import RoundRecord, StatsSink
+from airgossip.edge.observability.telemetry import LinkFigures
+from airgossip.edge.topology import Assignment, Graph, TopologySwitcher
+from airgossip.edge.transport.base import LinkShaper
+from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.emulation.results import ResolvedFigures, RunResults
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class BatchedDrops(Protocol):
 
 class Network(ABC):
     """One kind of link between agents; built from a :class:`RunConfig` by
-    :func:`emulation.networks.network_for`."""
+    :func:`airgossip.emulation.networks.network_for`."""
 
     #: Registry key (``static``, ``wireless``).
     kind: ClassVar[str]

@@ -9,9 +9,9 @@ from functools import cached_property
 
 import numpy as np
 
-from edge.topology import Assignment, Phase, adjacency_row, transposed
-from edge.topology.graphs import Adjacency
-from emulation.channel.model import ChannelBase, gossip_adjacency, strongly_connected
+from airgossip.edge.topology import Assignment, Phase, adjacency_row, transposed
+from airgossip.edge.topology.graphs import Adjacency
+from airgossip.emulation.channel.model import ChannelBase, gossip_adjacency, strongly_connected
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The static links' per-message draw for many messages at once.
 
-:class:`~emulation.networks.static.BernoulliLinkShaper` decides each message from its own
+:class:`~airgossip.emulation.networks.static.BernoulliLinkShaper` decides each message from its own
 generator, ``numpy.random.default_rng([seed, hash64(sender, receiver), round, index])``, and
 drops it when that generator's first ``random()`` is below the loss. Building a generator
 costs microseconds; a fleet of 100,000 agents sends millions of messages a round. The
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edge.config.seeds import hash64
+from airgossip.edge.config.seeds import hash64
 
 # NumPy's SeedSequence constants (numpy/random/bit_generator.pyx).
 _INIT_A = np.uint32(0x43B0D7E5)
@@ -174,8 +174,8 @@ def link_uniforms(seed: int, hashes: np.ndarray, round_index: int, indexes: np.n
 
 
 class BernoulliDrops:
-    """:class:`~emulation.networks.static.BernoulliLinkShaper`'s drops for arrays of
-    messages (a :class:`~emulation.networks.base.BatchedDrops`): the same loss on every
+    """:class:`~airgossip.emulation.networks.static.BernoulliLinkShaper`'s drops for arrays of
+    messages (a :class:`~airgossip.emulation.networks.base.BatchedDrops`): the same loss on every
     link, the same draw per message."""
 
     def __init__(self, seed: int, loss: float) -> None:

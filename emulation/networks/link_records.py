@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.observability.stats import RoundRecord, StatsSink
-from edge.security.private_files import open_private
-from emulation.channel.model import ChannelBase
-from emulation.networks.gossip_graph import GraphEpoch, WirelessTopology
-from emulation.networks.shaper import PlannedMessage
-from emulation.results import RunResults
+from airgossip.edge.observability.stats import RoundRecord, StatsSink
+from airgossip.edge.security.private_files import open_private
+from airgossip.emulation.channel.model import ChannelBase
+from airgossip.emulation.networks.gossip_graph import GraphEpoch, WirelessTopology
+from airgossip.emulation.networks.shaper import PlannedMessage
+from airgossip.emulation.results import RunResults
 
 
 class LinkFiguresSink:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.config.identity import agent_ids
-from edge.security.private_files import open_private
-from edge.topology import adjacency_edges
-from emulation.channel.state import FIGURES, AnyLinkState
-from emulation.networks.gossip_graph import GraphEpoch
-from emulation.networks.wireless import WirelessNetwork
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.security.private_files import open_private
+from airgossip.edge.topology import adjacency_edges
+from airgossip.emulation.channel.state import FIGURES, AnyLinkState
+from airgossip.emulation.networks.gossip_graph import GraphEpoch
+from airgossip.emulation.networks.wireless import WirelessNetwork
 
 
 @dataclass(frozen=True)

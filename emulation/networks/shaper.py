@@ -1,6 +1,6 @@
 """The wireless link shaper: the channel model's verdict on each message, and shared air.
 
-:class:`WirelessLinkShaper` is the :class:`~edge.transport.base.LinkShaper` every fleet
+:class:`WirelessLinkShaper` is the :class:`~airgossip.edge.transport.base.LinkShaper` every fleet
 uses for a wireless network. It reads the time from a clock it is handed (wall clock since
 the scenario's start, or a virtual clock) and turns the channel state into a verdict for one
 message: how long it takes (access latency, jitter, then its bytes at the link's rate step
@@ -8,7 +8,7 @@ by step, so a rate change mid-transfer is honoured, split with concurrent transf
 same carrier-sense domain) and whether it is lost (decided per chunk at the step the chunk
 starts).
 
-Per-message draws come from a counter-based hash (:func:`edge.config.seeds.keyed_hash`) of
+Per-message draws come from a counter-based hash (:func:`airgossip.edge.config.seeds.keyed_hash`) of
 ``(seed, sender, receiver, step, message index, purpose)``: no generator state, the same
 verdict whichever thread or process asks.
 """
@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from edge.config.seeds import keyed_hash, splitmix64, to_unit
-from edge.transport.base import LinkVerdict
-from emulation.channel.model import AnyLinkState, ChannelBase
-from emulation.channel.state import chunk_loss_probability
-from emulation.scenario import WirelessSettings
+from airgossip.edge.config.seeds import keyed_hash, splitmix64, to_unit
+from airgossip.edge.transport.base import LinkVerdict
+from airgossip.emulation.channel.model import AnyLinkState, ChannelBase
+from airgossip.emulation.channel.state import chunk_loss_probability
+from airgossip.emulation.scenario import WirelessSettings
 
 _UNIT = NormalDist()
 # Purposes of per-message draws (the last hash key).

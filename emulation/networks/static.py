@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.policy import TopologySpec
-from edge.algorithms import algorithm_class
-from edge.config.seeds import hash64
-from edge.observability.stats import RoundRecord
-from edge.topology import (
+from airgossip.coordinator.policy import TopologySpec
+from airgossip.edge.algorithms import algorithm_class
+from airgossip.edge.config.seeds import hash64
+from airgossip.edge.observability.stats import RoundRecord
+from airgossip.edge.topology import (
     Assignment,
     Graph,
     TopologyError,
@@ -29,11 +29,11 @@ from edge.topology import (
     mixing_lambda2,
     switched_assignments,
 )
-from edge.transport.base import LinkVerdict
-from emulation.config import ConfigError
-from emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
-from emulation.networks.link_draws import BernoulliDrops
-from emulation.results import ResolvedFigures
+from airgossip.edge.transport.base import LinkVerdict
+from airgossip.emulation.config import ConfigError
+from airgossip.emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
+from airgossip.emulation.networks.link_draws import BernoulliDrops
+from airgossip.emulation.results import ResolvedFigures
 
 
 def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:

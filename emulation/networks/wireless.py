@@ -4,7 +4,7 @@ gossip graph that comes out of it.
 Every agent learns every address (a coordinator hands out the complete graph); which of
 them it talks to comes from the channel model, rebuilt every ``graph_interval_s`` and
 installed as an assignment with a higher epoch. The links are shaped in the agent by
-:class:`~emulation.networks.shaper.WirelessLinkShaper` or, step by step, in a kernel.
+:class:`~airgossip.emulation.networks.shaper.WirelessLinkShaper` or, step by step, in a kernel.
 """
 
 from __future__ import annotations
@@ -17,39 +17,39 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.policy import TopologySpec
-from edge.agent import Agent
-from edge.algorithms import algorithm_class
-from edge.config.identity import agent_ids
-from edge.observability.stats import RoundRecord, StatsSink
-from edge.observability.telemetry import LinkFigures
-from edge.topology import Assignment, Graph, mixing_lambda2
-from emulation.channel.model import (
+from airgossip.coordinator.policy import TopologySpec
+from airgossip.edge.agent import Agent
+from airgossip.edge.algorithms import algorithm_class
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import RoundRecord, StatsSink
+from airgossip.edge.observability.telemetry import LinkFigures
+from airgossip.edge.topology import Assignment, Graph, mixing_lambda2
+from airgossip.emulation.channel.model import (
     ChannelBase,
     ChannelModel,
     LinkState,
     channel_model,
     strongly_connected,
 )
-from emulation.channel.traces import TraceError
-from emulation.config import ConfigError, RunConfig
-from emulation.networks.base import (
+from airgossip.emulation.channel.traces import TraceError
+from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.emulation.networks.base import (
     Clock,
     KernelLinkState,
     LinkRuntime,
     LinksCallback,
     Network,
 )
-from emulation.networks.gossip_graph import WirelessTopology
-from emulation.networks.link_records import (
+from airgossip.emulation.networks.gossip_graph import WirelessTopology
+from airgossip.emulation.networks.link_records import (
     LinkFiguresSink,
     annotate_rounds,
     write_journal,
     write_link_log,
 )
-from emulation.networks.shaper import WirelessLinkShaper, link_record
-from emulation.results import ResolvedFigures, RunResults, WirelessFigures
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.networks.shaper import WirelessLinkShaper, link_record
+from airgossip.emulation.results import ResolvedFigures, RunResults, WirelessFigures
+from airgossip.emulation.scenario import WirelessSettings
 
 log = logging.getLogger(__name__)
 

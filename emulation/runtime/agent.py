@@ -1,6 +1,6 @@
-"""``python -m emulation.runtime.agent``: one agent process, as the fleets start it.
+"""``python -m airgossip.emulation.runtime.agent``: one agent process, as the fleets start it.
 
-The flags are ``airgossip agent``'s (:class:`~emulation.runtime.command.AgentCommand`); an
+The flags are ``airgossip agent``'s (:class:`~airgossip.emulation.runtime.command.AgentCommand`); an
 error is one line starting ``error:`` and exit code 2, as the CLI's.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from emulation.runtime.command import parse_agent_command
-from emulation.runtime.process import AgentProcessError, run_agent_command
+from airgossip.emulation.runtime.command import parse_agent_command
+from airgossip.emulation.runtime.process import AgentProcessError, run_agent_command
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """An agent process's command line, typed: one :class:`AgentCommand` for what people give
-``airgossip agent`` and what fleets give ``python -m emulation.runtime.agent``.
+``airgossip agent`` and what fleets give ``python -m airgossip.emulation.runtime.agent``.
 
 A fleet builds an :class:`AgentCommand` and starts :data:`AGENT_MODULE` with
 :meth:`AgentCommand.argv`; the process parses it back with :func:`parse_agent_command`. The
@@ -17,10 +17,10 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
-from emulation.errors import ConfigError
+from airgossip.emulation.errors import ConfigError
 
 #: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
-AGENT_MODULE = "emulation.runtime.agent"
+AGENT_MODULE = "airgossip.emulation.runtime.agent"
 #: What a run id given with ``--run-id`` may be.
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: Flags whose name is not the field's.

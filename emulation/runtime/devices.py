@@ -19,25 +19,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.client import STATUS_POLL_S
-from coordinator.membership import FleetView, LivenessSettings
-from coordinator.policy import POLICIES, TopologySpec
-from coordinator.roster import Roster
-from coordinator.run import RunSpec
-from coordinator.service import CoordinatorServer
-from coordinator.store import FleetStore, StoreError
-from edge.algorithms import algorithm_class
-from edge.config.identity import agent_ids
-from edge.observability.http import HttpSecurity
-from edge.observability.stacks import StopFlag
-from edge.security.private_files import private_folder
-from edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
-from edge.topology import TopologyError
-from emulation.config import ConfigError, RunConfig, Settings, load_config
-from emulation.networks import LinkRuntime, network_for
-from emulation.results import ResolvedFigures, RunIdentity, RunResults
-from emulation.runtime.folder import refuse_used_out_dir
-from emulation.runtime.results import ResultsConfig, links_label, write_results
+from airgossip.coordinator.client import STATUS_POLL_S
+from airgossip.coordinator.membership import FleetView, LivenessSettings
+from airgossip.coordinator.policy import POLICIES, TopologySpec
+from airgossip.coordinator.roster import Roster
+from airgossip.coordinator.run import RunSpec
+from airgossip.coordinator.service import CoordinatorServer
+from airgossip.coordinator.store import FleetStore, StoreError
+from airgossip.edge.algorithms import algorithm_class
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.http import HttpSecurity
+from airgossip.edge.observability.stacks import StopFlag
+from airgossip.edge.security.private_files import private_folder
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
+from airgossip.edge.topology import TopologyError
+from airgossip.emulation.config import ConfigError, RunConfig, Settings, load_config
+from airgossip.emulation.networks import LinkRuntime, network_for
+from airgossip.emulation.results import ResolvedFigures, RunIdentity, RunResults
+from airgossip.emulation.runtime.folder import refuse_used_out_dir
+from airgossip.emulation.runtime.results import ResultsConfig, links_label, write_results
 
 
 class DeviceRunError(RuntimeError):
@@ -66,7 +66,8 @@ class DeviceRunSettings:
     #: TLS and basic auth in front of the metrics port (None: plain HTTP).
     metrics_security: HttpSecurity | None = None
     #: The identities that may take part, as ``--roster`` takes them
-    #: (:meth:`~coordinator.roster.Roster.parse`; None: ``agent-0`` .. ``agent-(agents-1)``).
+    #: (:meth:`~airgossip.coordinator.roster.Roster.parse`; None: ``agent-0`` ..
+    #: ``agent-(agents-1)``).
     roster: str | None = None
 
 

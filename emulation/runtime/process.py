@@ -28,41 +28,50 @@ from types import FrameType
 import grpc
 import torch
 
-from coordinator.client import STATUS_POLL_S, CoordinatorClient, CoordinatorError, RunInfo
-from coordinator.run import PER_AGENT_SETTINGS
-from edge.agent import Agent, build_agent
-from edge.agent.checkpoints import UNKEYED, CheckpointKey, CheckpointOwner, CheckpointStore
-from edge.agent.lineage import new_incarnation
-from edge.agent.runner import WallClockRunner
-from edge.agent.waiting import WaitReporter
-from edge.config.identity import agent_ids, natural_order
-from edge.config.settings import AgentSettings
-from edge.observability.http import MetricsServer
-from edge.observability.metrics import AgentMetrics
-from edge.observability.stats import FileStatsSink
-from edge.observability.telemetry import LatestStats, Telemetry
-from edge.security.tls import TlsCredentials, fleet_of
-from edge.tasks import TaskError
-from edge.transport.grpc_transport import GrpcTransport
-from emulation.config import ConfigError, RunConfig
-from emulation.networks import Network, network_for
-from emulation.networks.kernel import AgentKernelLinks, AgentKernelReport, KernelUnavailable
-from emulation.privacy import certificate_secrets, privacy_context
-from emulation.runtime.command import AgentCommand
-from emulation.runtime.lifecycle import (
+from airgossip.coordinator.client import STATUS_POLL_S, CoordinatorClient, CoordinatorError, RunInfo
+from airgossip.coordinator.run import PER_AGENT_SETTINGS
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.checkpoints import (
+    UNKEYED,
+    CheckpointKey,
+    CheckpointOwner,
+    CheckpointStore,
+)
+from airgossip.edge.agent.lineage import new_incarnation
+from airgossip.edge.agent.runner import WallClockRunner
+from airgossip.edge.agent.waiting import WaitReporter
+from airgossip.edge.config.identity import agent_ids, natural_order
+from airgossip.edge.config.settings import AgentSettings
+from airgossip.edge.observability.http import MetricsServer
+from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.observability.stats import FileStatsSink
+from airgossip.edge.observability.telemetry import LatestStats, Telemetry
+from airgossip.edge.security.tls import TlsCredentials, fleet_of
+from airgossip.edge.tasks import TaskError
+from airgossip.edge.transport.grpc_transport import GrpcTransport
+from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.emulation.networks import Network, network_for
+from airgossip.emulation.networks.kernel import (
+    AgentKernelLinks,
+    AgentKernelReport,
+    KernelUnavailable,
+)
+from airgossip.emulation.privacy import certificate_secrets, privacy_context
+from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.emulation.runtime.lifecycle import (
     SHUTDOWN_GRACE_S,
     configure_process,
     die_with_parent,
     exit_after,
 )
-from emulation.runtime.options import AgentProcessOptions, agent_options
-from emulation.runtime.peers import (
+from airgossip.emulation.runtime.options import AgentProcessOptions, agent_options
+from airgossip.emulation.runtime.peers import (
     fleet_config,
     static_assignment,
     static_fleet_config,
     wait_for_peers,
 )
-from emulation.runtime.threads import agent_threads, host_cores
+from airgossip.emulation.runtime.threads import agent_threads, host_cores
 
 log = logging.getLogger("airgossip.agent")
 
@@ -267,7 +276,7 @@ def _run_agent(
     checkpoints = None
     if options.checkpoint_dir is not None:
         # Bound to this fleet, run and agent, MACed under a key derived from the agent's own
-        # TLS key (see edge.agent.checkpoints).
+        # TLS key (see airgossip.edge.agent.checkpoints).
         owner = CheckpointOwner(
             options.agent_id, fleet_of(security), run_identity(run, config, options)
         )
@@ -287,7 +296,8 @@ def _run_agent(
         fleet=fleet_of(security),
         checkpoints=checkpoints,
         checkpoint_interval_s=options.checkpoint_interval_s,
-        incarnation=new_incarnation(),  # a process that may restart: see edge.agent.lineage
+        # A process that may restart: see airgossip.edge.agent.lineage.
+        incarnation=new_incarnation(),
         privacy=privacy_context(
             config, network, ids, certificate_secrets(config, security, options.certs)
         ),

@@ -1,11 +1,12 @@
 """What the ``ray`` fleet's actors are told and say, and where their agents' checkpoints go.
 
-The ``ray`` fleet (:mod:`emulation.fleets.ray_fleet`) runs its agents in host actors
-(:mod:`emulation.fleets.ray_host`), each forking several agent processes. Each agent gets a
+The ``ray`` fleet (:mod:`airgossip.emulation.fleets.ray_fleet`) runs its agents in host actors
+(:mod:`airgossip.emulation.fleets.ray_host`), each forking several agent processes. Each agent gets
+a
 :class:`RayAgentSpec` (through Ray's object store, never a shared file system): its id, the
 coordinator to dial and, for mutual TLS, the run authority's certificate with the agent's
 own certificate and key, nothing of any other member. Its host writes them into a private
-folder on its node and forks the agent (``python -m emulation.runtime.agent``, the process
+folder on its node and forks the agent (``python -m airgossip.emulation.runtime.agent``, the process
 mode's agent), listening on its node's address; its links are shaped in the agent.
 
 Checkpoints go where a restarted host can read them: a folder on shared storage the user
@@ -13,7 +14,7 @@ names, or (by default) a :class:`CheckpointStore` actor the driver keeps beside 
 a :class:`CheckpointShipper` ships each agent's newest checkpoint as the agent writes it.
 When Ray restarts a host (its node died; ``max_restarts``) the host's constructor runs again
 on another node: it takes its agents' newest checkpoints back, and each agent resumes from
-its own as a new incarnation and rejoins at the fleet's round (:mod:`edge.agent.rejoin`).
+its own as a new incarnation and rejoins at the fleet's round (:mod:`airgossip.edge.agent.rejoin`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.agent.checkpoints import CheckpointStore as AgentCheckpoints
-from edge.security.private_files import write_private
+from airgossip.edge.agent.checkpoints import CheckpointStore as AgentCheckpoints
+from airgossip.edge.security.private_files import write_private
 
 #: How often the agent's checkpoint folder is looked at for a new checkpoint to ship.
 SHIP_INTERVAL_S = 1.0

@@ -1,4 +1,4 @@
-"""Memory a closed connection used goes back to the kernel (``coordinator.malloc``).
+"""Memory a closed connection used goes back to the kernel (``airgossip.coordinator.malloc``).
 
 A thousand mutual-TLS connections held at once and closed left a real coordinator 83 MB
 larger for good (glibc keeps what they freed inside its heap); with the heap trimmer, a
@@ -20,8 +20,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.malloc import TRIM_INTERVAL_S, HeapTrimmer
-from edge.security.tls import COORDINATOR_IDENTITY, dial
+from airgossip.coordinator.malloc import TRIM_INTERVAL_S, HeapTrimmer
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
 from tests.support.cli import ROOT
 from tests.support.local_fleet import SCENARIO
 from tests.support.processes import free_port
@@ -63,9 +63,9 @@ def test_trims_once_what_was_freed_inside_the_heap() -> None:
 
 
 #: The coordinator as ``airgossip coordinator`` runs it, its heap trimmer started first
-#: (``coordinator.malloc.return_freed_memory``).
+#: (``airgossip.coordinator.malloc.return_freed_memory``).
 COORDINATOR = (
-    "from coordinator.malloc import return_freed_memory; return_freed_memory(); "
+    "from airgossip.coordinator.malloc import return_freed_memory; return_freed_memory(); "
     "from airgossip.cli import app; app(prog_name='airgossip')"
 )
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.service import CoordinatorServer, TopologySpec
-from edge.security.certificates import load_authority, make_certificate
-from edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.coordinator.client import CoordinatorClient
+from airgossip.coordinator.service import CoordinatorServer, TopologySpec
+from airgossip.edge.security.certificates import load_authority, make_certificate
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.tls import credentials, credentials_folder
 
 
@@ -106,7 +106,7 @@ def test_an_agent_refuses_a_coordinator_with_another_identity() -> None:
     impostor.start()
     client = CoordinatorClient(impostor.address, "agent-0", security=credentials("agent-0"))
     try:
-        from coordinator.client import CoordinatorError
+        from airgossip.coordinator.client import CoordinatorError
 
         with pytest.raises(CoordinatorError, match="no coordinator at"):
             client.register("127.0.0.1:1", "d1", timeout_s=2)

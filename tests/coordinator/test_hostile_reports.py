@@ -13,14 +13,14 @@ import grpc
 import numpy as np
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.limits import call_limits
-from coordinator.retry import RETRY_AFTER_KEY
-from coordinator.run import MAX_REPORTS_PER_CALL, RunSpec
-from coordinator.service import CoordinatorServer, TopologySpec
-from edge.security.tls import COORDINATOR_IDENTITY, dial
-from emulation.results import summarise
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.coordinator.client import CoordinatorClient
+from airgossip.coordinator.limits import call_limits
+from airgossip.coordinator.retry import RETRY_AFTER_KEY
+from airgossip.coordinator.run import MAX_REPORTS_PER_CALL, RunSpec
+from airgossip.coordinator.service import CoordinatorServer, TopologySpec
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
+from airgossip.emulation.results import summarise
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.tls import credentials
 
 ROUNDS = 50
@@ -61,7 +61,7 @@ def insider(server: CoordinatorServer) -> Iterator[coordinator_pb2_grpc.Coordina
 
 
 def honest_reports(client: CoordinatorClient) -> None:
-    from edge.observability.stats import RoundRecord
+    from airgossip.edge.observability.stats import RoundRecord
 
     for r in range(3):
         client.record(

@@ -11,16 +11,16 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
-from coordinator.membership import LivenessSettings, Membership
-from coordinator.observability import metrics_server, service_discovery
-from coordinator.policy import TopologySpec, make_policy
-from coordinator.store import FleetStore
-from edge.agent import Agent, build_agent
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.observability.http import MetricsServer
-from edge.observability.metrics import AgentMetrics
-from edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
-from edge.observability.telemetry import (
+from airgossip.coordinator.membership import LivenessSettings, Membership
+from airgossip.coordinator.observability import metrics_server, service_discovery
+from airgossip.coordinator.policy import TopologySpec, make_policy
+from airgossip.coordinator.store import FleetStore
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.observability.http import MetricsServer
+from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
+from airgossip.edge.observability.telemetry import (
     AgentSnapshot,
     LatestStats,
     LinkTotals,
@@ -29,9 +29,9 @@ from edge.observability.telemetry import (
     StepEvent,
     Telemetry,
 )
-from edge.topology import assignments_for_graph, build_graph
-from edge.transport import InMemoryNetwork, InMemoryTransport, Rejected
-from edge.transport.base import MessageHeader
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport, Rejected
+from airgossip.edge.transport.base import MessageHeader
 from tests.support.agents import FakeClock, Recorder
 from tests.support.prometheus import promtool_check
 

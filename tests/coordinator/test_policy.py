@@ -7,10 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from coordinator.graphs import FleetGraph, join_components, splice_out
-from coordinator.policy import POLICIES, EdgeListPolicy, KOutPolicy, TopologySpec, make_policy
-from edge.config.identity import natural_order
-from edge.topology import TopologyError, is_strongly_connected
+from airgossip.coordinator.graphs import FleetGraph, join_components, splice_out
+from airgossip.coordinator.policy import (
+    POLICIES,
+    EdgeListPolicy,
+    KOutPolicy,
+    TopologySpec,
+    make_policy,
+)
+from airgossip.edge.config.identity import natural_order
+from airgossip.edge.topology import TopologyError, is_strongly_connected
 
 IDS = tuple(f"agent-{i}" for i in range(8))
 

@@ -12,13 +12,13 @@ import grpc
 import numpy as np
 import pytest
 
-from coordinator.refusal import Refusal
-from coordinator.reports import ReportCursor, admit
-from coordinator.run import RunSpec
-from coordinator.service import CoordinatorServer, TopologySpec
-from edge.observability.stats import Counters, RoundRecord
-from edge.security.tls import COORDINATOR_IDENTITY, dial
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.coordinator.refusal import Refusal
+from airgossip.coordinator.reports import ReportCursor, admit
+from airgossip.coordinator.run import RunSpec
+from airgossip.coordinator.service import CoordinatorServer, TopologySpec
+from airgossip.edge.observability.stats import Counters, RoundRecord
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.tls import credentials
 
 NUMEL = 4

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.run import RunSpec
-from coordinator.service import CoordinatorServer, TopologySpec
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.coordinator.run import RunSpec
+from airgossip.coordinator.service import CoordinatorServer, TopologySpec
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 
 ROUNDS = 20
 NUMEL = 4

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.membership import LivenessSettings, Membership, Refusal
-from coordinator.policy import TopologySpec, make_policy
-from coordinator.roster import Roster
-from coordinator.store import FleetStore
-from coordinator.views import DEAD, FINISHED
-from edge.observability.stats import RoundRecord
+from airgossip.coordinator.membership import LivenessSettings, Membership, Refusal
+from airgossip.coordinator.policy import TopologySpec, make_policy
+from airgossip.coordinator.roster import Roster
+from airgossip.coordinator.store import FleetStore
+from airgossip.coordinator.views import DEAD, FINISHED
+from airgossip.edge.observability.stats import RoundRecord
 from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)

@@ -10,16 +10,16 @@ import grpc
 import numpy as np
 import pytest
 
-from coordinator.client import CoordinatorClient, CoordinatorError
-from coordinator.convert import record_to_proto
-from coordinator.membership import LivenessSettings, Membership
-from coordinator.policy import TopologySpec, make_policy
-from coordinator.run import REPORT_ESTIMATE_LIMIT, RunSpec, disagreements
-from coordinator.service import CoordinatorServer
-from coordinator.store import FleetStore, StoreError
-from coordinator.views import DEAD, FINISHED
-from edge.observability.stats import Counters, RoundRecord
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.coordinator.client import CoordinatorClient, CoordinatorError
+from airgossip.coordinator.convert import record_to_proto
+from airgossip.coordinator.membership import LivenessSettings, Membership
+from airgossip.coordinator.policy import TopologySpec, make_policy
+from airgossip.coordinator.run import REPORT_ESTIMATE_LIMIT, RunSpec, disagreements
+from airgossip.coordinator.service import CoordinatorServer
+from airgossip.coordinator.store import FleetStore, StoreError
+from airgossip.coordinator.views import DEAD, FINISHED
+from airgossip.edge.observability.stats import Counters, RoundRecord
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from emulation.fleets.containers import DockerEngine
+from airgossip.emulation.fleets.containers import DockerEngine
 from tests.deploy.conftest import Engine
 from tests.support.cli import ROOT, airgossip, assert_tcp_carried_every_message
 

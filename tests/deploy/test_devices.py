@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from emulation.networks.kernel import NamespaceNetwork, kernel_support
+from airgossip.emulation.networks.kernel import NamespaceNetwork, kernel_support
 from tests.support.cli import ROOT, cli
 from tests.support.processes import wait_until_gone
 

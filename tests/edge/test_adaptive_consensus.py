@@ -8,9 +8,14 @@ from typing import Any
 import pytest
 import torch
 
-from edge.algorithms import AdaptiveConsensusDPSGD, GossipAlgorithm, Payload, create_algorithm
-from edge.algorithms.adaptive_consensus import AdaptiveConsensusOptions, consensus_step
-from edge.topology import Phase
+from airgossip.edge.algorithms import (
+    AdaptiveConsensusDPSGD,
+    GossipAlgorithm,
+    Payload,
+    create_algorithm,
+)
+from airgossip.edge.algorithms.adaptive_consensus import AdaptiveConsensusOptions, consensus_step
+from airgossip.edge.topology import Phase
 from tests.support.lossy import AlgorithmFleet
 
 

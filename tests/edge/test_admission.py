@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from edge.agent import FORMER_ROUNDS, Agent, build_agent
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.topology import Assignment, Phase
-from edge.transport import MessageHeader, Rejected
-from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.agent import FORMER_ROUNDS, Agent, build_agent
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.topology import Assignment, Phase
+from airgossip.edge.transport import MessageHeader, Rejected
+from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 
 SETTINGS = AgentSettings(task=TaskSettings(name="consensus", dim=4), rounds=10)
 

@@ -16,13 +16,13 @@ import grpc
 import pytest
 import torch
 
-from edge.agent import Agent
-from edge.security.certificates import load_authority, make_authority, make_certificate
-from edge.security.tls import TlsCredentials, dial
-from edge.transport import GossipMessage, MessageHeader
-from edge.transport.base import SendCallback, Transport
-from edge.transport.wire import to_chunks
-from protos import gossip_pb2_grpc
+from airgossip.edge.agent import Agent
+from airgossip.edge.security.certificates import load_authority, make_authority, make_certificate
+from airgossip.edge.security.tls import TlsCredentials, dial
+from airgossip.edge.transport import GossipMessage, MessageHeader
+from airgossip.edge.transport.base import SendCallback, Transport
+from airgossip.edge.transport.wire import to_chunks
+from airgossip.protos import gossip_pb2_grpc
 from tests.support.agents import TlsFleet, push, refused
 from tests.support.tls import credentials, credentials_folder
 

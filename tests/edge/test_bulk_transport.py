@@ -14,17 +14,28 @@ import grpc
 import numpy as np
 import pytest
 
-from edge.algorithms.base import Ack
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.security.tls import dial
-from edge.transport import bulk_send
-from edge.transport.base import GossipMessage, LinkVerdict, MessageHeader, Rejected, SendOutcome
-from edge.transport.bulk import DEFAULT_BULK_BYTES, DEFAULT_BULK_BYTES_TLS, OFFER_KEY, RESUME_KEY
-from edge.transport.bulk_send import parse_answer
-from edge.transport.grpc_transport import GrpcTransport
-from edge.transport.tlssocket import ssl_context, ssl_identity
-from edge.transport.wire import CHUNK_BYTES, frames
-from protos import gossip_pb2
+from airgossip.edge.algorithms.base import Ack
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.security.tls import dial
+from airgossip.edge.transport import bulk_send
+from airgossip.edge.transport.base import (
+    GossipMessage,
+    LinkVerdict,
+    MessageHeader,
+    Rejected,
+    SendOutcome,
+)
+from airgossip.edge.transport.bulk import (
+    DEFAULT_BULK_BYTES,
+    DEFAULT_BULK_BYTES_TLS,
+    OFFER_KEY,
+    RESUME_KEY,
+)
+from airgossip.edge.transport.bulk_send import parse_answer
+from airgossip.edge.transport.grpc_transport import GrpcTransport
+from airgossip.edge.transport.tlssocket import ssl_context, ssl_identity
+from airgossip.edge.transport.wire import CHUNK_BYTES, frames
+from airgossip.protos import gossip_pb2
 from tests.support.agents import TlsFleet, assert_pair_reaches_average, grpc_pair
 from tests.support.tls import credentials
 

@@ -16,8 +16,8 @@ import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from edge.agent import Agent, build_agent
-from edge.agent.checkpoints import (
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.checkpoints import (
     OLD_MAGICS,
     SUFFIX,
     UNKEYED,
@@ -27,9 +27,9 @@ from edge.agent.checkpoints import (
     encode_state,
     read_checkpoint,
 )
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.topology import assignments_for_graph, build_graph
-from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import lock_step
 
 SETTINGS = AgentSettings(task=TaskSettings(name="consensus", dim=6), rounds=40, seed=3)

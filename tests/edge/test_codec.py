@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge.compression import CODECS, DecodeError, Encoded, get_codec
-from edge.transport import GossipMessage, MessageHeader
-from edge.transport.wire import GRPC_FRAME_BYTES, to_chunks, wire_bytes
+from airgossip.edge.compression import CODECS, DecodeError, Encoded, get_codec
+from airgossip.edge.transport import GossipMessage, MessageHeader
+from airgossip.edge.transport.wire import GRPC_FRAME_BYTES, to_chunks, wire_bytes
 
 SIZES = [0, 1, 3, 7, 1023, 262_145]
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from edge.agent import Agent
-from edge.compression import get_codec, join_blocks
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.transport import GossipMessage, MessageHeader
-from protos import gossip_pb2
+from airgossip.edge.agent import Agent
+from airgossip.edge.compression import get_codec, join_blocks
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.transport import GossipMessage, MessageHeader
+from airgossip.protos import gossip_pb2
 from tests.support.agents import assert_pair_reaches_average, grpc_pair, push, refused
 
 SETTINGS = AgentSettings(

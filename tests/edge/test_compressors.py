@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.compression import (
+from airgossip.edge.compression import (
     QSGD_BUCKET,
     DecodeError,
     Encoded,
@@ -18,7 +18,7 @@ from edge.compression import (
     join_blocks,
     random_indices,
 )
-from edge.compression.quantize import _pack, _unpack
+from airgossip.edge.compression.quantize import _pack, _unpack
 
 SIZES = [1, 7, 511, 512, 513, 2410]
 

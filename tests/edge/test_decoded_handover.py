@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-import edge.agent.admission as admission
-from edge.transport import GossipMessage
-from emulation.config import load_config
-from emulation.fleets.inproc import run_in_process
+import airgossip.edge.agent.admission as admission
+from airgossip.edge.transport import GossipMessage
+from airgossip.emulation.config import load_config
+from airgossip.emulation.fleets.inproc import run_in_process
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, handover: bool, **settings: Any) -> list[Any]:
@@ -59,7 +59,7 @@ def test_handing_the_decoded_vector_over_changes_nothing(
 
 
 def test_a_handed_over_vector_is_a_copy_and_must_match_the_header() -> None:
-    from edge.transport import MessageHeader
+    from airgossip.edge.transport import MessageHeader
 
     vector = torch.arange(4, dtype=torch.float64)
     header = MessageHeader("a", 1, 1, 0, "push-sum", "float64", 4, 32)

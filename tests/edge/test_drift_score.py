@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from edge.agent.checkpoints import decode_state, encode_state
-from edge.algorithms import create_algorithm
-from edge.algorithms.drift import FLOOR, DriftGuard
+from airgossip.edge.agent.checkpoints import decode_state, encode_state
+from airgossip.edge.algorithms import create_algorithm
+from airgossip.edge.algorithms.drift import FLOOR, DriftGuard
 
 DIM = 6
 
@@ -75,8 +75,8 @@ def test_scores_survive_a_checkpoint_and_leave_with_their_sender() -> None:
 
 @pytest.mark.parametrize("algorithm", ["clipped-gossip", "cs-plus-gossip"])
 def test_only_clips_that_cut_a_pull_to_under_half_are_counted(algorithm: str) -> None:
-    from edge.algorithms import Payload
-    from edge.topology.mixing import Phase
+    from airgossip.edge.algorithms import Payload
+    from airgossip.edge.topology.mixing import Phase
 
     agent = create_algorithm(algorithm, torch.zeros(2, dtype=torch.float64), dtype=torch.float64)
     peers = {f"p{i}": 0.2 for i in range(4)}

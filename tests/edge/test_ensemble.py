@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge.agent import build_agent, fleet_digest
-from edge.algorithms import EnsembleCompression, Payload, create_algorithm
-from edge.compression import get_codec
-from edge.config.settings import AgentSettings
-from edge.tasks import TaskContext, TrainConfig, load_task
-from edge.tasks.digits import DigitsTask
-from edge.topology import Phase
-from edge.transport import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.agent import build_agent, fleet_digest
+from airgossip.edge.algorithms import EnsembleCompression, Payload, create_algorithm
+from airgossip.edge.compression import get_codec
+from airgossip.edge.config.settings import AgentSettings
+from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
+from airgossip.edge.tasks.digits import DigitsTask
+from airgossip.edge.topology import Phase
+from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
 
 AGENTS = 4
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from edge.tasks import TaskContext, TaskError, TrainConfig, load_task
-from edge.tasks.flower import FlowerAppError, load_flower_app
+from airgossip.edge.tasks import TaskContext, TaskError, TrainConfig, load_task
+from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
 from tests.support.cli import ROOT
 
 APPS = "tests.edge.flower_apps"

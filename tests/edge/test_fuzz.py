@@ -23,13 +23,13 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from edge.agent import Agent, build_agent
-from edge.algorithms.base import MAX_MAGNITUDE, MAX_WEIGHT
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.topology import assignments_for_graph, build_graph
-from edge.transport import GossipMessage, MessageHeader, Rejected
-from edge.transport.memory import InMemoryNetwork, InMemoryTransport
-from edge.transport.wire import (
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.algorithms.base import MAX_MAGNITUDE, MAX_WEIGHT
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.transport import GossipMessage, MessageHeader, Rejected
+from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.transport.wire import (
     GRPC_FRAME_BYTES,
     Chunk,
     PushAssembler,
@@ -40,7 +40,7 @@ from edge.transport.wire import (
     to_chunks,
     wire_bytes,
 )
-from protos import gossip_pb2
+from airgossip.protos import gossip_pb2
 
 PROPERTIES = settings(
     max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

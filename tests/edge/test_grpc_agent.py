@@ -9,12 +9,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edge.agent import Agent
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.transport import GossipMessage, MessageHeader
-from edge.transport.grpc_transport import GrpcTransport, PortInUseError
-from edge.transport.wire import header_to_proto
-from protos import gossip_pb2, gossip_pb2_grpc
+from airgossip.edge.agent import Agent
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.transport import GossipMessage, MessageHeader
+from airgossip.edge.transport.grpc_transport import GrpcTransport, PortInUseError
+from airgossip.edge.transport.wire import header_to_proto
+from airgossip.protos import gossip_pb2, gossip_pb2_grpc
 from tests.support.agents import (
     agent_channel,
     assert_pair_reaches_average,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.config.identity import agent_id, agent_ids, natural_order
-from edge.config.seeds import (
+from airgossip.edge.config.identity import agent_id, agent_ids, natural_order
+from airgossip.edge.config.seeds import (
     derive_seed,
     hash64,
     keyed_hash,
@@ -13,7 +13,7 @@ from edge.config.seeds import (
     splitmix64,
     splitmix64_array,
 )
-from edge.observability.stats import Counters, RoundRecord
+from airgossip.edge.observability.stats import Counters, RoundRecord
 
 
 def test_agent_ids_and_their_order() -> None:

@@ -7,12 +7,12 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from edge.agent.influence import InNeighbourWatch, held, relative_increment
-from edge.algorithms import DPSGD, PushSum
-from edge.algorithms.base import Payload
-from edge.algorithms.robust_push_sum import RobustPushSum
-from edge.observability.metrics import AgentMetrics
-from edge.observability.telemetry import ReceiveEvent
+from airgossip.edge.agent.influence import InNeighbourWatch, held, relative_increment
+from airgossip.edge.algorithms import DPSGD, PushSum
+from airgossip.edge.algorithms.base import Payload
+from airgossip.edge.algorithms.robust_push_sum import RobustPushSum
+from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.observability.telemetry import ReceiveEvent
 from tests.support.prometheus import promtool_check
 
 X0 = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=torch.float64)

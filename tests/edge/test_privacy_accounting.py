@@ -12,26 +12,26 @@ import numpy as np
 import pytest
 import torch
 
-from edge.privacy.accounting import (
+from airgossip.edge.privacy.accounting import (
     OpacusLedger,
     PrivacyError,
     gaussian_delta,
     gaussian_epsilon,
     opacus_module,
 )
-from edge.privacy.graph import (
+from airgossip.edge.privacy.graph import (
     cancelling_limit,
     cancelling_noise_multiplier,
     cancelling_sensitivities,
     network_sensitivities,
     pair_graph,
 )
-from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
-from edge.privacy.noise import resolve_noise
-from edge.privacy.plan import FleetGraph, mean_pair_epsilon
-from edge.privacy.settings import PrivacySettings
-from edge.tasks import TaskContext, TrainConfig, load_task
-from edge.topology import build_graph
+from airgossip.edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
+from airgossip.edge.privacy.noise import resolve_noise
+from airgossip.edge.privacy.plan import FleetGraph, mean_pair_epsilon
+from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
+from airgossip.edge.topology import build_graph
 
 opacus = pytest.importorskip("opacus")
 

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from edge.privacy.accounting import OpacusLedger
-from edge.privacy.graph import (
+from airgossip.edge.privacy.accounting import OpacusLedger
+from airgossip.edge.privacy.graph import (
     cancelling_limit,
     cancelling_noise_multiplier,
     cancelling_sensitivities,
     eavesdropper_sensitivities,
     pair_graph,
 )
-from edge.privacy.noise import resolve_noise
-from edge.privacy.plan import FleetGraph
-from edge.privacy.settings import PrivacySettings
-from edge.topology import build_graph
+from airgossip.edge.privacy.noise import resolve_noise
+from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.topology import build_graph
 
 opacus = pytest.importorskip("opacus")
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from edge.privacy.keys import CertificateSecrets, RunKeyring
-from edge.privacy.masks import PairMasks, gaussian_stream
-from edge.privacy.plan import FleetGraph
-from edge.security.agreement import AGREEMENT_URI_PREFIX, agreement_public_key
-from edge.security.certificates import make_authority, make_certificate, throwaway_fleet
-from edge.security.tls import SecurityError, TlsCredentials
-from edge.topology import build_graph
+from airgossip.edge.privacy.keys import CertificateSecrets, RunKeyring
+from airgossip.edge.privacy.masks import PairMasks, gaussian_stream
+from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.security.agreement import AGREEMENT_URI_PREFIX, agreement_public_key
+from airgossip.edge.security.certificates import make_authority, make_certificate, throwaway_fleet
+from airgossip.edge.security.tls import SecurityError, TlsCredentials
+from airgossip.edge.topology import build_graph
 
 IDS = [f"agent-{i}" for i in range(6)]
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from edge.privacy.mechanisms.base import Mechanism
-from edge.privacy.mechanisms.cancelling import CancellingMasks
-from edge.privacy.mechanisms.registry import MECHANISMS, NO_PRIVACY
-from edge.privacy.noise import carried_noise, noise_inputs, resolve_noise
-from edge.privacy.plan import FleetGraph, NoisePlan
-from edge.privacy.settings import PrivacySettings
-from edge.topology import build_graph
+from airgossip.edge.privacy.mechanisms.base import Mechanism
+from airgossip.edge.privacy.mechanisms.cancelling import CancellingMasks
+from airgossip.edge.privacy.mechanisms.registry import MECHANISMS, NO_PRIVACY
+from airgossip.edge.privacy.noise import carried_noise, noise_inputs, resolve_noise
+from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.topology import build_graph
 
 IDS = tuple(f"agent-{i}" for i in range(6))
 
@@ -30,7 +30,8 @@ def fleet_graph() -> FleetGraph:
 
 def test_the_registry_and_the_settings_load_no_torch_or_numpy() -> None:
     code = (
-        "import sys, edge.privacy.settings, edge.privacy.mechanisms.registry as r; "
+        "import sys, airgossip.edge.privacy.settings; "
+        "import airgossip.edge.privacy.mechanisms.registry as r; "
         "print(sorted(m for m in ('torch', 'numpy', 'scipy', 'opacus') if m in sys.modules), "
         "list(r.MECHANISMS))"
     )
@@ -110,8 +111,8 @@ def test_a_run_resolves_its_noise_once_for_every_agent_and_the_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("opacus")
-    from emulation.config import load_config
-    from emulation.fleets.run import run_fleet
+    from airgossip.emulation.config import load_config
+    from airgossip.emulation.fleets.run import run_fleet
 
     calls = []
     plan = CancellingMasks.plan

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge.config.identity import agent_ids
-from edge.privacy.keys import RunKeyring
-from edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
-from edge.privacy.plan import FleetGraph
-from edge.privacy.settings import PrivacySettings
-from edge.tasks import TaskContext, TrainConfig, load_task
-from edge.topology import build_graph
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.privacy.keys import RunKeyring
+from airgossip.edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
+from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
+from airgossip.edge.topology import build_graph
 
 pytest.importorskip("opacus")
 

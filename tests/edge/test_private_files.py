@@ -1,4 +1,7 @@
-"""Files and folders made private whatever the umask (:mod:`edge.security.private_files`)."""
+"""Files and folders made private whatever the umask.
+
+What :mod:`airgossip.edge.security.private_files` promises.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.security.private_files import open_private, private_folder, write_private
+from airgossip.edge.security.private_files import open_private, private_folder, write_private
 
 
 def mode(path: Path) -> int:

@@ -1,12 +1,12 @@
 """Agents restarted mid-run (from a checkpoint of any age, or from none) rejoin safely.
 
-Real agents over the in-memory transport, on a lossy exponential graph, in lock step. A
-"crash" replaces an agent by a new one (same id and address) that resumes from a
-checkpoint written long before, or from nothing; its peers go on as they were. The new
-agent starts every edge over in a new lineage (``edge.agent.lineage``), so the fleet's mass
-changes by exactly what the restart took away (the agent's state since its checkpoint, and
-what was in flight on its out-edges) and nothing else: no non-finite value, no weight
-drained into an edge that never delivers, and the fleet still agrees.
+Real agents over the in-memory transport, on a lossy exponential graph, in lock step. A "crash"
+replaces an agent by a new one (same id and address) that resumes from a checkpoint written long
+before, or from nothing; its peers go on as they were. The new agent starts every edge over in a new
+lineage (``airgossip.edge.agent.lineage``), so the fleet's mass changes by exactly what the restart
+took away (the agent's state since its checkpoint, and what was in flight on its out-edges) and
+nothing else: no non-finite value, no weight drained into an edge that never delivers, and the fleet
+still agrees.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge.agent import Agent, build_agent
-from edge.agent.checkpoints import CheckpointStore
-from edge.agent.rejoin import LATE_WEIGHT
-from edge.agent.runner import WallClockRunner
-from edge.algorithms.push_sum import PushSum
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.topology import Assignment, assignments_for_graph, build_graph
-from edge.transport.base import LinkVerdict
-from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.checkpoints import CheckpointStore
+from airgossip.edge.agent.rejoin import LATE_WEIGHT
+from airgossip.edge.agent.runner import WallClockRunner
+from airgossip.edge.algorithms.push_sum import PushSum
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.topology import Assignment, assignments_for_graph, build_graph
+from airgossip.edge.transport.base import LinkVerdict
+from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 
 
 class BernoulliLoss:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from edge.algorithms import ALGORITHMS, create_algorithm
-from edge.algorithms.clipping import (
+from airgossip.edge.algorithms import ALGORITHMS, create_algorithm
+from airgossip.edge.algorithms.clipping import (
     clip_scale,
     cs_plus_never_mixes,
     cs_plus_radius,
@@ -51,8 +51,8 @@ def test_every_algorithm_starts_with_no_clip_counts(name: str) -> None:
 
 
 def test_robust_push_sum_checkpoints_what_it_holds_back() -> None:
-    from edge.agent.checkpoints import decode_state, encode_state
-    from edge.algorithms import Payload
+    from airgossip.edge.agent.checkpoints import decode_state, encode_state
+    from airgossip.edge.algorithms import Payload
 
     algorithm = create_algorithm("robust-push-sum", torch.zeros(3), dtype=torch.float64)
     # Far from the receiver's estimate (0): with no radius known yet, all of it is held back.

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from edge.tasks import TaskContext, TaskError, TrainConfig, load_task
-from edge.tasks.separable import (
+from airgossip.edge.tasks import TaskContext, TaskError, TrainConfig, load_task
+from airgossip.edge.tasks.separable import (
     SeparableOptions,
     SeparableTask,
     centralized_reference,

@@ -1,7 +1,7 @@
 """No peer can make an agent skip its run.
 
 An agent that restarts skips ahead to its fleet's round only on a quorum of distinct peers
-(``edge.agent.rejoin.fleet_round``): at least two, and a majority of those heard. One
+(``airgossip.edge.agent.rejoin.fleet_round``): at least two, and a majority of those heard. One
 insider naming any round it likes, in every message and acknowledgement, never moves it,
 among 1, 2 or 3 honest peers; honest peers that agree the fleet is ahead still do. And an
 agent whose in-neighbours all fell behind does not run off alone (``wait_over``).
@@ -14,15 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from edge.agent import Agent, build_agent
-from edge.agent.agent import PATIENCE_ROUNDS, wait_over
-from edge.agent.rejoin import MIN_QUORUM, REJOIN_GAP_ROUNDS, fleet_round, quorum, rejoin_round
-from edge.agent.runner import WallClockRunner
-from edge.algorithms import Ack
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.topology import assignments_for_graph, build_graph
-from edge.transport.base import GossipMessage, SendCallback
-from edge.transport.memory import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.agent import PATIENCE_ROUNDS, wait_over
+from airgossip.edge.agent.rejoin import (
+    MIN_QUORUM,
+    REJOIN_GAP_ROUNDS,
+    fleet_round,
+    quorum,
+    rejoin_round,
+)
+from airgossip.edge.agent.runner import WallClockRunner
+from airgossip.edge.algorithms import Ack
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.transport.base import GossipMessage, SendCallback
+from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import lock_step
 
 HUGE = 10**6

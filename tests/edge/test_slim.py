@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from edge.algorithms import create_algorithm
-from edge.algorithms.shared_copy import default_gamma
-from edge.compression import DecodeError, Encoded, SlimCodec, get_codec
+from airgossip.edge.algorithms import create_algorithm
+from airgossip.edge.algorithms.shared_copy import default_gamma
+from airgossip.edge.compression import DecodeError, Encoded, SlimCodec, get_codec
 from tests.support.lossy import AlgorithmFleet
 
 SIZES = [1, 2, 7, 100, 513, 2410]

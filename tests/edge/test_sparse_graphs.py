@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy.sparse import csr_array
 
-import edge.topology.graphs as graphs
-from edge.topology import (
+import airgossip.edge.topology.graphs as graphs
+from airgossip.edge.topology import (
     adjacency_edges,
     assignments_for_graph,
     build_graph,

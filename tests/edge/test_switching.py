@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from edge.topology import (
+from airgossip.edge.topology import (
     FleetFigures,
     SwitchingSettings,
     TopologySwitcher,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from edge.agent import fleet_digest
-from edge.tasks import TaskContext, TaskError, TrainConfig, load_task
-from edge.tasks.consensus import ConsensusOptions, consensus_vector, true_average
-from edge.tasks.digits import DigitsOptions, load_digits_arrays, split_indices
+from airgossip.edge.agent import fleet_digest
+from airgossip.edge.tasks import TaskContext, TaskError, TrainConfig, load_task
+from airgossip.edge.tasks.consensus import ConsensusOptions, consensus_vector, true_average
+from airgossip.edge.tasks.digits import DigitsOptions, load_digits_arrays, split_indices
 
 
 def context(index: int = 0, n: int = 4, seed: int = 0, **options: object) -> TaskContext:

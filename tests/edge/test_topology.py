@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.topology import (
+from airgossip.edge.topology import (
     TOPOLOGIES,
     TopologyError,
     assignments_for_graph,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import edge.topology.assignment as assignment_module
-import edge.topology.mixing as mixing_module
-from edge.topology import (
+import airgossip.edge.topology.assignment as assignment_module
+import airgossip.edge.topology.mixing as mixing_module
+from airgossip.edge.topology import (
     TOPOLOGIES,
     assignments_for_graph,
     build_graph,

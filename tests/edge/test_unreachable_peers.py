@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from edge.agent import PROBE_ROUNDS, Agent, build_agent, hold_back
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.tasks.consensus import ConsensusOptions, true_average
-from edge.topology import Phase, assignments_for_graph, build_graph
-from edge.transport import InMemoryNetwork, InMemoryTransport
+from airgossip.edge.agent import PROBE_ROUNDS, Agent, build_agent, hold_back
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
+from airgossip.edge.topology import Phase, assignments_for_graph, build_graph
+from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import Recorder
 
 

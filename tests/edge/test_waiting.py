@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from edge.agent.waiting import WaitReporter
+from airgossip.edge.agent.waiting import WaitReporter
 from tests.support.agents import FakeClock
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from emulation.config import ConfigError
-from emulation.runtime.command import AgentCommand, check_command
-from emulation.runtime.threads import SMALL_MODEL_PARAMETERS, agent_threads, host_cores
+from airgossip.emulation.config import ConfigError
+from airgossip.emulation.runtime.command import AgentCommand, check_command
+from airgossip.emulation.runtime.threads import SMALL_MODEL_PARAMETERS, agent_threads, host_cores
 
 
 @pytest.mark.parametrize(

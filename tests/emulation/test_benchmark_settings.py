@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.tasks.digits import DigitsOptions
-from emulation.config import load_config, read_scenario
-from emulation.scenario import scenario_path
+from airgossip.edge.tasks.digits import DigitsOptions
+from airgossip.emulation.config import load_config, read_scenario
+from airgossip.emulation.scenario import scenario_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from scipy.special import j0
 
-from emulation.channel import fading, radio
-from emulation.channel import model as channel_model
-from emulation.channel.bursts import GilbertElliottLoss
-from emulation.channel.mobility import GaussMarkov, RandomWaypoint
-from emulation.channel.model import ChannelModel, gossip_adjacency, strongly_connected
-from emulation.channel.traces import TraceError, read_mahimahi, read_mbps
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel import fading, radio
+from airgossip.emulation.channel import model as channel_model
+from airgossip.emulation.channel.bursts import GilbertElliottLoss
+from airgossip.emulation.channel.mobility import GaussMarkov, RandomWaypoint
+from airgossip.emulation.channel.model import ChannelModel, gossip_adjacency, strongly_connected
+from airgossip.emulation.channel.traces import TraceError, read_mahimahi, read_mbps
+from airgossip.emulation.scenario import WirelessSettings
 
 
 def test_free_space_loss_reference_values() -> None:

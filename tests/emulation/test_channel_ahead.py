@@ -1,8 +1,8 @@
 """A dense model's steps computed ahead in a worker process are the steps computed here.
 
-The worker is a real process (``python -m emulation.channel.worker``) holding its own copy of
-the model; the tests lower :data:`~emulation.channel.model.AHEAD_MIN_NODES` so that a small
-model (fast to compute) uses it.
+The worker is a real process (``python -m airgossip.emulation.channel.worker``) holding its own copy
+of the model; the tests lower :data:`~airgossip.emulation.channel.model.AHEAD_MIN_NODES` so that a
+small model (fast to compute) uses it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import os
 import numpy as np
 import pytest
 
-from emulation.channel import model as channel_model
-from emulation.channel.model import ChannelModel
-from emulation.channel.state import LinkState
-from emulation.config import read_scenario
-from emulation.scenario import WirelessSettings, scenario_path
+from airgossip.emulation.channel import model as channel_model
+from airgossip.emulation.channel.model import ChannelModel
+from airgossip.emulation.channel.state import LinkState
+from airgossip.emulation.config import read_scenario
+from airgossip.emulation.scenario import WirelessSettings, scenario_path
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="the worker is used with a second CPU only"

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from scipy.sparse import issparse
 
-from emulation.channel import graph as channel_graph
-from emulation.channel import model as channel_model
-from emulation.channel.graph import gossip_adjacency
-from emulation.channel.model import ChannelModel, LinkState, SparseLinkState
-from emulation.channel.sparse import SparseChannelModel
-from emulation.channel.state import FIGURES
-from emulation.config import load_config, read_scenario
-from emulation.fleets import run_fleet
-from emulation.networks.gossip_graph import GraphEpoch
-from emulation.scenario import WirelessSettings, scenario_path
+from airgossip.emulation.channel import graph as channel_graph
+from airgossip.emulation.channel import model as channel_model
+from airgossip.emulation.channel.graph import gossip_adjacency
+from airgossip.emulation.channel.model import ChannelModel, LinkState, SparseLinkState
+from airgossip.emulation.channel.sparse import SparseChannelModel
+from airgossip.emulation.channel.state import FIGURES
+from airgossip.emulation.config import load_config, read_scenario
+from airgossip.emulation.fleets import run_fleet
+from airgossip.emulation.networks.gossip_graph import GraphEpoch
+from airgossip.emulation.scenario import WirelessSettings, scenario_path
 
 
 def settings(**overrides: object) -> WirelessSettings:
@@ -120,7 +120,7 @@ def test_a_virtual_fleet_over_the_links_in_range(
 
 
 def test_the_ledger_reads_only_a_senders_carrier_sense_domain() -> None:
-    from emulation.networks.shaper import AirtimeLedger
+    from airgossip.emulation.networks.shaper import AirtimeLedger
 
     rng = np.random.default_rng(7)
     n, step_s = 500, 1.0
@@ -156,7 +156,7 @@ def test_the_shaper_asks_the_model_for_each_step_once() -> None:
     steps it may still be asked for, so the model (two steps cached) computes each step once
     and never replays from step 0; the verdicts equal those over a model that keeps every
     step."""
-    from emulation.networks.shaper import WirelessLinkShaper
+    from airgossip.emulation.networks.shaper import WirelessLinkShaper
 
     s = settings(step_s=0.1)
     model = SparseChannelModel(s, 40, 3, cache_steps=2)
@@ -200,7 +200,7 @@ def test_the_row_scan_and_the_k_d_tree_give_the_same_steps(
 ) -> None:
     """Pairs leave the range and come back (150 m a step): the row scan's flags say which
     pairs stayed in range as the search over the keys does, so every figure is the same."""
-    from emulation.channel import sparse
+    from airgossip.emulation.channel import sparse
 
     s = settings(
         radio="lte", path_loss={"model": "uma"}, activity=0.05, step_s=5.0,
@@ -249,7 +249,7 @@ def test_a_graph_epochs_step_is_kept_past_the_cache_until_the_graph_asks() -> No
 
 
 def test_the_strongest_first_order_is_the_two_key_sorts_order() -> None:
-    from emulation.channel.graph import _by_sender_strongest_first
+    from airgossip.emulation.channel.graph import _by_sender_strongest_first
 
     rng = np.random.default_rng(12)
     src = np.sort(rng.integers(0, 300, 20_000)).astype(np.int32)
@@ -271,7 +271,7 @@ def test_blocks_of_pairs_and_links_give_the_steps_one_block_gives(
     """A step's pairs and links are worked through a block at a time (fading continued,
     figures computed straight into the step's arrays): every array is the same to the bit
     whatever the block (CSMA's heard powers and Gilbert-Elliott states included)."""
-    from emulation.channel import sparse
+    from airgossip.emulation.channel import sparse
 
     s = settings(**overrides)
     whole = [SparseChannelModel(s, 60, 8).state(step) for step in range(3)]
@@ -290,8 +290,8 @@ def test_fading_kept_as_its_two_parts_is_the_complex_fading() -> None:
     """The model over the links in range holds fading as float32 real and imaginary parts
     (drawn straight into them); its draws, AR(1) steps and power gains are the complex
     ones to the bit."""
-    from emulation.channel import fading
-    from emulation.channel.draws import StreamDraws
+    from airgossip.emulation.channel import fading
+    from airgossip.emulation.channel.draws import StreamDraws
 
     keys = np.arange(5_000)
     parts = StreamDraws(4).complex_normal(2, 3, keys, 1)
@@ -315,7 +315,7 @@ def test_fading_kept_as_its_two_parts_is_the_complex_fading() -> None:
 
 
 def test_the_next_set_flags_are_found_a_window_at_a_time() -> None:
-    from emulation.channel.pairs import next_set
+    from airgossip.emulation.channel.pairs import next_set
 
     rng = np.random.default_rng(5)
     # most set (the first window holds them), few set (the window widened)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from emulation.config import ConfigError, load_config
-from emulation.fleets import preflight
-from emulation.networks import network_for
+from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.fleets import preflight
+from airgossip.emulation.networks import network_for
 
 WARNING = "too few neighbours"
 

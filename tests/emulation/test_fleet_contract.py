@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 
-from edge.agent import build_agent
-from edge.config.identity import agent_ids
-from edge.observability.stats import MemoryStatsSink, RoundRecord
-from edge.transport import InMemoryNetwork, InMemoryTransport
-from emulation.config import ConfigError, RunConfig, load_config, read_scenario
-from emulation.fleets import FLEETS, FleetProgress, Launch, preflight, run_fleet
-from emulation.fleets.agent_fleet import AgentProcessFleet
-from emulation.fleets.base import FleetBase, group_records, refuse_round_driven
-from emulation.fleets.namespaces import write_peers
-from emulation.networks import LinkRuntime, Network
-from emulation.runtime.command import AgentCommand
-from emulation.scenario import scenario_path
+from airgossip.edge.agent import build_agent
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.observability.stats import MemoryStatsSink, RoundRecord
+from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
+from airgossip.emulation.config import ConfigError, RunConfig, load_config, read_scenario
+from airgossip.emulation.fleets import FLEETS, FleetProgress, Launch, preflight, run_fleet
+from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
+from airgossip.emulation.fleets.base import FleetBase, group_records, refuse_round_driven
+from airgossip.emulation.fleets.namespaces import write_peers
+from airgossip.emulation.networks import LinkRuntime, Network
+from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.emulation.scenario import scenario_path
 from tests.support.processes import free_port
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from emulation.config import ConfigError, load_config
-from emulation.fleets import run_fleet
+from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.fleets import run_fleet
 
 
 def consensus(tmp_path: Path, **overrides: object) -> dict:

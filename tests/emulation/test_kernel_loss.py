@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from emulation.networks.kernel import kernel_support
+from airgossip.emulation.networks.kernel import kernel_support
 from tests.support.cli import airgossip, assert_tcp_carried_every_message
 
 SUPPORT = kernel_support()

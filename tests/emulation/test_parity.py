@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge.algorithms.base import Ack
-from edge.transport.base import GossipMessage, InboundHandler, MessageHeader, SendOutcome
-from edge.transport.grpc_transport import GrpcTransport
-from emulation.channel.model import ChannelModel
-from emulation.fleets.virtual import EventLoop, VirtualTransport
-from emulation.networks.shaper import WirelessLinkShaper
-from emulation.scenario import WirelessSettings
+from airgossip.edge.algorithms.base import Ack
+from airgossip.edge.transport.base import GossipMessage, InboundHandler, MessageHeader, SendOutcome
+from airgossip.edge.transport.grpc_transport import GrpcTransport
+from airgossip.emulation.channel.model import ChannelModel
+from airgossip.emulation.fleets.virtual import EventLoop, VirtualTransport
+from airgossip.emulation.networks.shaper import WirelessLinkShaper
+from airgossip.emulation.scenario import WirelessSettings
 
 MESSAGES_PER_LINK = 80
 PAYLOAD = 60_000  # bytes: 60 ms at 8 Mbit/s

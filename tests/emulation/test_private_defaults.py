@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from airgossip.cli.display import run_banner
-from edge.tasks.digits import PRIVATE_LR, DigitsOptions
-from emulation.config import load_config, private_defaults, scenario_toml
+from airgossip.edge.tasks.digits import PRIVATE_LR, DigitsOptions
+from airgossip.emulation.config import load_config, private_defaults, scenario_toml
 
 PRIVATE = {"privacy": {"mechanism": "cancelling", "target_epsilon": 3.0}}
 

@@ -1,7 +1,7 @@
 """The radio model held against the tables it cites, value by value.
 
 Each test names its source and writes the source's own formula here, independently of the
-model's helpers (no call into ``emulation.channel`` computes an expected value): 3GPP TR
+model's helpers (no call into ``airgossip.emulation.channel`` computes an expected value): 3GPP TR
 38.901 V17 Table 7.4.1-1 (path loss, shadowing, breakpoint, validity), Table 7.4.2-1 (LOS
 probability), Table 7.5-6 (shadowing decorrelation); IEEE 802.11-2016 HT and VHT MCS tables
 (19.5, 21.5) and minimum sensitivities (Tables 19-23 and 21-25); 3GPP TS 36.213 Table
@@ -18,8 +18,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from emulation.channel import fading, radio
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel import fading, radio
+from airgossip.emulation.scenario import WirelessSettings
 
 C = 299_792_458.0  # m/s
 DB = 0.1  # the tolerance of path loss, dB

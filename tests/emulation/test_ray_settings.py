@@ -10,8 +10,8 @@ from pydantic import JsonValue
 from typer.testing import CliRunner
 
 from airgossip.cli import app
-from emulation.config import ConfigError, load_config
-from emulation.fleets import FLEETS, preflight, ray_fleet
+from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.fleets import FLEETS, preflight, ray_fleet
 
 
 def test_ray_table_is_read_with_defaults_for_what_it_omits(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_rays_pushed_messages_and_loggers_go_to_the_run_log(tmp_path: Path) -> N
 
     from ray._private import worker
 
-    from emulation.fleets.ray_cluster import RayOutput
+    from airgossip.emulation.fleets.ray_cluster import RayOutput
 
     before = worker.print_to_stdstream
     output = RayOutput(tmp_path / "logs" / "ray.log")

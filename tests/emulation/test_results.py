@@ -6,8 +6,8 @@ import json
 import struct
 from pathlib import Path
 
-from emulation.config import EMULATED_LOSS, load_config
-from emulation.results import (
+from airgossip.emulation.config import EMULATED_LOSS, load_config
+from airgossip.emulation.results import (
     SCHEMA_VERSION,
     FinalFigures,
     RoundFigures,

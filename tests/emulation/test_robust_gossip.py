@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from emulation.attacks import Insiders, fleet_with_insiders, place_insiders
-from emulation.config import ConfigError, load_config
-from emulation.fleets import preflight
-from emulation.fleets.inproc import InProcessFleet
-from emulation.networks import network_for
+from airgossip.emulation.attacks import Insiders, fleet_with_insiders, place_insiders
+from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.fleets import preflight
+from airgossip.emulation.fleets.inproc import InProcessFleet
+from airgossip.emulation.networks import network_for
 
 INSIDER = 3  # agent-3 lies in the consensus fleets below
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
-from emulation.config import load_config
-from emulation.fleets.base import ProgressKeeper
-from emulation.fleets.processes import AgentProcesses
-from emulation.runtime.command import AgentCommand
-from emulation.runtime.folder import RunFolder
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
+from airgossip.emulation.config import load_config
+from airgossip.emulation.fleets.base import ProgressKeeper
+from airgossip.emulation.fleets.processes import AgentProcesses
+from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.emulation.runtime.folder import RunFolder
 
 
 def mode(path: Path) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulation.channel.model import ChannelModel
-from emulation.networks.shaper import WirelessLinkShaper
-from emulation.scenario import WirelessSettings
+from airgossip.emulation.channel.model import ChannelModel
+from airgossip.emulation.networks.shaper import WirelessLinkShaper
+from airgossip.emulation.scenario import WirelessSettings
 
 
 def _shaper(clock: list[float]) -> WirelessLinkShaper:
@@ -40,8 +40,8 @@ def test_a_push_decided_at_once_equals_its_messages_asked_one_by_one() -> None:
 
 
 def test_a_state_for_verdicts_answers_what_a_verdict_asks_and_holds_no_more() -> None:
-    from emulation.channel.sparse import SparseChannelModel
-    from emulation.channel.state import NOT_FOR_VERDICTS, SparseLinkState
+    from airgossip.emulation.channel.sparse import SparseChannelModel
+    from airgossip.emulation.channel.state import NOT_FOR_VERDICTS, SparseLinkState
 
     settings = WirelessSettings.model_validate(
         {"mobility": {"model": "gauss-markov", "area_m": [600, 600]}, "activity": 0.3,

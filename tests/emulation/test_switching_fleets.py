@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from emulation.config import ConfigError, load_config, read_scenario
-from emulation.fleets import Fleet, preflight, run_fleet
-from emulation.fleets.inproc import InProcessFleet
-from emulation.fleets.virtual import VirtualFleet
-from emulation.networks import network_for
-from emulation.results import summarise
-from emulation.scenario import scenario_path
+from airgossip.emulation.config import ConfigError, load_config, read_scenario
+from airgossip.emulation.fleets import Fleet, preflight, run_fleet
+from airgossip.emulation.fleets.inproc import InProcessFleet
+from airgossip.emulation.fleets.virtual import VirtualFleet
+from airgossip.emulation.networks import network_for
+from airgossip.emulation.results import summarise
+from airgossip.emulation.scenario import scenario_path
 from tests.support.inproc import inproc_fleet
 
 SCHEDULE = {"topologies": ["complete", "ring", "one-peer-exponential", "exponential"],

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from edge.config.seeds import keyed_uniform
-from edge.observability.metrics import AgentMetrics
-from emulation.channel.model import ChannelModel
-from emulation.config import ConfigError, load_config, read_scenario
-from emulation.fleets import run_fleet
-from emulation.networks.shaper import WirelessLinkShaper
-from emulation.networks.wireless import LAMBDA2_DENSE_LIMIT, WirelessLinks, WirelessRun
-from emulation.scenario import WirelessSettings, preset_names, scenario_path
+from airgossip.edge.config.seeds import keyed_uniform
+from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.emulation.channel.model import ChannelModel
+from airgossip.emulation.config import ConfigError, load_config, read_scenario
+from airgossip.emulation.fleets import run_fleet
+from airgossip.emulation.networks.shaper import WirelessLinkShaper
+from airgossip.emulation.networks.wireless import LAMBDA2_DENSE_LIMIT, WirelessLinks, WirelessRun
+from airgossip.emulation.scenario import WirelessSettings, preset_names, scenario_path
 from tests.support.prometheus import promtool_check
 
 
@@ -256,7 +256,7 @@ def test_a_followed_agent_takes_a_peers_new_address_from_the_coordinator(
     import threading
     import time
 
-    from edge.topology import Assignment
+    from airgossip.edge.topology import Assignment
 
     ids = [f"agent-{i}" for i in range(4)]
     run = WirelessRun(link_settings(tmp_path), ids, seed=1, clock=Clock())
@@ -283,8 +283,12 @@ def test_a_large_wireless_fleet_gets_lambda2_and_the_sparse_solve_agrees() -> No
     """Every wireless fleet reports its first graph's |lambda2| (dense up to
     LAMBDA2_DENSE_LIMIT agents, sparse above: 300 agents are solved sparsely), and it agrees
     with the dense solve on such a graph."""
-    from edge.topology import mixing_matrices, second_largest_eigenvalue, sparse_mixing_matrices
-    from emulation.networks import network_for
+    from airgossip.edge.topology import (
+        mixing_matrices,
+        second_largest_eigenvalue,
+        sparse_mixing_matrices,
+    )
+    from airgossip.emulation.networks import network_for
 
     config = load_config(None, {"mode": "virtual", "agents": 300, "rounds": 2,
                                 "task": {"name": "consensus"}},

@@ -10,17 +10,17 @@ from collections.abc import Iterator, Sequence
 import grpc
 import pytest
 
-from edge.agent import Agent, build_agent
-from edge.agent.runner import WallClockRunner
-from edge.config.settings import AgentSettings
-from edge.observability.telemetry import ReceiveEvent, SendEvent, StepEvent
-from edge.security.tls import dial, fleet_of
-from edge.topology import assignments_for_graph, build_graph
-from edge.transport import GossipMessage
-from edge.transport.base import LinkShaper
-from edge.transport.grpc_transport import GrpcTransport
-from edge.transport.wire import to_chunks
-from protos import gossip_pb2, gossip_pb2_grpc
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.runner import WallClockRunner
+from airgossip.edge.config.settings import AgentSettings
+from airgossip.edge.observability.telemetry import ReceiveEvent, SendEvent, StepEvent
+from airgossip.edge.security.tls import dial, fleet_of
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.transport import GossipMessage
+from airgossip.edge.transport.base import LinkShaper
+from airgossip.edge.transport.grpc_transport import GrpcTransport
+from airgossip.edge.transport.wire import to_chunks
+from airgossip.protos import gossip_pb2, gossip_pb2_grpc
 from tests.support.tls import credentials
 
 
@@ -121,7 +121,7 @@ class TlsFleet:
         self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5,
         bulk_bytes: int | None = None, shaper: LinkShaper | None = None,
     ) -> None:  # fmt: skip
-        from edge.config.settings import TaskSettings
+        from airgossip.edge.config.settings import TaskSettings
 
         self.settings = AgentSettings(
             task=TaskSettings(name="consensus", dim=dim), rounds=rounds, wait_timeout_s=0.5,
@@ -166,7 +166,7 @@ class TlsFleet:
 
     def relative_error(self) -> float:
         """Largest relative error of an agent's estimate against the exact average."""
-        from edge.tasks.consensus import ConsensusOptions, true_average
+        from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
 
         target = true_average(self.settings.seed, len(self.ids), ConsensusOptions(dim=self.dim))
         return max(

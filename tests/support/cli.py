@@ -49,7 +49,7 @@ def assert_tcp_carried_every_message(out: Path, results: dict[str, Any]) -> None
     ``out``. A push may still fail in transport, rarely (its last segment resent past the
     receiver's exit at the end of the run, say): one, or at most 1% of those sent, and
     counted in ``results`` as lost."""
-    from edge.observability.stats import read_records
+    from airgossip.edge.observability.stats import read_records
 
     agents = out / "agents"
     finals = [read_records(agents, path.stem)[-1] for path in sorted(agents.glob("*.jsonl"))]

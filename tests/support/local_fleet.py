@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edge.observability.stats import RoundRecord, read_records
+from airgossip.edge.observability.stats import RoundRecord, read_records
 from tests.support.cli import ROOT
 from tests.support.processes import free_port
 from tests.support.tls import credentials_folder

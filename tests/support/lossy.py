@@ -14,9 +14,15 @@ from typing import Any
 import pytest
 import torch
 
-from edge.algorithms import GossipAlgorithm, Payload, PushSum, algorithm_class, create_algorithm
-from edge.compression import decode_blocks, get_codec, raw_codec_for
-from edge.topology import Phase, build_graph, node_phases
+from airgossip.edge.algorithms import (
+    GossipAlgorithm,
+    Payload,
+    PushSum,
+    algorithm_class,
+    create_algorithm,
+)
+from airgossip.edge.compression import decode_blocks, get_codec, raw_codec_for
+from airgossip.edge.topology import Phase, build_graph, node_phases
 
 #: Called once per agent and round before sharing: (agent index, algorithm).
 LocalStep = Callable[[int, GossipAlgorithm], None]

@@ -1,18 +1,18 @@
 """Fleets watched by a real Prometheus evaluating the shipped insider rules
 (``deploy/prometheus/alerts.yml``), in lock step or free-running, with or without a forger.
 
-Each fleet is eight consensus agents in this process, each serving real gRPC with mutual TLS
-(the test CA's certificates) and its own ``/metrics`` over real HTTP. A *lock-step* fleet's
-rounds are driven by its caller; a *free-running* fleet's agents each run their own
-:class:`~edge.agent.runner.WallClockRunner` on a thread, as an agent process does (they wait
-for in-neighbours at most ``wait_timeout_s`` and never more than ``staleness`` rounds apart;
+Each fleet is eight consensus agents in this process, each serving real gRPC with mutual TLS (the
+test CA's certificates) and its own ``/metrics`` over real HTTP. A *lock-step* fleet's rounds are
+driven by its caller; a *free-running* fleet's agents each run their own
+:class:`~airgossip.edge.agent.runner.WallClockRunner` on a thread, as an agent process does (they
+wait for in-neighbours at most ``wait_timeout_s`` and never more than ``staleness`` rounds apart;
 nothing paces them), and every link drops messages at the fleet's ``loss``.
 
 The forger is issue 17's: agent-0, with its genuine key, replaces its pushes with forged
 ones (y = 1000, x = 1000 * y on every element, numbered from the acknowledgements it gets).
 The drifter is issue 33's: agent-0, with its genuine key and its own algorithm's sequence
 numbers, sends each out-neighbour the receiver's own estimate plus 0.1 of its norm in one
-fixed direction (``slow-drift`` of :mod:`emulation.attacks`), from when it is told on.
+fixed direction (``slow-drift`` of :mod:`airgossip.emulation.attacks`), from when it is told on.
 
 ``tests/system/test_insider_alert.py`` runs short checks on these fleets; the long
 measurements of docs/security.md ("Detecting an insider") run them from here::
@@ -42,20 +42,20 @@ from typing import Any
 
 import torch
 
-from edge.agent import Agent, build_agent
-from edge.agent.runner import WallClockRunner
-from edge.algorithms import algorithm_class
-from edge.config.settings import AgentSettings, TaskSettings
-from edge.observability.http import MetricsServer
-from edge.observability.metrics import AgentMetrics
-from edge.security.tls import fleet_of
-from edge.topology import assignments_for_graph, build_graph
-from edge.topology.graphs import Graph
-from edge.transport import GossipMessage
-from edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transport
-from edge.transport.grpc_transport import GrpcTransport
-from emulation.attacks import Insiders, arm
-from emulation.networks.static import BernoulliLinkShaper, LinkSpec
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.runner import WallClockRunner
+from airgossip.edge.algorithms import algorithm_class
+from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.observability.http import MetricsServer
+from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.security.tls import fleet_of
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.topology.graphs import Graph
+from airgossip.edge.transport import GossipMessage
+from airgossip.edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transport
+from airgossip.edge.transport.grpc_transport import GrpcTransport
+from airgossip.emulation.attacks import Insiders, arm
+from airgossip.emulation.networks.static import BernoulliLinkShaper, LinkSpec
 from tests.support.cli import ROOT
 from tests.support.processes import free_port
 from tests.support.prometheus import Prometheus
@@ -190,7 +190,7 @@ class WatchedFleet:
     def start_drifting(self) -> None:
         """agent-0 starts its slow drift: from its next push on, each out-neighbour gets its
         own estimate plus 0.1 of its norm in one fixed direction (read from the receivers'
-        state, as :mod:`emulation.attacks` does)."""
+        state, as :mod:`airgossip.emulation.attacks` does)."""
         assert self.drifter and not self.drifting
         arm(Insiders("slow-drift", (0,)), self.graph)(self.agents)
         self.drifting = True

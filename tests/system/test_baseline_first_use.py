@@ -19,7 +19,7 @@ import pytest
 
 from airgossip.cli.baseline import LOCK, extra_requirements, following_total, lock_pins
 from airgossip.cli.display import ProgressDisplay
-from emulation.fleets import FleetProgress
+from airgossip.emulation.fleets import FleetProgress
 from tests.support.cli import ROOT
 
 EXAMPLE = str(ROOT / "examples" / "flower-digits")

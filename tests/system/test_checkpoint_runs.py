@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.client import RunInfo
-from emulation.config import ConfigError, load_config
-from emulation.runtime.command import AgentCommand, check_command
-from emulation.runtime.options import AgentProcessOptions
-from emulation.runtime.process import run_identity
+from airgossip.coordinator.client import RunInfo
+from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.runtime.command import AgentCommand, check_command
+from airgossip.emulation.runtime.options import AgentProcessOptions
+from airgossip.emulation.runtime.process import run_identity
 from tests.support.local_fleet import LocalFleet
 
 PEERS = {"agent-0": "127.0.0.1:5000", "agent-1": "127.0.0.1:5001"}

@@ -130,8 +130,8 @@ def test_coordinator_refuses_busy_ports_and_unusable_databases(tmp_path: Path) -
     shared.chmod(0o777)
     assert_one_line_error(cli(*base, "--db", str(shared / "fleet.db")), "writable by every user")
     # One page of a real database overwritten (a disk that went bad): one line, no traceback.
-    from coordinator.policy import TopologySpec
-    from coordinator.store import FleetStore
+    from airgossip.coordinator.policy import TopologySpec
+    from airgossip.coordinator.store import FleetStore
 
     damaged = tmp_path / "state" / "damaged.db"
     store = FleetStore(damaged)

@@ -30,12 +30,12 @@ from airgossip.cli.early import (
     read_setting_keys,
     setting_keys,
 )
-from coordinator.policy import POLICIES
-from edge.tasks import TaskError, resolve_task_factory
-from edge.tasks.flower import FlowerAppError, load_flower_app
-from emulation.baselines.flower import FlowerBaseline
-from emulation.baselines.flower import _check as check_baseline
-from emulation.config import (
+from airgossip.coordinator.policy import POLICIES
+from airgossip.edge.tasks import TaskError, resolve_task_factory
+from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
+from airgossip.emulation.baselines.flower import FlowerBaseline
+from airgossip.emulation.baselines.flower import _check as check_baseline
+from airgossip.emulation.config import (
     ConfigError,
     NetworkSettings,
     RunConfig,
@@ -43,9 +43,9 @@ from emulation.config import (
     load_config,
     read_scenario,
 )
-from emulation.fleets import fleet_class, preflight
-from emulation.results import FinalFigures, RoundFigures, RunResults
-from emulation.scenario import ScenarioNotFound, scenario_path
+from airgossip.emulation.fleets import fleet_class, preflight
+from airgossip.emulation.results import FinalFigures, RoundFigures, RunResults
+from airgossip.emulation.scenario import ScenarioNotFound, scenario_path
 from tests.support.cli import ROOT
 
 #: Modules a refusal must not have imported (each takes seconds to import).
@@ -252,7 +252,7 @@ def test_every_registry_name_passes_the_early_check() -> None:
 
 
 def test_the_setting_keys_are_the_models() -> None:
-    """``setting_keys.json`` is what ``emulation.config`` accepts now; regenerate it with
+    """``setting_keys.json`` is what ``airgossip.emulation.config`` accepts now; regenerate it with
     ``python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"``."""
     assert setting_keys() == read_setting_keys(), f"{SETTING_KEYS.name} is stale"
 

@@ -1,14 +1,13 @@
 """kill -9 of a quarter of a fleet mid-run, restarted with the same command.
 
 Real processes over real gRPC with mutual TLS: a coordinator and eight agents, each keeping
-checkpoints every half second. Two agents are killed with SIGKILL mid-run (whatever they did
-since their last checkpoint is lost) and started again on their checkpoint folder. Each
-starts every edge over (edge.agent.lineage). Restarted from their newest checkpoints late in
-a consensus run, the fleet still reaches the exact average (agents that agree lose nothing
-that moves it). Restarted on digits from a checkpoint written long before (the newer ones
-gone, as when the writer lags) and from no checkpoint at all, no value anywhere turns
-non-finite, the coordinator writes results, and the fleet ends as accurate as an undisturbed
-run with the same seed.
+checkpoints every half second. Two agents are killed with SIGKILL mid-run (whatever they did since
+their last checkpoint is lost) and started again on their checkpoint folder. Each starts every edge
+over (airgossip.edge.agent.lineage). Restarted from their newest checkpoints late in a consensus
+run, the fleet still reaches the exact average (agents that agree lose nothing that moves it).
+Restarted on digits from a checkpoint written long before (the newer ones gone, as when the writer
+lags) and from no checkpoint at all, no value anywhere turns non-finite, the coordinator writes
+results, and the fleet ends as accurate as an undisturbed run with the same seed.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.tasks.consensus import ConsensusOptions, true_average
+from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
 from tests.support.local_fleet import LocalFleet
 
 pytestmark = pytest.mark.slow

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-import edge.agent.waiting
-from coordinator.client import CoordinatorClient
-from coordinator.policy import TopologySpec
-from coordinator.run import RunSpec
-from coordinator.service import CoordinatorServer
-from edge.config.identity import agent_ids
-from edge.security.certificates import throwaway_fleet
-from edge.topology import Assignment, Phase
-from emulation.config import load_config
-from emulation.results import RunResults
-from emulation.runtime.peers import wait_for_peers
+import airgossip.edge.agent.waiting as waiting
+from airgossip.coordinator.client import CoordinatorClient
+from airgossip.coordinator.policy import TopologySpec
+from airgossip.coordinator.run import RunSpec
+from airgossip.coordinator.service import CoordinatorServer
+from airgossip.edge.config.identity import agent_ids
+from airgossip.edge.security.certificates import throwaway_fleet
+from airgossip.edge.topology import Assignment, Phase
+from airgossip.emulation.config import load_config
+from airgossip.emulation.results import RunResults
+from airgossip.emulation.runtime.peers import wait_for_peers
 from tests.support.cli import ROOT, airgossip, assert_one_line_error
 from tests.support.processes import free_port
 
@@ -216,7 +216,7 @@ def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -
 def test_an_agent_says_how_full_the_fleet_is_and_which_peers_do_not_answer(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(edge.agent.waiting, "WAIT_REPORT_S", 0.3)
+    monkeypatch.setattr(waiting, "WAIT_REPORT_S", 0.3)
     server = CoordinatorServer(expected=3, topology=TopologySpec("ring"))
     server.start()
     client = CoordinatorClient(server.address, "agent-0")

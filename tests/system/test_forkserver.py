@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from emulation.config import load_config
-from emulation.fleets.base import FleetError, ProgressKeeper
-from emulation.fleets.forkserver import ForkServer
-from emulation.fleets.processes import AgentProcesses, agent_environment
-from emulation.runtime.command import AgentCommand
-from emulation.runtime.folder import RunFolder
+from airgossip.emulation.config import load_config
+from airgossip.emulation.fleets.base import FleetError, ProgressKeeper
+from airgossip.emulation.fleets.forkserver import ForkServer
+from airgossip.emulation.fleets.processes import AgentProcesses, agent_environment
+from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.emulation.runtime.folder import RunFolder
 from tests.support.cli import ROOT
 from tests.support.processes import kill_all, processes_mentioning, wait_until_gone
 
@@ -134,7 +134,7 @@ def test_the_server_dies_with_its_launcher(tmp_path: Path) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-c", (
             "import os, sys, time; from pathlib import Path\n"
-            "from emulation.fleets.forkserver import ForkServer\n"
+            "from airgossip.emulation.fleets.forkserver import ForkServer\n"
             "s = ForkServer(['torch'], env=dict(os.environ),"
             f" log_path=Path({str(tmp_path / 's.log')!r}),"
             f" cwd=Path('.'), label={str(tmp_path)!r})\n"

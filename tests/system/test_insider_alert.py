@@ -34,7 +34,7 @@ import grpc
 import pytest
 import torch
 
-from edge.transport import GossipMessage
+from airgossip.edge.transport import GossipMessage
 from tests.support.agents import refused
 from tests.support.cli import ROOT
 from tests.system.insider_fleets import (

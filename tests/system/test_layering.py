@@ -1,6 +1,10 @@
-"""The dependency rules, executable: layers, rooms inside them, and no import circles.
+"""The dependency rules, executable: one namespace, layers, rooms inside them, no import circles.
 
-Layers import downwards only: ``protos <- edge <- coordinator <- emulation <- airgossip``.
+Everything is imported as ``airgossip.*``: the folders ``protos``, ``edge``, ``coordinator`` and
+``emulation`` are ``airgossip.protos`` and so on (``airgossip/`` links to them), and nothing
+imports them by their bare names. Layers import downwards only:
+``protos <- edge <- coordinator <- emulation <- airgossip`` (the CLI and the rest of the
+``airgossip`` package).
 Inside ``emulation`` the rooms do too: the channel model imports no network or fleet code,
 networks import neither the runtime nor the fleets, the runtime no fleets, and the data
 models (config, scenario, results) import none of them. Every import counts, at module level
@@ -11,11 +15,17 @@ argument list or a string, a fork server told to run or preload one of its modul
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ["protos", "edge", "coordinator", "emulation", "airgossip"]
+#: The folders at the repository's top level that are installed inside the namespace.
+MAPPED = ("protos", "edge", "coordinator", "emulation")
+LAYERS = [*MAPPED, "airgossip"]
 #: Pure packages inside edge that touch no gRPC, protos, Prometheus or transport.
 PURE = {
     "edge/algorithms": {"grpc", "protos", "prometheus_client", "edge.transport", "edge.agent"},
@@ -39,9 +49,25 @@ ROOMS = {
 }  # fmt: skip
 
 
+def in_namespace(names: set[str]) -> set[str]:
+    """The banned names above as they are imported: ``edge.agent`` is ``airgossip.edge.agent``."""
+    return {f"airgossip.{n}" if n.split(".")[0] in MAPPED else n for n in names}
+
+
 def module_name(path: Path) -> str:
-    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    return name.removesuffix(".__init__")
+    """The name ``path`` is imported as (``edge/agent.py``: ``airgossip.edge.agent``)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] in MAPPED:
+        parts = ("airgossip", *parts)
+    return ".".join(parts).removesuffix(".__init__")
+
+
+def layer_of(name: str) -> int | None:
+    """The rank in :data:`LAYERS` of the project module ``name`` (None: not the project's)."""
+    for rank, folder in enumerate(MAPPED):
+        if within(name, {f"airgossip.{folder}"}):
+            return rank
+    return len(MAPPED) if within(name, {"airgossip"}) else None
 
 
 def imports(path: Path) -> set[str]:
@@ -65,9 +91,17 @@ def imports(path: Path) -> set[str]:
 
 
 def sources(where: str) -> list[Path]:
+    """The Python files of a folder (or the one file), not through the links in ``airgossip/``."""
     target = ROOT / where
-    paths = [target] if target.suffix == ".py" else list(target.rglob("*.py"))
-    return [p for p in paths if "_pb2" not in p.name]
+    if target.suffix == ".py":
+        return [target]
+    paths = [
+        Path(folder, name)
+        for folder, _, names in os.walk(target)  # followlinks=False
+        for name in names
+        if name.endswith(".py")
+    ]
+    return sorted(p for p in paths if "_pb2" not in p.name)
 
 
 def project_modules() -> dict[str, Path]:
@@ -81,17 +115,50 @@ def within(name: str, prefixes: set[str]) -> bool:
 def test_layers_only_import_downwards() -> None:
     violations = []
     for rank, layer in enumerate(LAYERS):
-        forbidden = set(LAYERS[rank + 1 :])
         for path in sources(layer):
             for name in imports(path):
-                if name.split(".")[0] in forbidden:
+                target = layer_of(name)
+                if target is not None and target > rank:
                     violations.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not violations, "layering violated:\n" + "\n".join(sorted(violations))
+
+
+def test_nothing_imports_the_folders_by_their_bare_names() -> None:
+    """``import edge`` would load a second copy of a module beside ``airgossip.edge``'s."""
+    checked = [
+        path
+        for folder in [*LAYERS, "tests", "benchmarks", "examples", "scripts", "deploy"]
+        for path in sources(folder)
+    ]
+    assert len(checked) > 300
+    violations = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in checked
+        for name in imports(path)
+        if name.split(".")[0] in MAPPED
+    ]
+    assert not violations, "\n".join(sorted(violations))
+
+
+def test_only_airgossip_is_installed() -> None:
+    """Outside the repository (no folder of it on the path), the four folders are importable
+    only inside the namespace."""
+    probe = (
+        "import importlib.util as u, airgossip.edge.agent, airgossip.protos.gossip_pb2;"
+        f"print([u.find_spec(n) is None for n in {list(MAPPED)!r}])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], cwd=tempfile.gettempdir(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[True,", "True,", "True,", "True]"], done.stdout
 
 
 def test_pure_packages_stay_pure() -> None:
     violations = []
     for package, banned in PURE.items():
+        banned = in_namespace(banned)
         for path in sources(package):
             violations += [
                 f"{path.relative_to(ROOT)} imports {name}"
@@ -104,6 +171,7 @@ def test_pure_packages_stay_pure() -> None:
 def test_rooms_inside_layers_keep_to_their_side() -> None:
     violations = []
     for room, banned in ROOMS.items():
+        banned = in_namespace(banned)
         for path in sources(room):
             violations += [
                 f"{path.relative_to(ROOT)} imports {name}"
@@ -170,7 +238,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 #: A command line that runs a module of the CLI package (``python -m airgossip agent``).
-RUNS_THE_CLI = re.compile(r"-m\s+airgossip\b")
+RUNS_THE_CLI = re.compile(r"-m\s+airgossip(?:\.cli\b|(?![\w.]))")
 
 
 def cli_modules() -> set[str]:
@@ -218,7 +286,7 @@ importlib.import_module("airgossip.cli.agent")
 log = logging.getLogger("airgossip.agent")
 LABEL = "airgossip.run"
 name = f"airgossip-{tag}-agent-0"
-COMMAND = (sys.executable, "-m", "emulation.runtime.agent")
+COMMAND = (sys.executable, "-m", "airgossip.emulation.runtime.agent")
 """
     assert names_the_cli(unrelated, "y.py", modules) == []
 
@@ -230,11 +298,13 @@ def test_no_import_circles() -> None:
 
 def test_the_checkers_see_imports_and_circles() -> None:
     """Guard against a walker that silently finds nothing, or a cycle finder that cannot."""
-    assert "edge.topology.mixing" in imports(ROOT / "edge/topology/assignment.py")
+    assert "airgossip.edge.topology.mixing" in imports(ROOT / "edge/topology/assignment.py")
     assert any("coordinator" in n for n in imports(ROOT / "emulation/fleets/agent_fleet.py"))
+    assert layer_of("airgossip.edge.agent") == 1 and layer_of("airgossip.cli.run") == 4
+    assert layer_of("airgossip") == 4 and layer_of("torch") is None
     graph = import_graph()
-    assert "emulation.networks.base" in graph["emulation.fleets.base"] or (
-        "emulation.networks" in graph["emulation.fleets.base"]
+    assert "airgossip.emulation.networks.base" in graph["airgossip.emulation.fleets.base"] or (
+        "airgossip.emulation.networks" in graph["airgossip.emulation.fleets.base"]
     )
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []

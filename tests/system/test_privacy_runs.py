@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from edge.observability.metrics import AgentMetrics
-from edge.privacy.figures import EPSILON, EXHAUSTED, Spent
-from emulation.results import summarise
+from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.privacy.figures import EPSILON, EXHAUSTED, Spent
+from airgossip.emulation.results import summarise
 from tests.support.cli import assert_one_line_error, cli
 from tests.support.inproc import inproc_fleet
 
@@ -161,7 +161,7 @@ def test_a_budget_stops_training_before_it_is_overspent_or_warns(
 
 
 def test_an_unbounded_epsilon_is_left_out_of_round_reports() -> None:
-    from coordinator.convert import record_from_proto, record_to_proto
+    from airgossip.coordinator.convert import record_from_proto, record_to_proto
 
     fleet = privacy_run(mechanism="dp-sgd", noise_multiplier=0.0)  # no noise: no guarantee
     last = fleet.records()["agent-0"][-1]
@@ -246,7 +246,7 @@ def test_a_task_that_cannot_clip_per_example_and_a_changing_graph_are_refused(
 
 
 def test_flower_apps_with_flowers_local_dp_mod_keep_working_on_the_mesh() -> None:
-    from edge.tasks import TaskContext, TrainConfig, load_task
+    from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
 
     apps = "tests.edge.flower_apps"
     options = {

@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 import torch
 
-from edge.agent import Agent, build_agent
-from edge.agent.runner import WallClockRunner
-from edge.config.settings import AgentSettings
-from edge.privacy.keys import RunKeyring, mask_key
-from edge.privacy.masks import gaussian_stream, mask_sign
-from edge.privacy.mechanism import PrivacyContext
-from edge.privacy.plan import FleetGraph
-from edge.topology import assignments_for_graph, build_graph
-from edge.transport.grpc_transport import GrpcTransport
+from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.runner import WallClockRunner
+from airgossip.edge.config.settings import AgentSettings
+from airgossip.edge.privacy.keys import RunKeyring, mask_key
+from airgossip.edge.privacy.masks import gaussian_stream, mask_sign
+from airgossip.edge.privacy.mechanism import PrivacyContext
+from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.transport.grpc_transport import GrpcTransport
 
 pytest.importorskip("opacus")
 
@@ -186,6 +186,6 @@ def _forms(secret: bytes) -> list[bytes]:
 
 
 def _config(round_index: int) -> Any:
-    from edge.tasks import TrainConfig
+    from airgossip.edge.tasks import TrainConfig
 
     return TrainConfig(round_index, 3)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.observability.stats import read_records
-from edge.tasks.consensus import ConsensusOptions, true_average
+from airgossip.edge.observability.stats import read_records
+from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
 from tests.support.cli import ROOT, airgossip
 from tests.support.processes import free_port, kill_all, wait_until_gone
 from tests.support.tls import credentials_folder

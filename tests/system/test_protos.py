@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from protos.generate import PROTO_DIR, generate
+from airgossip.protos.generate import PROTO_DIR, generate
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
@@ -22,5 +22,5 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     ]
     checked_in = {p.name for p in PROTO_DIR.glob("*_pb2*.py*")}
     extra = checked_in - {p.name for p in generated}
-    assert not stale, f"regenerate with `python -m protos.generate`: {stale} differ"
+    assert not stale, f"regenerate with `python -m airgossip.protos.generate`: {stale} differ"
     assert not extra, f"checked-in files without a .proto: {sorted(extra)}"

@@ -1,6 +1,6 @@
 """An identity that registers early cannot keep a run's agents out (issue 33, item 2).
 
-What ``airgossip coordinator`` runs (:class:`~emulation.runtime.devices.DeviceRun`: its
+What ``airgossip coordinator`` runs (:class:`~airgossip.emulation.runtime.devices.DeviceRun`: its
 default roster, mutual TLS with the test CA) and four real agents (what ``airgossip agent``
 runs, each in a thread of this process, so that torch is imported once), over real gRPC. Before
 the agents start, someone registers with an empty task digest and never heartbeats: a
@@ -18,12 +18,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from edge.security.tls import COORDINATOR_IDENTITY, dial
-from emulation.results import RunResults
-from emulation.runtime.command import AgentCommand
-from emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
-from emulation.runtime.process import run_agent_command
-from protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
+from airgossip.emulation.results import RunResults
+from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
+from airgossip.emulation.runtime.process import run_agent_command
+from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.tls import credentials, credentials_folder
 
 AGENTS = 4

@@ -13,19 +13,19 @@ import pytest
 import typer.main
 
 from airgossip.cli import app
-from emulation.config import ConfigError, load_config
-from emulation.fleets.base import Launch
-from emulation.fleets.containers import ContainerFleet
-from emulation.networks import network_for
-from emulation.runtime.agent import main as agent_main
-from emulation.runtime.command import (
+from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.fleets.base import Launch
+from airgossip.emulation.fleets.containers import ContainerFleet
+from airgossip.emulation.networks import network_for
+from airgossip.emulation.runtime.agent import main as agent_main
+from airgossip.emulation.runtime.command import (
     AGENT_MODULE,
     AgentCommand,
     flag_name,
     parse_agent_command,
 )
-from emulation.runtime.folder import RunFolder
-from emulation.runtime.options import agent_options
+from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.emulation.runtime.options import agent_options
 
 
 def test_what_a_fleet_writes_is_what_the_agent_reads(tmp_path: Path) -> None:

@@ -1,13 +1,12 @@
 """What every privacy mechanism is, and what differs between them.
 
 Every mechanism clips each example's gradient and adds Gaussian noise through Opacus
-(:mod:`edge.privacy.training`). They differ in how much noise each agent adds and how it is
-calibrated (:meth:`Mechanism.plan`), what an agent adds to its state beside the step
+(:mod:`airgossip.edge.privacy.training`). They differ in how much noise each agent adds and how it
+is calibrated (:meth:`Mechanism.plan`), what an agent adds to its state beside the step
 (:meth:`Mechanism.masks`, :attr:`Mechanism.one_step`), what its accountant composes
-(:meth:`Mechanism.ledger`) and which ``[privacy]`` settings it accepts
-(:meth:`Mechanism.refusal`, :attr:`Mechanism.own_settings`). Each mechanism is one module
-with one class; :mod:`.registry` looks them up by name, once, where ``[privacy]`` is parsed,
-and everything downstream holds the object.
+(:meth:`Mechanism.ledger`) and which ``[privacy]`` settings it accepts (:meth:`Mechanism.refusal`,
+:attr:`Mechanism.own_settings`). Each mechanism is one module with one class; :mod:`.registry` looks
+them up by name, once, where ``[privacy]`` is parsed, and everything downstream holds the object.
 
 Nothing here imports torch, numpy or Opacus when loaded (a settings error stays instant):
 the computations import what they need when they run.
@@ -19,15 +18,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from edge.privacy.accounting import Ledger
-    from edge.privacy.keys import PairSecrets
-    from edge.privacy.masks import PairMasks
-    from edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.accounting import Ledger
+    from airgossip.edge.privacy.keys import PairSecrets
+    from airgossip.edge.privacy.masks import PairMasks
+    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
 
 
 class PrivacyParameters(Protocol):
     """What a mechanism reads of ``[privacy]``
-    (:class:`~edge.privacy.settings.PrivacySettings`)."""
+    (:class:`~airgossip.edge.privacy.settings.PrivacySettings`)."""
 
     @property
     def noise_multiplier(self) -> float | None: ...
@@ -72,7 +71,7 @@ class Mechanism:
     enabled: ClassVar[bool] = True
     #: Its round is one noisy step: accounted as one update per round (``steps_per_round``
     #: must be 1), and the step is added to push-sum's value as it is (see
-    #: :meth:`edge.privacy.mechanism.PrivacyMechanism.train`).
+    #: :meth:`airgossip.edge.privacy.mechanism.PrivacyMechanism.train`).
     one_step: ClassVar[bool] = True
     #: Accounted for a noisy step in every round (no ``gossip_rounds`` between steps).
     every_round: ClassVar[bool] = False
@@ -137,8 +136,8 @@ class Mechanism:
         num_agents: int,
         graph: FleetGraph | None,
     ) -> NoisePlan:
-        """The run's noise, calibrated (:class:`~edge.privacy.plan.NoisePlan`);
-        :class:`~edge.privacy.accounting.PrivacyError` when no noise reaches the target.
+        """The run's noise, calibrated (:class:`~airgossip.edge.privacy.plan.NoisePlan`);
+        :class:`~airgossip.edge.privacy.accounting.PrivacyError` when no noise reaches the target.
         ``graph`` is given whenever :attr:`needs_graph`."""
         raise NotImplementedError
 
@@ -152,7 +151,7 @@ class Mechanism:
         calibration), or ``noise_multiplier`` when it is given."""
         if settings.noise_multiplier is not None:
             return settings.noise_multiplier
-        from edge.privacy.accounting import opacus_noise_multiplier
+        from airgossip.edge.privacy.accounting import opacus_noise_multiplier
 
         assert settings.target_epsilon is not None
         return opacus_noise_multiplier(
@@ -171,8 +170,8 @@ class Mechanism:
     ) -> Ledger:
         """What one agent's accountant composes: Opacus's, stepped with the plan's
         accounted multiplier (``restarted``: the agent ran rounds before, see
-        :mod:`edge.privacy.journal`)."""
-        from edge.privacy.accounting import OpacusLedger
+        :mod:`airgossip.edge.privacy.journal`)."""
+        from airgossip.edge.privacy.accounting import OpacusLedger
 
         return OpacusLedger(plan.accounted_multiplier, settings.sample_rate, settings.delta,
                             settings.accountant, self.name)  # fmt: skip

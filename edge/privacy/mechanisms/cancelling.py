@@ -6,19 +6,19 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
-from edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
+from airgossip.edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
 
 if TYPE_CHECKING:
-    from edge.privacy.keys import PairSecrets
-    from edge.privacy.masks import PairMasks
-    from edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.keys import PairSecrets
+    from airgossip.edge.privacy.masks import PairMasks
+    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
 
 
 class CancellingMasks(Mechanism):
     """Every agent adds, beside its step and independent noise, a mask per partner drawn
     from a secret the two share, with opposite signs at the two ends. What it is accounted
     for is the worst agent's effective noise against ``[privacy] adversary``
-    (:func:`edge.privacy.graph.cancelling_noise_multiplier`)."""
+    (:func:`airgossip.edge.privacy.graph.cancelling_noise_multiplier`)."""
 
     name: ClassVar[str] = "cancelling"
     summary: ClassVar[str] = "pairwise masks that cancel in the sum, plus independent noise"
@@ -34,9 +34,9 @@ class CancellingMasks(Mechanism):
         num_agents: int,
         graph: FleetGraph | None,
     ) -> NoisePlan:
-        from edge.privacy.accounting import calibrate
-        from edge.privacy.graph import cancelling_noise_multiplier, pair_graph
-        from edge.privacy.plan import NoisePlan
+        from airgossip.edge.privacy.accounting import calibrate
+        from airgossip.edge.privacy.graph import cancelling_noise_multiplier, pair_graph
+        from airgossip.edge.privacy.plan import NoisePlan
 
         assert graph is not None
         pairs = pair_graph(graph.adjacency)
@@ -71,8 +71,8 @@ class CancellingMasks(Mechanism):
     ) -> PairMasks:
         """This agent's masks, one per partner, keyed by the secret they share and the
         run (another run draws other masks)."""
-        from edge.privacy.accounting import PrivacyError
-        from edge.privacy.masks import PairMasks
+        from airgossip.edge.privacy.accounting import PrivacyError
+        from airgossip.edge.privacy.masks import PairMasks
 
         if secrets is None:
             raise PrivacyError(
@@ -95,7 +95,7 @@ def _unit_multiplier(pairs: bytes, n: int, ratio: float, adversary: str) -> floa
     noise and masks ``ratio``."""
     import numpy as np
 
-    from edge.privacy.graph import cancelling_noise_multiplier
+    from airgossip.edge.privacy.graph import cancelling_noise_multiplier
 
     matrix = np.frombuffer(pairs, dtype=bool).reshape(n, n)
     return cancelling_noise_multiplier(matrix, 1.0, ratio, adversary)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
+from airgossip.edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
 
 if TYPE_CHECKING:
-    from edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
 
 
 class CentralReference(Mechanism):
@@ -28,7 +28,7 @@ class CentralReference(Mechanism):
         num_agents: int,
         graph: FleetGraph | None,
     ) -> NoisePlan:
-        from edge.privacy.plan import NoisePlan
+        from airgossip.edge.privacy.plan import NoisePlan
 
         sigma = self.calibrated(settings, self.private_steps(settings, rounds))
         return NoisePlan(sigma / math.sqrt(num_agents), accounted_multiplier=sigma)

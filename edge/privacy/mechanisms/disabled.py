@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from edge.privacy.mechanisms.base import Mechanism
+from airgossip.edge.privacy.mechanisms.base import Mechanism
 
 
 class NoPrivacy(Mechanism):

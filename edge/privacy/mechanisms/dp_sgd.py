@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
+from airgossip.edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
 
 if TYPE_CHECKING:
-    from edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
 
 
 class DpSgd(Mechanism):
@@ -26,7 +26,7 @@ class DpSgd(Mechanism):
         num_agents: int,
         graph: FleetGraph | None,
     ) -> NoisePlan:
-        from edge.privacy.plan import NoisePlan
+        from airgossip.edge.privacy.plan import NoisePlan
 
         sigma = self.calibrated(settings, self.private_steps(settings, rounds))
         return NoisePlan(sigma, accounted_multiplier=sigma)

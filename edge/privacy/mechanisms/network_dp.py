@@ -6,18 +6,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
+from airgossip.edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from edge.privacy.accounting import Ledger
-    from edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.accounting import Ledger
+    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
 
 
 class NetworkDp(Mechanism):
     """Pairwise network DP on one fixed graph, accounted exactly as one Gaussian mechanism
-    over the run with a sensitivity per pair of agents (:mod:`edge.privacy.graph`)."""
+    over the run with a sensitivity per pair of agents (:mod:`airgossip.edge.privacy.graph`)."""
 
     name: ClassVar[str] = "network-dp"
     summary: ClassVar[str] = "noise once per round and gossip: pairwise DP of the graph"
@@ -34,8 +34,8 @@ class NetworkDp(Mechanism):
         num_agents: int,
         graph: FleetGraph | None,
     ) -> NoisePlan:
-        from edge.privacy.accounting import calibrate
-        from edge.privacy.plan import NoisePlan, mean_pair_epsilon, network_of
+        from airgossip.edge.privacy.accounting import calibrate
+        from airgossip.edge.privacy.plan import NoisePlan, mean_pair_epsilon, network_of
 
         assert graph is not None
         network = network_of(graph, rounds)
@@ -50,7 +50,7 @@ class NetworkDp(Mechanism):
     def complete(self, plan: NoisePlan, *, rounds: int, graph: FleetGraph | None) -> NoisePlan:
         from dataclasses import replace
 
-        from edge.privacy.plan import network_of
+        from airgossip.edge.privacy.plan import network_of
 
         assert graph is not None
         return replace(plan, network=network_of(graph, rounds))
@@ -66,8 +66,8 @@ class NetworkDp(Mechanism):
     ) -> Ledger:
         """Epsilon towards every other agent, from this agent's row of the sensitivities
         (an agent restarted from a checkpoint gets local DP's figure: see
-        :class:`~edge.privacy.accounting.NetworkLedger`)."""
-        from edge.privacy.accounting import NetworkLedger
+        :class:`~airgossip.edge.privacy.accounting.NetworkLedger`)."""
+        from airgossip.edge.privacy.accounting import NetworkLedger
 
         assert graph is not None and plan.network is not None
         index = graph.ids.index(agent_id)

@@ -4,12 +4,12 @@ compute), so settings and help texts read it freely."""
 
 from __future__ import annotations
 
-from edge.privacy.mechanisms.base import Mechanism
-from edge.privacy.mechanisms.cancelling import CancellingMasks
-from edge.privacy.mechanisms.central import CentralReference
-from edge.privacy.mechanisms.disabled import NoPrivacy
-from edge.privacy.mechanisms.dp_sgd import DpSgd
-from edge.privacy.mechanisms.network_dp import NetworkDp
+from airgossip.edge.privacy.mechanisms.base import Mechanism
+from airgossip.edge.privacy.mechanisms.cancelling import CancellingMasks
+from airgossip.edge.privacy.mechanisms.central import CentralReference
+from airgossip.edge.privacy.mechanisms.disabled import NoPrivacy
+from airgossip.edge.privacy.mechanisms.dp_sgd import DpSgd
+from airgossip.edge.privacy.mechanisms.network_dp import NetworkDp
 
 #: Every mechanism by name, in the order help texts list them.
 MECHANISMS: dict[str, Mechanism] = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge.tasks.base import TaskError
+from airgossip.edge.tasks.base import TaskError
 
 # Flower sends telemetry and checks for updates unless told not to, and reads both switches
 # when its modules are imported: they are set before the first `import flwr` of the process.

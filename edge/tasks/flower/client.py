@@ -6,9 +6,10 @@ server, calls ``client_app(message, context)`` with the node's persistent
 that, in-process. What a message holds follows what Flower's strategies send: ``arrays`` and
 ``config`` (with ``server-round``) for apps written with ``@app.train()`` /
 ``@app.evaluate()``, and the legacy ``fitins`` / ``evaluateins`` records, built by Flower's
-own converters, for ``ClientApp(client_fn=...)`` apps. Every way an app can fail (it
-raises, replies with an error, returns no arrays or arrays unlike the model's) becomes one
-:class:`~edge.tasks.flower.app.FlowerAppError` naming the app, the agent and what was wrong.
+own converters, for ``ClientApp(client_fn=...)`` apps. Every way an app can fail (it raises, replies
+with an error, returns no arrays or arrays unlike the model's) becomes one
+:class:`~airgossip.edge.tasks.flower.app.FlowerAppError` naming the app, the agent and what was
+wrong.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ from flwr.compat.common.recorddict_compat import (
     recorddict_to_getparametersres,
 )
 
-from edge.tasks.flower.app import FlowerAppError, RunConfigValue
-from edge.tasks.flower.records import ModelLayout, record_arrays
+from airgossip.edge.tasks.flower.app import FlowerAppError, RunConfigValue
+from airgossip.edge.tasks.flower.records import ModelLayout, record_arrays
 
 #: The key under which Flower's strategies put the round in a message's config.
 SERVER_ROUND = "server-round"

@@ -33,9 +33,9 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from edge.tasks.flower.app import FlowerApp, FlowerAppError
-from edge.tasks.flower.client import SERVER_ROUND, ClientRunner
-from edge.tasks.flower.records import record_arrays
+from airgossip.edge.tasks.flower.app import FlowerApp, FlowerAppError
+from airgossip.edge.tasks.flower.client import SERVER_ROUND, ClientRunner
+from airgossip.edge.tasks.flower.records import record_arrays
 
 #: Node-list requests a ServerApp may make before its first message: FedAvg asks twice,
 #: and a strategy that wants more nodes than the fleet has asks again every second.

@@ -20,14 +20,14 @@ import torch
 from flwr.app import ArrayRecord
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge.config.identity import agent_id
-from edge.config.seeds import derive_seed
-from edge.tasks.base import EvalResult, TaskContext, TrainConfig, TrainResult
-from edge.tasks.flower.app import FlowerAppError, RunConfigValue, load_flower_app
-from edge.tasks.flower.client import ClientRunner
-from edge.tasks.flower.initial import initial_model
-from edge.tasks.flower.records import ModelLayout
-from edge.tasks.options import parse_options
+from airgossip.edge.config.identity import agent_id
+from airgossip.edge.config.seeds import derive_seed
+from airgossip.edge.tasks.base import EvalResult, TaskContext, TrainConfig, TrainResult
+from airgossip.edge.tasks.flower.app import FlowerAppError, RunConfigValue, load_flower_app
+from airgossip.edge.tasks.flower.client import ClientRunner
+from airgossip.edge.tasks.flower.initial import initial_model
+from airgossip.edge.tasks.flower.records import ModelLayout
+from airgossip.edge.tasks.options import parse_options
 
 #: Names a Flower app reports its test accuracy and loss under, tried in this order.
 ACCURACY_NAMES = ("accuracy", "eval_acc")

@@ -2,10 +2,10 @@
 one child per agent, so that a fleet of N agent processes pays its imports once instead of
 N times.
 
-The launcher side is :class:`ForkServer` (start it, :meth:`~ForkServer.spawn` a command,
-follow each child as a :class:`ForkedChild`, a ``subprocess.Popen`` look-alike). The server
-side is this module run as ``python -m emulation.fleets.forkserver``: it imports the modules
-it is told to preload, then reads one JSON request a line on stdin (a module to run as
+The launcher side is :class:`ForkServer` (start it, :meth:`~ForkServer.spawn` a command, follow each
+child as a :class:`ForkedChild`, a ``subprocess.Popen`` look-alike). The server side is this module
+run as ``python -m airgossip.emulation.fleets.forkserver``: it imports the modules it is told to
+preload, then reads one JSON request a line on stdin (a module to run as
 ``python -m`` would, its arguments, a log file, a working folder), forks, and answers the
 child's pid on stdout; when a child exits it writes its exit code (negative: killed by that
 signal, as ``Popen.returncode``). A child behaves like a process started with ``python -m
@@ -25,10 +25,10 @@ SIGKILLs what is left. A child started with ``--parent-pid SERVER`` dies with th
 
 The package by side: :mod:`.protocol` (the requests and answers on the pipes, the grace
 periods), :mod:`.launcher` (:class:`ForkServer`, :class:`ForkedChild`) and :mod:`.server`
-(what ``python -m emulation.fleets.forkserver`` runs).
+(what ``python -m airgossip.emulation.fleets.forkserver`` runs).
 """
 
-from emulation.fleets.forkserver.launcher import ForkedChild, ForkServer
-from emulation.fleets.forkserver.protocol import ForkServerError
+from airgossip.emulation.fleets.forkserver.launcher import ForkedChild, ForkServer
+from airgossip.emulation.fleets.forkserver.protocol import ForkServerError
 
 __all__ = ["ForkServer", "ForkServerError", "ForkedChild"]

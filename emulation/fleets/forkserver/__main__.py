@@ -1,5 +1,5 @@
-"""``python -m emulation.fleets.forkserver``: the fork server itself."""
+"""``python -m airgossip.emulation.fleets.forkserver``: the fork server itself."""
 
-from emulation.fleets.forkserver.server import main
+from airgossip.emulation.fleets.forkserver.server import main
 
 main()

@@ -13,8 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from edge.security.private_files import open_private, private_folder
-from emulation.fleets.forkserver.protocol import (
+from airgossip.edge.security.private_files import open_private, private_folder
+from airgossip.emulation.fleets.forkserver.protocol import (
     ANSWER_TIMEOUT_S,
     CHILD_GRACE_S,
     ForkAnswer,
@@ -78,7 +78,7 @@ class ForkServer:
     ) -> None:
         private_folder(log_path.parent)
         command = [
-            sys.executable, "-m", "emulation.fleets.forkserver",
+            sys.executable, "-m", "airgossip.emulation.fleets.forkserver",
             "--parent-pid", str(os.getpid()), "--preload", ",".join(preload),
             "--label", label,
         ]  # fmt: skip

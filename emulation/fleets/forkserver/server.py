@@ -1,5 +1,5 @@
 """The server's side: preload, then fork a child per request and become what it asks for
-(``python -m emulation.fleets.forkserver``; see the package's docstring)."""
+(``python -m airgossip.emulation.fleets.forkserver``; see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from edge.security.private_files import open_private_fd
-from emulation.fleets.forkserver.protocol import CHILD_GRACE_S, ForkRequest
+from airgossip.edge.security.private_files import open_private_fd
+from airgossip.emulation.fleets.forkserver.protocol import CHILD_GRACE_S, ForkRequest
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15

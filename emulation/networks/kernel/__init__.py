@@ -10,17 +10,17 @@
   arrived and those dropped;
 * latency and jitter: ``netem`` under the class when the kernel has it.
 
-Two backends use it. :class:`NamespaceNetwork` makes one Linux network namespace per agent,
-with one veth into a hub namespace that bridges them all (addresses ``10.213.0.0/24``,
-private to the namespaces it creates), and :class:`LinkController` applies any network's
-:class:`~emulation.networks.base.KernelLinks` to all of them from outside, step by step. In
-a container, the agent applies its own share (:class:`AgentKernelLinks`: the rate and latency
-of its out-links, the loss of its in-links) inside its own network namespace, following its
-peers' addresses as the coordinator hands them out; that needs ``NET_ADMIN``.
+Two backends use it. :class:`NamespaceNetwork` makes one Linux network namespace per agent, with one
+veth into a hub namespace that bridges them all (addresses ``10.213.0.0/24``, private to the
+namespaces it creates), and :class:`LinkController` applies any network's
+:class:`~airgossip.emulation.networks.base.KernelLinks` to all of them from outside, step by step.
+In a container, the agent applies its own share (:class:`AgentKernelLinks`: the rate and latency of
+its out-links, the loss of its in-links) inside its own network namespace, following its peers'
+addresses as the coordinator hands them out; that needs ``NET_ADMIN``.
 
 What the kernel cannot apply is listed in :attr:`InterfaceLinks.unapplied` (latency and
 jitter without netem, say), beside what the network itself says it models beyond a kernel
-(:attr:`~emulation.networks.base.KernelLinks.unapplied`).
+(:attr:`~airgossip.emulation.networks.base.KernelLinks.unapplied`).
 
 The package by role: :mod:`.tools` (probing the kernel, running its tools),
 :mod:`.interface` (one interface's links and counters), :mod:`.namespaces` (the namespace
@@ -28,20 +28,24 @@ network and its controller), :mod:`.agent` (an agent's own links) and :mod:`.rep
 (``kernel.json``).
 """
 
-from emulation.networks.kernel.agent import AgentKernelLinks
-from emulation.networks.kernel.interface import InterfaceLinks, LinkMeasure
-from emulation.networks.kernel.namespaces import (
+from airgossip.emulation.networks.kernel.agent import AgentKernelLinks
+from airgossip.emulation.networks.kernel.interface import InterfaceLinks, LinkMeasure
+from airgossip.emulation.networks.kernel.namespaces import (
     AGENT_PORT,
     LinkController,
     NamespaceNetwork,
 )
-from emulation.networks.kernel.reports import (
+from airgossip.emulation.networks.kernel.reports import (
     AgentKernelReport,
     ContainerKernelReport,
     LinkSummary,
     NamespaceKernelReport,
 )
-from emulation.networks.kernel.tools import KernelSupport, KernelUnavailable, kernel_support
+from airgossip.emulation.networks.kernel.tools import (
+    KernelSupport,
+    KernelUnavailable,
+    kernel_support,
+)
 
 __all__ = [
     "AGENT_PORT",

@@ -10,11 +10,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from edge.observability.telemetry import LinkPackets
-from emulation.networks.base import Clock, KernelLinks, KernelLinkState
-from emulation.networks.kernel.interface import Counts, InterfaceLinks, LinkMeasure
-from emulation.networks.kernel.reports import AgentKernelReport
-from emulation.networks.kernel.tools import (
+from airgossip.edge.observability.telemetry import LinkPackets
+from airgossip.emulation.networks.base import Clock, KernelLinks, KernelLinkState
+from airgossip.emulation.networks.kernel.interface import Counts, InterfaceLinks, LinkMeasure
+from airgossip.emulation.networks.kernel.reports import AgentKernelReport
+from airgossip.emulation.networks.kernel.tools import (
     KernelUnavailable,
     log,
     missing_tool,
@@ -31,7 +31,7 @@ class AgentKernelLinks:
 
     Every step it gives each out-link its rate and latency on the interface's egress and each
     in-link its packet loss on the ingress (row and column ``node`` of the network's
-    :class:`~emulation.networks.base.KernelLinks`). Peers are matched by address: the
+    :class:`~airgossip.emulation.networks.base.KernelLinks`). Peers are matched by address: the
     addresses of the agent's current assignment, followed as they change (a restarted peer
     container may come back with another).
 

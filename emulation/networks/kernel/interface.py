@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulation.networks.kernel.reports import LinkSummary
-from emulation.networks.kernel.tools import run_command
+from airgossip.emulation.networks.kernel.reports import LinkSummary
+from airgossip.emulation.networks.kernel.tools import run_command
 
 #: The kernel rate floor (HTB needs a positive rate); links below it are also dropped.
 MIN_RATE_BPS = 8_000.0

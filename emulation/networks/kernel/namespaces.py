@@ -13,14 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulation.networks.base import KernelLinks, KernelLinkState
-from emulation.networks.kernel.interface import (
+from airgossip.emulation.networks.base import KernelLinks, KernelLinkState
+from airgossip.emulation.networks.kernel.interface import (
     MAX_RATE_BPS,
     MIN_RATE_BPS,
     InterfaceLinks,
     LinkMeasure,
 )
-from emulation.networks.kernel.tools import KernelUnavailable, kernel_support, log, run_command
+from airgossip.emulation.networks.kernel.tools import (
+    KernelUnavailable,
+    kernel_support,
+    log,
+    run_command,
+)
 
 #: Tries to delete one namespace before it is reported as left behind.
 DELETE_ATTEMPTS = 3
