@@ -42,6 +42,7 @@ ENTRIES = {
     "drift": "benchmarks.drift",
     "host-threads": "benchmarks.host_threads",
     "ray-mode": "benchmarks.ray_mode",
+    "ray-recovery": "benchmarks.ray_recovery",
 }
 
 
