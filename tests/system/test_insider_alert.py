@@ -179,7 +179,11 @@ def test_a_forging_insider_fires_the_shipped_alert_naming_it(
     strict=False,
     reason="issue 33, open: in the full suite (2 of 2 CI runs on 2026-12-05, 6.4-6.7 rounds/s) "
     "an honest relay of the forger (agent-2) was named at 6.8 s and the forger not; alone and "
-    "with its file it passes (30 s, 74 s). Kept running so that its result is seen.",
+    "with its file it passes (30 s, 74 s). Reproduced beside 2 busy loops (1 of 9 runs): a "
+    "victim that absorbs the forgery and a relay's copy between two mixes accuses no one, and "
+    "the count-based credibility then discounts the other victims' accusations (ties with "
+    "the forger's own /metrics). Measuring against the held mass moves the failure, not removes "
+    "it (2 of 10): the rules lack causal order. Kept running so that its result is seen.",
 )
 def test_free_running_fleets_name_the_forger_and_no_one_else(
     free_fleets: tuple[WatchedFleet, WatchedFleet], tmp_path: Path
