@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from airgossip.emulation.config import RunConfig
+from airgossip.scenario.config import RunConfig
 
 #: Images of the stack's services (variables let a site pick its own).
 IMAGE = "${AIRGOSSIP_IMAGE:-airgossip:latest}"

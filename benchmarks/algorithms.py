@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets import preflight, reference_answer
 from airgossip.emulation.fleets.inproc import run_in_process
-from airgossip.emulation.results import summarise
+from airgossip.scenario.config import load_config
+from airgossip.scenario.results import summarise
 
 
 @dataclass(frozen=True)

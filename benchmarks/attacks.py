@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from airgossip.emulation.attacks import ATTACKS, fleet_with_insiders, place_insiders
-from airgossip.emulation.config import load_config
+from airgossip.scenario.config import load_config
 from benchmarks.suite import Context, Outcome
 
 AGENTS = 16

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from airgossip.emulation.channel.model import ChannelModel
 from airgossip.emulation.channel.sparse import SparseChannelModel
-from airgossip.emulation.config import read_scenario
-from airgossip.emulation.scenario import WirelessSettings, scenario_path
+from airgossip.scenario.config import read_scenario
+from airgossip.scenario.wireless import WirelessSettings, scenario_path
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import torch
 
 from airgossip.edge.agent import Agent
 from airgossip.emulation.attacks import fleet_with_insiders, place_insiders
-from airgossip.emulation.config import load_config
+from airgossip.scenario.config import load_config
 from benchmarks.suite import Context, Outcome
 
 AGENTS = 16

@@ -44,10 +44,10 @@ from typing import Any
 import grpc
 import numpy as np
 
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
 from airgossip.edge.agent import fleet_digest
 from airgossip.edge.observability.stats import read_records
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial, fleet_of
 from airgossip.edge.tasks import TaskContext, load_task
 from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
 from airgossip.edge.transport import MessageHeader

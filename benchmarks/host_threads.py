@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from airgossip.edge.observability.stats import read_records
-from airgossip.emulation.runtime.threads import host_cores
+from airgossip.node.threads import host_cores
 from benchmarks.suite import Context, Outcome
 
 AGENTS = 4

@@ -45,11 +45,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from airgossip.coordinator.retry import retry_after
 from airgossip.coordinator.run import REPORT_ESTIMATE_LIMIT, report_length
 from airgossip.edge.agent import fleet_digest
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from airgossip.edge.tasks import TaskContext, load_task
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from benchmarks.fuzz_fleet import free_port, status

@@ -67,7 +67,7 @@ def _cut_at_half(attempts: list[int]) -> Callable[..., None]:
 
 
 def run(ctx: Context) -> list[Outcome]:
-    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.common.security.tls import TlsCredentials
     from airgossip.edge.transport import bulk_send
     from airgossip.edge.transport.base import GossipMessage, MessageHeader
     from airgossip.edge.transport.grpc_transport import GrpcTransport
@@ -132,8 +132,8 @@ def run(ctx: Context) -> list[Outcome]:
 
 
 def serve(ready: Path, numel: str, credentials: str, report: str) -> None:
+    from airgossip.common.security.tls import TlsCredentials
     from airgossip.edge.algorithms.base import Ack
-    from airgossip.edge.security.tls import TlsCredentials
     from airgossip.edge.transport.base import GossipMessage, MessageHeader, Rejected
     from airgossip.edge.transport.grpc_transport import GrpcTransport
 

@@ -6,10 +6,10 @@ Run from the repository root (17 minutes on 2 cores shared with other work)::
     python -m benchmarks.papers --only switching # one entry (ec-dnn, separable, switching,
                                                  # outer, dsgd-ac, slim-dp)
 
-Every run is a scenario's settings (``airgossip.emulation.config``) run by the in-process fleet
+Every run is a scenario's settings (``airgossip.scenario.config``) run by the in-process fleet
 (``--mode inproc``: real agents in lock step over the in-memory transport, the static
 network's seeded per-link loss, its ``[switching]`` schedule), with the run's figures from
-``airgossip.emulation.results.summarise``; every figure comes from the run that prints it. Entries:
+``airgossip.scenario.results.summarise``; every figure comes from the run that prints it. Entries:
 
 - ``ec-dnn`` (#13, C4): parameter averaging of same and independently initialised digits
   models over ten seeds, their output ensemble, and ensemble compression of the independent
@@ -42,11 +42,11 @@ from airgossip.edge.compression import get_codec
 from airgossip.edge.tasks import TaskContext
 from airgossip.edge.tasks.digits import DigitsTask
 from airgossip.edge.tasks.separable import SeparableOptions, centralized_reference
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets import preflight, reference_answer
 from airgossip.emulation.fleets.inproc import InProcessFleet
 from airgossip.emulation.networks.static import StaticLinks
-from airgossip.emulation.results import FinalFigures, summarise
+from airgossip.scenario.config import load_config
+from airgossip.scenario.results import FinalFigures, summarise
 
 SKEWED = {"name": "digits", "partition": "dirichlet", "alpha": 0.1}
 LOSSLESS = {"loss": 0.0}

@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from airgossip.common.identity import agent_ids
+from airgossip.common.topology import build_graph, node_phases
 from airgossip.edge.algorithms import PlainPushSum, PushSum
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.privacy.adversary import ADVERSARIES
 from airgossip.edge.privacy.graph import pair_graph
 from airgossip.edge.privacy.keys import RunKeyring
@@ -53,12 +54,11 @@ from airgossip.edge.privacy.mechanisms.cancelling import CancellingMasks
 from airgossip.edge.privacy.mechanisms.central import CentralReference
 from airgossip.edge.privacy.mechanisms.dp_sgd import DpSgd
 from airgossip.edge.privacy.mechanisms.network_dp import NetworkDp
-from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.privacy.plan import PrivacyGraph
 from airgossip.edge.tasks import TaskContext, load_task
-from airgossip.edge.topology import build_graph, node_phases
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets.inproc import run_in_process
-from airgossip.emulation.results import summarise
+from airgossip.scenario.config import load_config
+from airgossip.scenario.results import summarise
 from benchmarks.suite import Context, Outcome
 
 AGENTS, ROUNDS, LR = 16, 100, 2.0
@@ -229,7 +229,7 @@ def noise_table(gossip_rounds: tuple[int, ...] = (1, GOSSIP_ROUNDS)) -> str:
     from airgossip.edge.privacy.settings import PrivacySettings
 
     ids = tuple(agent_ids(AGENTS))
-    fleet = FleetGraph.of(build_graph("exponential", AGENTS), ids, "column-stochastic",
+    fleet = PrivacyGraph.of(build_graph("exponential", AGENTS), ids, "column-stochastic",
                           static=True)  # fmt: skip
     pairs = pair_graph(fleet.adjacency)
     rows = ["| rounds a step | ε | central: curator's σ (per agent) | ε against | "
@@ -288,7 +288,7 @@ def cancellation_probe(loss: float, algorithm: str, *, masks: bool, by_weight: b
     weight instead, as an ordinary step is (the alternative docs/privacy.md weighs)."""
     ids = agent_ids(AGENTS)
     graph = build_graph("exponential", AGENTS)
-    fleet = FleetGraph.of(graph, tuple(ids), "column-stochastic", static=True)
+    fleet = PrivacyGraph.of(graph, tuple(ids), "column-stochastic", static=True)
     keyring = RunKeyring(ids, seed=seed)
     start = np.random.default_rng(seed).standard_normal((AGENTS, numel))
     kind = PushSum if algorithm == "push-sum" else PlainPushSum

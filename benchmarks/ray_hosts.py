@@ -90,8 +90,8 @@ def child(args: argparse.Namespace) -> None:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from airgossip.emulation.config import load_config
     from airgossip.emulation.fleets import run_fleet
+    from airgossip.scenario.config import load_config
 
     ray_constants.ENABLE_RAY_CLUSTER = False
     node = {"node_ip_address": "127.0.0.1", "num_cpus": args.cpus, "include_dashboard": False}

@@ -61,8 +61,8 @@ def agent_startup_cpu(out: Path) -> float | None:
 
 def measure(mode: str, rounds: int, out: Path) -> dict[str, float | None]:
     """One run of ``mode``: start-up, time to 0.90, wall and final accuracy."""
-    from airgossip.emulation.config import load_config
     from airgossip.emulation.fleets import run_fleet
+    from airgossip.scenario.config import load_config
 
     config = load_config(
         None, {"mode": mode, "agents": AGENTS, "rounds": rounds, "network": {"loss": 0.1}}

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets import preflight
 from airgossip.emulation.fleets.inproc import run_in_process
-from airgossip.emulation.results import summarise
+from airgossip.scenario.config import load_config
+from airgossip.scenario.results import summarise
 from benchmarks.suite import Context, Outcome
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.common.security.tls import COORDINATOR_IDENTITY
 from airgossip.edge.observability.stats import read_records
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY
 from benchmarks.suite import Context, Outcome
 
 SCENARIO = """\

@@ -66,7 +66,7 @@ def run(ctx: Context) -> list[Outcome]:
         sys.executable, "-m", "airgossip", "run", "--agents", "8", "--rounds", "5",
         "--loss", "0", "--out", str(ctx.work / "ours"),
     ]  # fmt: skip
-    import_cmd = [sys.executable, "-c", "import airgossip.emulation.runtime.process"]
+    import_cmd = [sys.executable, "-c", "import airgossip.node.process"]
     figures: dict[str, object] = {}
     imp = run_watched(import_cmd, log_path=ctx.work / "import.log", env=env, cwd=ROOT)
     figures["agent_import_wall_s"] = round(imp.wall_s, 2)

@@ -83,7 +83,7 @@ def _receiver(
 
 
 def _certificates(ctx: Context) -> Path:
-    from airgossip.edge.security.certificates import throwaway_fleet
+    from airgossip.common.security.certificates import throwaway_fleet
 
     folder = ctx.work / "certs"
     if not (folder / "ca.pem").exists():
@@ -123,8 +123,8 @@ def grpc_sender(
 ) -> Iterator[Push]:
     """A receiver process and a sender here, both with ``bulk_bytes`` (:data:`DEFAULT`: the
     transport's own default); yields one push's seconds, as often as asked."""
+    from airgossip.common.security.tls import TlsCredentials
     from airgossip.edge.algorithms.base import Ack
-    from airgossip.edge.security.tls import TlsCredentials
     from airgossip.edge.transport.base import GossipMessage, MessageHeader, SendOutcome
     from airgossip.edge.transport.grpc_transport import GrpcTransport
 
@@ -172,7 +172,7 @@ def grpc_sender(
 @contextmanager
 def socket_sender(ctx: Context, numel: int, secure: bool) -> Iterator[Push]:
     """Raw TCP, or raw mutual TLS with the transport's certificates (Python's ``ssl``)."""
-    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.common.security.tls import TlsCredentials
     from airgossip.edge.transport.tlssocket import ssl_context
 
     folder = _certificates(ctx) if secure else None
@@ -275,8 +275,8 @@ def gloo_rates(ctx: Context, numel: int, pushes: int) -> tuple[list[float], list
 
 # -- receivers (run as python -m benchmarks.transport KIND READY_FILE NUMEL ...) -------------
 def serve_grpc(ready: Path, numel: str, bulk_bytes: str, credentials: str | None = None) -> None:
+    from airgossip.common.security.tls import TlsCredentials
     from airgossip.edge.algorithms.base import Ack
-    from airgossip.edge.security.tls import TlsCredentials
     from airgossip.edge.transport.base import GossipMessage, MessageHeader, Rejected
     from airgossip.edge.transport.grpc_transport import GrpcTransport
 
@@ -304,7 +304,7 @@ def serve_grpc(ready: Path, numel: str, bulk_bytes: str, credentials: str | None
 
 
 def serve_socket(ready: Path, numel: str, credentials: str = "") -> None:
-    from airgossip.edge.security.tls import TlsCredentials
+    from airgossip.common.security.tls import TlsCredentials
     from airgossip.edge.transport.tlssocket import ssl_context
 
     nbytes = 4 * int(numel)

@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from airgossip.emulation.config import RunConfig, load_config, read_scenario
 from airgossip.emulation.fleets import run_fleet
 from airgossip.emulation.fleets.inproc import run_in_process
 from airgossip.emulation.networks import network_for
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import RunConfig, load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 
 
 def main() -> None:

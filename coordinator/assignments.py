@@ -1,10 +1,10 @@
 """The graph the coordinator assigns: epochs, assignments, and a graph schedule followed.
 
 :class:`AssignmentKeeper` turns the live agents into the policy's next graph and every
-agent's :class:`~airgossip.edge.topology.Assignment`, one epoch at a time, and commits each epoch to
-the :class:`~airgossip.coordinator.store.FleetStore` (with the member records that changed with it)
-before anyone hears of it. It is driven by :class:`~airgossip.coordinator.membership.Membership`,
-under the membership's lock.
+agent's :class:`~airgossip.common.topology.Assignment`, one epoch at a time, and commits each epoch
+to the :class:`~airgossip.coordinator.store.FleetStore` (with the member records that changed with
+it) before anyone hears of it. It is driven by
+:class:`~airgossip.coordinator.membership.Membership`, under the membership's lock.
 
 A policy with a graph schedule (:class:`~airgossip.coordinator.policy.SwitchingPolicy`) is told the
 fleet's figures of every round the whole fleet has passed, in order
@@ -19,17 +19,17 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from airgossip.coordinator.graphs import FleetGraph
-from airgossip.coordinator.policy import EdgeListPolicy, TopologyPolicy, TopologySpec
-from airgossip.coordinator.refusal import Refusal
-from airgossip.coordinator.store import FleetStore, MemberRecord, StoredFleet
-from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.topology import (
+from airgossip.common.topology import (
     Assignment,
     assignments_for_graph,
     fleet_figures,
     switched_assignments,
 )
+from airgossip.coordinator.graphs import FleetGraph
+from airgossip.coordinator.policy import EdgeListPolicy, TopologyPolicy, TopologySpec
+from airgossip.coordinator.refusal import Refusal
+from airgossip.coordinator.store import FleetStore, MemberRecord, StoredFleet
+from airgossip.edge.observability.stats import RoundRecord
 
 log = logging.getLogger("airgossip.coordinator")
 

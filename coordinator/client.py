@@ -26,6 +26,8 @@ from typing import TypeVar
 
 import grpc
 
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
+from airgossip.common.topology import Assignment
 from airgossip.coordinator.convert import RunInfo, assignment_from_proto, snapshot_to_proto
 from airgossip.coordinator.report_queue import ReportQueue
 from airgossip.coordinator.retry import RETRYABLE, backoff_delays, retry_after
@@ -33,8 +35,6 @@ from airgossip.coordinator.run import REASON_FINISHED, JsonObject, report_length
 from airgossip.edge.agent.waiting import WaitReporter
 from airgossip.edge.observability.stats import RoundRecord
 from airgossip.edge.observability.telemetry import AgentSnapshot
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
-from airgossip.edge.topology import Assignment
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 
 __all__ = ["CoordinatorClient", "CoordinatorError", "RunInfo"]

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from airgossip.common.topology import Assignment, Phase
 from airgossip.coordinator.run import JsonObject
 from airgossip.edge.observability.stats import Counters, RoundRecord, probe_estimate
 from airgossip.edge.observability.telemetry import AgentSnapshot, LinkTotals
-from airgossip.edge.topology import Assignment, Phase
 from airgossip.protos import coordinator_pb2
 
 

@@ -1,7 +1,7 @@
 """Directed graphs over agent ids, and the edits that keep them strongly connected.
 
-A :class:`FleetGraph` is a :class:`~airgossip.edge.topology.Graph` whose node ``i`` is an agent id;
-the policies (:mod:`airgossip.coordinator.policy`) edit such graphs as agents come and go:
+A :class:`FleetGraph` is a :class:`~airgossip.common.topology.Graph` whose node ``i`` is an agent
+id; the policies (:mod:`airgossip.coordinator.policy`) edit such graphs as agents come and go:
 :func:`splice_out` removes a node and keeps every path that ran through it,
 :func:`join_components` chains strongly connected components into one.
 """
@@ -14,7 +14,7 @@ from typing import TypedDict
 
 import numpy as np
 
-from airgossip.edge.topology import Graph, is_strongly_connected
+from airgossip.common.topology import Graph, is_strongly_connected
 
 
 class FleetGraphJson(TypedDict):

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from airgossip.common.http import HttpSecurity, MetricsServer, json_route
 from airgossip.coordinator.views import ALIVE, DEAD, FINISHED, LEFT, FleetView, TargetGroup
-from airgossip.edge.observability.http import HttpSecurity, MetricsServer, json_route
 
 #: Per-agent gauges from heartbeats: (metric name, help, AgentSnapshot attribute).
 AGENT_GAUGES = (

@@ -12,7 +12,7 @@ A policy turns the set of live agents (and the graph assigned so far) into the n
   inserting the newcomer into random existing edges, failures are rewired around the dead
   agent, and a final pass joins any strongly connected components into one.
 * :class:`SwitchingPolicy`: the graphs of a ``[switching]`` schedule, one after the other
-  (the :class:`~airgossip.edge.topology.TopologySwitcher` decides when, from the fleet's reports),
+  (the :class:`~airgossip.common.topology.TopologySwitcher` decides when, from the fleet's reports),
   each over the fleet at release with dead agents spliced out as in :class:`StaticPolicy`.
 * :class:`OnePeerExponentialPolicy`: the time-varying one-peer exponential schedule, rebuilt
   over the live agents in natural order whenever they change.
@@ -31,6 +31,13 @@ from typing import TypedDict
 
 import numpy as np
 
+from airgossip.common.topology import (
+    TOPOLOGIES,
+    Graph,
+    TopologyError,
+    TopologySwitcher,
+    build_graph,
+)
 from airgossip.coordinator.graphs import (
     FleetGraph,
     from_edges,
@@ -39,13 +46,6 @@ from airgossip.coordinator.graphs import (
     splice_out,
 )
 from airgossip.coordinator.run import JsonValue
-from airgossip.edge.topology import (
-    TOPOLOGIES,
-    Graph,
-    TopologyError,
-    TopologySwitcher,
-    build_graph,
-)
 
 #: Coordinator topologies: the scenario's named ones plus the dynamic k-out graph.
 POLICIES = (*TOPOLOGIES, "k-out")

@@ -4,7 +4,7 @@ A coordinator serves one run, and only the identities that run expects may regis
 call it at all: with mutual TLS an identity is the certificate's, so a certificate the
 fleet's CA issued to someone else (another fleet's agent, a tool, a spare) cannot join, fix
 the run's task digest or use up a slot. By default a run of N agents expects the ids its
-launchers give (``agent-0`` .. ``agent-(N-1)``, :func:`airgossip.edge.config.identity.agent_ids`);
+launchers give (``agent-0`` .. ``agent-(N-1)``, :func:`airgossip.common.identity.agent_ids`);
 ``airgossip coordinator --roster`` names others (:meth:`Roster.parse`), and a coordinator
 that takes any identity says so (``--roster any``).
 """
@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from airgossip.common.identity import AGENT_PREFIX, agent_ids, natural_order
 from airgossip.coordinator.refusal import Refusal
-from airgossip.edge.config.identity import AGENT_PREFIX, agent_ids, natural_order
 
 #: What ``--roster`` takes to admit any identity.
 ANY = "any"

@@ -4,7 +4,7 @@
 (:class:`~airgossip.coordinator.servicer.CoordinatorServicer`) and gRPC health on one port, a
 liveness thread that declares silent agents dead the moment their timeout passes, and (optionally)
 an HTTP port with Prometheus metrics, service discovery and a JSON view of the fleet, which can be
-put behind TLS and basic auth (:class:`~airgossip.edge.observability.http.HttpSecurity`). It is
+put behind TLS and basic auth (:class:`~airgossip.common.http.HttpSecurity`). It is
 never in the data path. Callers reach the fleet and the run through its methods
 (:meth:`CoordinatorServer.view`, :meth:`CoordinatorServer.status`,
 :meth:`CoordinatorServer.round_records`, ...), never through its parts.
@@ -21,6 +21,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
+from airgossip.common.http import HttpSecurity, MetricsServer
+from airgossip.common.ports import ensure_bindable
+from airgossip.common.security.tls import TlsCredentials, add_port
+from airgossip.common.stacks import thread_stacks
+from airgossip.common.topology import TopologySwitcher
 from airgossip.coordinator.database import StoreError
 from airgossip.coordinator.limits import RateLimit, RateLimiter
 from airgossip.coordinator.membership import FleetView, LivenessSettings, Membership
@@ -31,13 +36,8 @@ from airgossip.coordinator.run import MAX_REQUEST_BYTES, RunSpec
 from airgossip.coordinator.servicer import CoordinatorServicer
 from airgossip.coordinator.store import FleetStore
 from airgossip.coordinator.views import RunStatus
-from airgossip.edge.observability.http import HttpSecurity, MetricsServer
-from airgossip.edge.observability.stacks import thread_stacks
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.tls import TlsCredentials, add_port
-from airgossip.edge.topology import TopologySwitcher
 from airgossip.edge.transport.guard import HealthService, RefusalCounts, parsed_service
-from airgossip.edge.transport.ports import ensure_bindable
 from airgossip.protos import coordinator_pb2
 
 __all__ = ["CoordinatorServer", "CoordinatorServicer", "TopologySpec"]
@@ -105,7 +105,7 @@ class CoordinatorServer:
         A port that cannot be bound (one-line reason).
     airgossip.coordinator.store.StoreError
         A database that cannot be used or that holds another fleet.
-    airgossip.edge.topology.TopologyError
+    airgossip.common.topology.TopologyError
         An unknown or impossible topology.
     ValueError
         A roster that names fewer agents than ``expected``.

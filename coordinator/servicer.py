@@ -4,7 +4,7 @@ The servicer delegates to :class:`~airgossip.coordinator.membership.Membership`.
 
 Each call is checked in the same order: the join token, the agent id, with TLS the caller's
 certificate (an agent registers, heartbeats, watches, reports and leaves only as itself,
-:mod:`airgossip.edge.security.tls`), the run's roster (an identity the run does not expect is
+:mod:`airgossip.common.security.tls`), the run's roster (an identity the run does not expect is
 ``PERMISSION_DENIED`` on every call, before it holds any state here:
 :mod:`airgossip.coordinator.roster`), then the caller's rate (:mod:`airgossip.coordinator.limits`),
 then the arguments; only then does it reach the membership. Requests are parsed from raw bytes
@@ -24,6 +24,7 @@ from typing import NoReturn
 
 import grpc
 
+from airgossip.common.security.tls import peer_identity
 from airgossip.coordinator.convert import (
     assignment_to_proto,
     record_from_proto,
@@ -43,7 +44,6 @@ from airgossip.coordinator.run import (
     disagreements,
 )
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.tls import peer_identity
 from airgossip.edge.transport.guard import RefusalCounts, RefusalLog
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 

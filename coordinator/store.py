@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from airgossip.common.topology import Assignment, Phase
 from airgossip.coordinator.database import Database, StoreError
 from airgossip.coordinator.graphs import FleetGraphJson
 from airgossip.coordinator.policy import PolicyState, TopologyDescription
 from airgossip.coordinator.run import JsonObject
-from airgossip.edge.topology import Assignment, Phase
 
 __all__ = ["FleetStore", "MemberRecord", "StoreError", "StoredFleet"]
 

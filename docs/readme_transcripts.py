@@ -130,9 +130,9 @@ def rendered_run() -> tuple[str, list[str]]:
     from rich.console import Console
 
     from airgossip.cli.display import run_banner, summary_table
-    from airgossip.emulation.config import load_config
     from airgossip.emulation.fleets import preflight
-    from airgossip.emulation.results import FinalFigures, RoundFigures, RunResults
+    from airgossip.scenario.config import load_config
+    from airgossip.scenario.results import FinalFigures, RoundFigures, RunResults
 
     config = load_config(None, {})
     links = preflight(config).network.describe()

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from airgossip.common.topology.graphs import Graph
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.agent import Agent
 from airgossip.edge.algorithms import GossipAlgorithm, Payload
-from airgossip.edge.topology.graphs import Graph
-from airgossip.edge.topology.mixing import Phase
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.fleets import preflight
 from airgossip.emulation.fleets.inproc import InProcessFleet
+from airgossip.scenario.config import RunConfig
 
 ATTACKS = ("huge", "sign-flip", "alie", "dissensus", "hub-dissensus", "slow-drift")
 HUGE = 1e6

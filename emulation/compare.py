@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from airgossip.emulation.config import ConfigError
-from airgossip.emulation.results import RoundFigures, RunResults
+from airgossip.scenario.config import ConfigError
+from airgossip.scenario.results import RoundFigures, RunResults
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,8 @@ def agent(
     size and scenario come from the coordinator. Links are real: nothing is emulated unless
     the scenario's network table asks.
     """
-    from airgossip.emulation.errors import ConfigError
-    from airgossip.emulation.runtime.command import AgentCommand, check_command
+    from airgossip.node.command import AgentCommand, check_command
+    from airgossip.scenario.errors import ConfigError
 
     command = AgentCommand(
         config=config, agent_id=agent_id, index=index, listen=listen, advertise=advertise,
@@ -180,10 +180,11 @@ def agent(
         check_scenario_file(config)
     if device is not None:
         check_flags({"device": device})
-    from airgossip.emulation.runtime.process import AgentProcessError, run_agent_command
+    from airgossip.emulation.agent import EMULATED_LINKS
+    from airgossip.node.process import AgentProcessError, run_agent_command
 
     try:
-        code = run_agent_command(command)
+        code = run_agent_command(command, EMULATED_LINKS)
     except AgentProcessError as err:
         fail(str(err))
     raise typer.Exit(code)

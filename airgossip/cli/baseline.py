@@ -80,7 +80,7 @@ def flower(
     check_baseline_flags(app, agents, rounds, client_cpus)
     ensure_simulation_engine()
     from airgossip.emulation.baselines import BaselineError, FlowerBaseline, run_flower_baseline
-    from airgossip.emulation.config import ConfigError
+    from airgossip.scenario.config import ConfigError
 
     spec = FlowerBaseline(
         app=app_spec(app), agents=agents, rounds=rounds,

@@ -50,8 +50,8 @@ def init(
     force: Annotated[bool, typer.Option(help="Replace an existing authority.")] = False,
 ) -> None:
     """Create a fleet's certificate authority (ca.pem and ca.key)."""
-    from airgossip.edge.security.certificates import init_authority
-    from airgossip.edge.security.tls import SecurityError
+    from airgossip.common.security.certificates import init_authority
+    from airgossip.common.security.tls import SecurityError
 
     if days <= 0:
         fail(f"--days must be positive, got {days:g}")
@@ -82,8 +82,8 @@ def issue(
 
     IDENTITY is the agent id (or 'coordinator').
     """
-    from airgossip.edge.security.certificates import issue as issue_certificate
-    from airgossip.edge.security.tls import SecurityError
+    from airgossip.common.security.certificates import issue as issue_certificate
+    from airgossip.common.security.tls import SecurityError
 
     if days <= 0:
         fail(f"--days must be positive, got {days:g}")

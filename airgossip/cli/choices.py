@@ -31,13 +31,13 @@ REGISTRY_NAMES = Path(__file__).with_name("registry_names.json")
 
 
 def _topologies() -> str:
-    from airgossip.edge.topology import TOPOLOGIES
+    from airgossip.common.topology import TOPOLOGIES
 
     return ", ".join(TOPOLOGIES)
 
 
 def _named_topologies() -> str:
-    from airgossip.edge.topology import TOPOLOGIES
+    from airgossip.common.topology import TOPOLOGIES
 
     return ", ".join(name for name in TOPOLOGIES if name != "edges")
 
@@ -79,7 +79,7 @@ def _mode_names() -> str:
 
 
 def _presets() -> str:
-    from airgossip.emulation.scenario import preset_names
+    from airgossip.scenario.wireless import preset_names
 
     return ", ".join(preset_names())
 

@@ -34,7 +34,7 @@ def compare(
             fail(f"{file} does not exist")
 
     from airgossip.emulation.compare import comparison_rows, load_runs, plot_comparison
-    from airgossip.emulation.config import ConfigError
+    from airgossip.scenario.config import ConfigError
 
     try:
         loaded = load_runs(runs)

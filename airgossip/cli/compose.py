@@ -64,8 +64,8 @@ def compose(
     check_scenario(scenario)
 
     from airgossip.compose import compose_document, compose_yaml, repository_root, trace_files
-    from airgossip.emulation.config import ConfigError, load_config, scenario_toml
     from airgossip.emulation.fleets import preflight
+    from airgossip.scenario.config import ConfigError, load_config, scenario_toml
 
     repository = repository_root()
     if repository is None:

@@ -22,9 +22,9 @@ from airgossip.cli.metrics_access import (
 )
 
 if TYPE_CHECKING:  # the CLI imports the coordinator and the runtime only when it runs
+    from airgossip.common.stacks import StopFlag
     from airgossip.coordinator.membership import FleetView
-    from airgossip.edge.observability.stacks import StopFlag
-    from airgossip.emulation.runtime.devices import DeviceRun
+    from airgossip.node.devices import DeviceRun
 
 #: Seconds between two progress lines of the run on the coordinator's console.
 PROGRESS_EVERY_S = 10.0
@@ -119,7 +119,7 @@ def coordinator(
     their neighbours, report their rounds; results.json, the plot and the summary are written
     when every agent has finished (then the coordinator exits, or with --serve-until-stopped
     serves the final state until it is stopped)."""
-    from airgossip.edge.observability.stacks import StopFlag  # no lock a handler could find held
+    from airgossip.common.stacks import StopFlag  # no lock a handler could find held
 
     stopped = StopFlag()  # SIGTERM from here on: stop as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
@@ -135,10 +135,11 @@ def coordinator(
         {k: v for k, v in (("agents", agents), ("rounds", rounds)) if v is not None}, config
     )
 
+    from airgossip.common.security.tls import COORDINATOR_IDENTITY
+    from airgossip.common.stacks import exit_deadline
     from airgossip.coordinator.malloc import cap_arenas, return_freed_memory
-    from airgossip.edge.observability.stacks import exit_deadline
-    from airgossip.edge.security.tls import COORDINATOR_IDENTITY
-    from airgossip.emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
+    from airgossip.emulation.networks import network_for
+    from airgossip.node.devices import DeviceRun, DeviceRunError, DeviceRunSettings
 
     cap_arenas()  # a burst of large requests leaves no memory behind in many arenas
     return_freed_memory()  # the memory of closed connections handed back to the kernel
@@ -152,7 +153,7 @@ def coordinator(
         certs=certs, metrics_security=guard, roster=roster,
     )  # fmt: skip
     try:
-        run = DeviceRun(settings)
+        run = DeviceRun(settings, network_for)
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )

@@ -22,9 +22,9 @@ from rich.text import Text
 if TYPE_CHECKING:  # the CLI imports torch and the fleets only when a command needs them
     from pydantic import JsonValue
 
-    from airgossip.emulation.config import RunConfig
     from airgossip.emulation.fleets import FleetProgress
-    from airgossip.emulation.results import RunResults
+    from airgossip.scenario.config import RunConfig
+    from airgossip.scenario.results import RunResults
 
 console = Console()
 errors = Console(stderr=True)
@@ -201,7 +201,7 @@ def write_summary(
     path: Path, results: RunResults, out_dir: Path, links: str, *, title: str = "airgossip run"
 ) -> None:
     """The summary table as plain text at 80 columns (``summary.txt``), a private file."""
-    from airgossip.edge.security.private_files import open_private
+    from airgossip.common.security.private_files import open_private
 
     with open_private(path, "w") as handle:
         Console(file=handle, width=80, color_system=None, force_terminal=False).print(

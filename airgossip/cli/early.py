@@ -1,12 +1,12 @@
 """Flags checked before anything heavy is imported, so that a bad one is answered at once.
 
-The settings' own validation (``airgossip.emulation.config``) needs the registries, and they import
+The settings' own validation (``airgossip.scenario.config``) needs the registries, and they import
 torch: seconds before a typo is reported. What a setting can be checked against without them is
 checked here first: with the names ``registry_names.json`` holds and the keys a scenario may hold
 (``setting_keys.json``; both generated from the models and registries and checked against them), and
 with the torch-free rules the full validation itself asks (a codec spec:
 ``airgossip.edge.compression.forms``; what an algorithm asks of its graph:
-``airgossip.edge.algorithms.graph_needs`` with the graph built by ``airgossip.edge.topology``; a
+``airgossip.edge.algorithms.graph_needs`` with the graph built by ``airgossip.common.topology``; a
 user's ``module:callable`` task:
 ``airgossip.edge.tasks.custom``), in the same words as the full validation:
 ``tests/system/test_cli_early.py`` holds the two to the same message for every bad value.
@@ -17,21 +17,21 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airgossip.cli.choices import registry_names
 from airgossip.cli.display import fail
 from airgossip.edge.compression.forms import check_compression
-from airgossip.emulation.errors import ConfigError, format_validation_error, unknown_setting
-from airgossip.emulation.scenario_file import Settings, merge, read_scenario
+from airgossip.scenario.errors import ConfigError, format_validation_error, unknown_setting
+from airgossip.scenario.files import Settings, merge, read_scenario
 
 if TYPE_CHECKING:
-    from airgossip.emulation.config import KeyTree
+    from airgossip.scenario.config import KeyTree
 
 #: The keys a scenario may hold and the defaults of the settings that make its graph, as generated
-#: (:func:`write_setting_keys`) from ``airgossip.emulation.config``: the file is read where
+#: (:func:`write_setting_keys`) from ``airgossip.scenario.config``: the file is read where
 #: importing that module would import torch.
 SETTING_KEYS = Path(__file__).with_name("setting_keys.json")
 #: The settings the first graph of a run is built from.
@@ -99,27 +99,36 @@ def check_scenario_file(path: Path) -> Settings:
         fail(str(err))
 
 
+class SettingKeys(TypedDict):
+    """What ``setting_keys.json`` holds."""
+
+    #: The keys a scenario may hold.
+    keys: KeyTree
+    #: The defaults of the settings a run's graph is built from.
+    defaults: Settings
+
+
 @cache
-def setting_keys() -> dict[str, Any]:
+def setting_keys() -> SettingKeys:
     """What ``setting_keys.json`` holds: ``keys`` (a
-    :data:`~airgossip.emulation.config.KeyTree`) and ``defaults`` (of the settings a run's graph
+    :data:`~airgossip.scenario.config.KeyTree`) and ``defaults`` (of the settings a run's graph
     is built from)."""
-    data: dict[str, Any] = json.loads(SETTING_KEYS.read_text())
+    data: SettingKeys = json.loads(SETTING_KEYS.read_text())
     return data
 
 
-def read_setting_keys() -> dict[str, Any]:
-    """What ``setting_keys.json`` should hold, read from ``airgossip.emulation.config``
+def read_setting_keys() -> SettingKeys:
+    """What ``setting_keys.json`` should hold, read from ``airgossip.scenario.config``
     (imports torch)."""
-    from airgossip.emulation.config import RunConfig
-    from airgossip.emulation.config import setting_keys as model_keys
+    from airgossip.scenario.config import RunConfig
+    from airgossip.scenario.config import setting_keys as model_keys
 
     defaults = {name: RunConfig.model_fields[name].default for name in _GRAPH_SETTINGS}
     return {"keys": model_keys(), "defaults": defaults}
 
 
 def write_setting_keys() -> None:
-    """Generate ``setting_keys.json`` from ``airgossip.emulation.config``::
+    """Generate ``setting_keys.json`` from ``airgossip.scenario.config``::
 
     python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"
     """
@@ -191,7 +200,7 @@ def check_run(
         and isinstance(agents, int)
         and agents <= _EARLY_GRAPH_AGENTS
     ):
-        from airgossip.edge.topology.graphs import build_graph
+        from airgossip.common.topology.graphs import build_graph
 
         try:  # the named graphs are connected by construction: no SciPy to check it
             graph = build_graph(

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # the CLI imports Flower only when a command runs a Flower ap
     from pydantic import JsonValue
 
     from airgossip.edge.tasks.flower.app import RunConfigValue
-    from airgossip.emulation.config import RunConfig, Settings
+    from airgossip.scenario.config import RunConfig, Settings
 
 
 def app_spec(app: str) -> str:

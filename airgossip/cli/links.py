@@ -14,7 +14,7 @@ from airgossip.cli.display import console, fail, say
 from airgossip.cli.scenario import flag_overrides, scenario_base
 
 if TYPE_CHECKING:
-    from airgossip.emulation.scenario import WirelessSettings
+    from airgossip.scenario.wireless import WirelessSettings
 
 
 def links_command(
@@ -48,9 +48,9 @@ def links_command(
     check_scenario(scenario)
     check_flags(flag_overrides(agents=agents, seed=seed))
 
-    from airgossip.emulation.config import ConfigError, load_config
     from airgossip.emulation.networks.link_report import link_report, plot_links
     from airgossip.emulation.networks.wireless import WirelessNetwork
+    from airgossip.scenario.config import ConfigError, load_config
 
     base = scenario_base(scenario)
     try:

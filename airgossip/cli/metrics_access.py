@@ -12,7 +12,7 @@ import typer
 from airgossip.cli.display import fail
 
 if TYPE_CHECKING:  # the CLI imports the observability code only when it runs
-    from airgossip.edge.observability.http import HttpSecurity
+    from airgossip.common.http import HttpSecurity
 
 MetricsTlsOption = Annotated[
     bool,
@@ -45,7 +45,7 @@ def metrics_security(
     certs: Path | None, identity: str, tls: bool, user: str | None, password_file: Path | None
 ) -> HttpSecurity:
     """What guards the metrics port, from the options (one-line error for a bad set)."""
-    from airgossip.edge.observability.http import http_security
+    from airgossip.common.http import http_security
 
     try:
         return http_security(certs, identity, tls=tls, user=user, password_file=password_file)

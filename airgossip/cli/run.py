@@ -22,7 +22,7 @@ from airgossip.cli.flower import contain_flower, flower_overrides, with_flower_r
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
 
 if TYPE_CHECKING:
-    from airgossip.emulation.config import RunConfig
+    from airgossip.scenario.config import RunConfig
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -38,7 +38,7 @@ def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
     if address is None and cfg.mode == "ray" and cfg.ray.address is None:
         from_env = os.environ.get("RAY_ADDRESS", "").strip()
         if from_env:
-            from airgossip.emulation.config import ray_address_problem
+            from airgossip.scenario.config import ray_address_problem
 
             problem = ray_address_problem(from_env)
             if problem is not None:
@@ -169,7 +169,7 @@ def run(
         fail("give either --task or --flower-app, not both")
     check_flags(overrides, config)
     if ray_address is not None:
-        from airgossip.emulation.config import ray_address_problem
+        from airgossip.scenario.config import ray_address_problem
 
         problem = ray_address_problem(ray_address)
         if problem is not None:
@@ -177,7 +177,7 @@ def run(
     check_scenario(scenario)
     check_run(overrides, config, wireless=scenario is not None, app=flower_app is not None)
 
-    from airgossip.emulation.config import ConfigError, load_config
+    from airgossip.scenario.config import ConfigError, load_config
 
     flower = flower_overrides(
         flower_app, run_config, accuracy_metric, loss_metric, server_app=server_app
@@ -197,7 +197,7 @@ def run(
         cfg = cfg.model_copy(update={"wireless": cfg.wireless.model_copy(update={"record": True})})
 
     from airgossip.emulation.fleets import FLEETS, FleetError, preflight, run_fleet
-    from airgossip.emulation.runtime.folder import refuse_used_out_dir
+    from airgossip.node.folder import refuse_used_out_dir
 
     try:
         plan = preflight(cfg)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from airgossip.cli.display import fail
 
 if TYPE_CHECKING:
-    from airgossip.emulation.config import Settings
+    from airgossip.scenario.config import Settings
 
 
 def flag_overrides(
@@ -38,8 +38,8 @@ def flag_overrides(
 
 def scenario_base(scenario: str) -> Settings:
     """A preset name or scenario file -> its settings (trace paths made absolute)."""
-    from airgossip.emulation.config import ConfigError, read_scenario
-    from airgossip.emulation.scenario import ScenarioNotFound, resolve_trace_paths, scenario_path
+    from airgossip.scenario.config import ConfigError, read_scenario
+    from airgossip.scenario.wireless import ScenarioNotFound, resolve_trace_paths, scenario_path
 
     try:
         path = scenario_path(scenario)

@@ -19,15 +19,15 @@ def topology_info(
 
     NAME is one of {named_topologies}, or the coordinator's k-out (its first graph).
     """
-    from airgossip.coordinator.policy import POLICIES, TopologySpec, make_policy
-    from airgossip.edge.config.identity import agent_ids
-    from airgossip.edge.topology import (
+    from airgossip.common.identity import agent_ids
+    from airgossip.common.topology import (
         Graph,
         TopologyError,
         build_graph,
         mixing_matrices,
         second_largest_eigenvalue,
     )
+    from airgossip.coordinator.policy import POLICIES, TopologySpec, make_policy
 
     if name == "edges":
         fail("topology 'edges' is an explicit edge list: give it in a scenario file")

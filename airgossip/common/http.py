@@ -10,10 +10,10 @@ that closes the oldest that is still waiting for its request, so a scraper (whic
 request at once) always gets in. Routes are computed on a small thread pool, so a slow one
 never stalls the loop.
 
-:class:`HttpSecurity` puts TLS (the process's own certificate, :mod:`airgossip.edge.security.tls`)
+:class:`HttpSecurity` puts TLS (the process's own certificate, :mod:`airgossip.common.security.tls`)
 and HTTP basic auth in front of every route; Prometheus scrapes such an endpoint with its
-``tls_config`` (the fleet's CA, ``server_name`` :data:`~airgossip.edge.security.tls.METRICS_NAME` or
-the process's identity) and ``basic_auth``.
+``tls_config`` (the fleet's CA, ``server_name`` :data:`~airgossip.common.security.tls.METRICS_NAME`
+or the process's identity) and ``basic_auth``.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from airgossip.edge.security.tls import TlsCredentials
-from airgossip.edge.transport.ports import split_listen
+from airgossip.common.ports import split_listen
+from airgossip.common.security.tls import TlsCredentials
 
 log = logging.getLogger("airgossip.http")
 

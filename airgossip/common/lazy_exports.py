@@ -1,7 +1,7 @@
 """A package's public names loaded on first use (PEP 562).
 
 ``airgossip.edge.algorithms``, ``airgossip.edge.compression``, ``airgossip.edge.tasks`` and
-``airgossip.edge.topology`` name what they export and the module that defines each; importing the
+``airgossip.common.topology`` name what they export and the module that defines each; importing the
 package imports none of them, so a check that needs one torch-free module (a codec's grammar, what
 an algorithm asks of its graph) runs before torch is imported.
 """

@@ -1,8 +1,9 @@
 """An agent process's command line, typed: one :class:`AgentCommand` for what people give
-``airgossip agent`` and what fleets give ``python -m airgossip.emulation.runtime.agent``.
+``airgossip agent`` and what fleets give the agent processes they start.
 
-A fleet builds an :class:`AgentCommand` and starts :data:`AGENT_MODULE` with
-:meth:`AgentCommand.argv`; the process parses it back with :func:`parse_agent_command`. The
+A fleet builds an :class:`AgentCommand` and starts an agent process (the emulation layer's
+entry point) with :meth:`AgentCommand.argv`; the process parses it back with
+:func:`parse_agent_command`. The
 CLI's ``airgossip agent`` takes the same flags, with help for people
 (``tests/system/test_runtime_command.py`` keeps the two the same).
 """
@@ -17,10 +18,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
-from airgossip.emulation.errors import ConfigError
+from airgossip.scenario.errors import ConfigError
 
-#: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
-AGENT_MODULE = "airgossip.emulation.runtime.agent"
 #: What a run id given with ``--run-id`` may be.
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: Flags whose name is not the field's.
@@ -132,10 +131,10 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def parse_agent_command(argv: list[str]) -> AgentCommand:
+def parse_agent_command(argv: list[str], prog: str = "airgossip agent") -> AgentCommand:
     """Parse what :meth:`AgentCommand.argv` wrote (``SystemExit(2)`` and one error line for
-    anything else)."""
-    parser = _Parser(prog=f"python -m {AGENT_MODULE}", description=AgentCommand.__doc__)
+    anything else); ``prog`` names the program in its usage."""
+    parser = _Parser(prog=prog, description=AgentCommand.__doc__)
     hints = typing.get_type_hints(AgentCommand)
     for field in fields(AgentCommand):
         kind = _value_type(hints[field.name])

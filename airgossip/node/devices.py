@@ -19,6 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from airgossip.common.http import HttpSecurity
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.private_files import private_folder
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
+from airgossip.common.stacks import StopFlag
+from airgossip.common.topology import TopologyError
 from airgossip.coordinator.client import STATUS_POLL_S
 from airgossip.coordinator.membership import FleetView, LivenessSettings
 from airgossip.coordinator.policy import POLICIES, TopologySpec
@@ -27,17 +33,11 @@ from airgossip.coordinator.run import RunSpec
 from airgossip.coordinator.service import CoordinatorServer
 from airgossip.coordinator.store import FleetStore, StoreError
 from airgossip.edge.algorithms import algorithm_class
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.observability.http import HttpSecurity
-from airgossip.edge.observability.stacks import StopFlag
-from airgossip.edge.security.private_files import private_folder
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
-from airgossip.edge.topology import TopologyError
-from airgossip.emulation.config import ConfigError, RunConfig, Settings, load_config
-from airgossip.emulation.networks import LinkRuntime, network_for
-from airgossip.emulation.results import ResolvedFigures, RunIdentity, RunResults
-from airgossip.emulation.runtime.folder import refuse_used_out_dir
-from airgossip.emulation.runtime.results import ResultsConfig, links_label, write_results
+from airgossip.node.folder import refuse_used_out_dir
+from airgossip.node.network import LinkRuntime, Network
+from airgossip.node.results_writer import ResultsConfig, links_label, write_results
+from airgossip.scenario.config import ConfigError, RunConfig, Settings, load_config
+from airgossip.scenario.results import ResolvedFigures, RunIdentity, RunResults
 
 
 class DeviceRunError(RuntimeError):
@@ -92,8 +92,12 @@ def _with_stored_epoch(config: RunConfig, db: Path | None) -> RunConfig:
 class DeviceRun:
     """One run of agents started by hand (see the module docstring)."""
 
-    def __init__(self, settings: DeviceRunSettings) -> None:
+    def __init__(
+        self, settings: DeviceRunSettings, network_for: Callable[[RunConfig], Network]
+    ) -> None:
         self.settings = s = settings
+        #: The network a run config describes (the emulation layer's, handed in by the CLI).
+        self.network_for = network_for
         if s.topology is not None and s.topology not in POLICIES:
             raise DeviceRunError(
                 f"unknown topology '{s.topology}'; choose one of: {', '.join(POLICIES)}"
@@ -123,7 +127,7 @@ class DeviceRun:
         config = load_config(s.config, overrides, real_links=True)
         # A wireless scenario's t = 0 is now, on every agent's wall clock (or, for a run
         # taken back from --db, when that run started).
-        self.network = network_for(_with_stored_epoch(config, s.db))
+        self.network = self.network_for(_with_stored_epoch(config, s.db))
         self.config = self.network.launch(time.time())
         if s.topology == "k-out":
             if self.config.switching is not None:

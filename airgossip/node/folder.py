@@ -11,7 +11,7 @@ One ``airgossip run`` writes everything under one folder::
     results.json, results.png, kernel.json, ...   what the run found
 
 Everything in it is its owner's only, whatever the umask: folders 0700, files 0600, each
-made so by the call that creates it (:mod:`airgossip.edge.security.private_files`).
+made so by the call that creates it (:mod:`airgossip.common.security.private_files`).
 
 The throwaway certificate authority's key never touches the disk: every member's
 certificate is issued while it is in memory, so no agent process (or container) can read it,
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
-from airgossip.edge.security.certificates import make_authority, make_certificate
-from airgossip.edge.security.private_files import private_folder, write_private
-from airgossip.edge.security.tls import CA_CERT, TlsCredentials
-from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.common.security.certificates import make_authority, make_certificate
+from airgossip.common.security.private_files import private_folder, write_private
+from airgossip.common.security.tls import CA_CERT, TlsCredentials
+from airgossip.scenario.config import ConfigError, RunConfig
 
 #: What a run leaves in its output folder: a second run there would mix the two.
 RUN_OUTPUTS = ("results.json", "agents", "logs")

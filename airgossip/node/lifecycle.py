@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from airgossip.edge.observability.stacks import exit_deadline
+from airgossip.common.stacks import exit_deadline
 
 #: Longest graceful shutdown (leave, drain sends, close servers) before the process exits anyway.
 SHUTDOWN_GRACE_S = 8.0
@@ -21,7 +21,7 @@ SHUTDOWN_GRACE_S = 8.0
 
 def exit_after(seconds: float, why: str) -> None:
     """Exit the process in ``seconds`` whatever the main thread is doing, saying where it
-    hung (:func:`~airgossip.edge.observability.stacks.exit_deadline`): a shutdown stuck on a dying
+    hung (:func:`~airgossip.common.stacks.exit_deadline`): a shutdown stuck on a dying
     peer or coordinator must not leave the agent behind."""
     exit_deadline(why, 0, seconds)
 

@@ -29,18 +29,18 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from airgossip.common.identity import agent_id
+from airgossip.common.topology import Assignment, Graph, TopologySwitcher
 from airgossip.coordinator.policy import TopologySpec
 from airgossip.edge.agent import Agent
 from airgossip.edge.algorithms import algorithm_class
 from airgossip.edge.algorithms.graph_needs import directed_graph_refusal, supports_directed
 from airgossip.edge.algorithms.robust import CSPlusOptions, cs_plus_never_mixing
-from airgossip.edge.config.identity import agent_id
 from airgossip.edge.observability.stats import RoundRecord, StatsSink
 from airgossip.edge.observability.telemetry import LinkFigures
-from airgossip.edge.topology import Assignment, Graph, TopologySwitcher
 from airgossip.edge.transport.base import LinkShaper
-from airgossip.emulation.config import ConfigError, RunConfig
-from airgossip.emulation.results import ResolvedFigures, RunResults
+from airgossip.scenario.config import ConfigError, RunConfig
+from airgossip.scenario.results import ResolvedFigures, RunResults
 
 log = logging.getLogger(__name__)
 

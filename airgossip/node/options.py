@@ -1,6 +1,6 @@
 """From an agent's command line to what its process runs: the flags checked, its scenario
 and peer list read, its options resolved (addresses, metrics, what it declares to a coordinator).
-Every bad flag or file is a :class:`~airgossip.emulation.config.ConfigError` of one line."""
+Every bad flag or file is a :class:`~airgossip.scenario.config.ConfigError` of one line."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from airgossip.edge.config.identity import agent_id as default_agent_id
-from airgossip.edge.observability.http import HttpSecurity, http_security
-from airgossip.emulation.config import ConfigError, RunConfig, Settings, load_config, read_scenario
-from airgossip.emulation.runtime.command import AgentCommand, check_command
+from airgossip.common.http import HttpSecurity, http_security
+from airgossip.common.identity import agent_id as default_agent_id
+from airgossip.node.command import AgentCommand, check_command
+from airgossip.scenario.config import ConfigError, RunConfig, Settings, load_config, read_scenario
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class AgentProcessOptions:
     #: None: the coordinator's run id, or a digest of the scenario and the peer list).
     run_id: str | None = None
     #: torch CPU threads (None: from the model's size and ``host_agents``, see
-    #: :mod:`airgossip.emulation.runtime.threads`).
+    #: :mod:`airgossip.node.threads`).
     threads: int | None = None
     #: Agents that run on this host, this one included (None: unknown).
     host_agents: int | None = None

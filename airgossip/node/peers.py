@@ -11,14 +11,14 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from airgossip.common.identity import natural_order
+from airgossip.common.security.tls import TlsCredentials, dial
+from airgossip.common.topology import Assignment, TopologyError, assignments_for_graph
 from airgossip.coordinator.client import RunInfo
 from airgossip.coordinator.run import PER_AGENT_SETTINGS
 from airgossip.edge.agent.waiting import WaitReporter
-from airgossip.edge.config.identity import natural_order
-from airgossip.edge.security.tls import TlsCredentials, dial
-from airgossip.edge.topology import Assignment, TopologyError, assignments_for_graph
-from airgossip.emulation.config import ConfigError, RunConfig, Settings, load_config, merge
-from airgossip.emulation.networks import Network
+from airgossip.node.network import Network
+from airgossip.scenario.config import ConfigError, RunConfig, Settings, load_config, merge
 
 log = logging.getLogger("airgossip.agent")
 

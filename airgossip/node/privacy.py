@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from airgossip.edge.config.identity import agent_ids, natural_key
+from airgossip.common.identity import agent_ids, natural_key
+from airgossip.common.security.tls import TlsCredentials
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.tls import TlsCredentials
-from airgossip.emulation.config import RunConfig
-from airgossip.emulation.networks import Network
-from airgossip.emulation.results import PairwiseFigures, PrivacyFigures
+from airgossip.node.network import Network
+from airgossip.scenario.config import RunConfig
+from airgossip.scenario.results import PairwiseFigures, PrivacyFigures
 
 if TYPE_CHECKING:  # privacy code loads only for runs that ask for it
     from airgossip.edge.privacy.keys import PairSecrets
     from airgossip.edge.privacy.mechanism import PrivacyContext
-    from airgossip.edge.privacy.plan import FleetGraph
+    from airgossip.edge.privacy.plan import PrivacyGraph
     from airgossip.edge.tasks import Task
 
 
@@ -38,15 +38,15 @@ def privacy_context(
         return None
     from airgossip.edge.privacy.mechanism import PrivacyContext
 
-    return PrivacyContext(_fleet_graph(network, tuple(ids)), secrets)
+    return PrivacyContext(_privacy_graph(network, tuple(ids)), secrets)
 
 
 @lru_cache(maxsize=4)  # an in-process fleet asks once per agent: build the graph once
-def _fleet_graph(network: Network, ids: tuple[str, ...]) -> FleetGraph:
-    from airgossip.edge.privacy.plan import FleetGraph
+def _privacy_graph(network: Network, ids: tuple[str, ...]) -> PrivacyGraph:
+    from airgossip.edge.privacy.plan import PrivacyGraph
 
     static = not network.time_varying and not network.round_driven
-    return FleetGraph.of(network.first_graph(), ids, network.scheme, static=static)
+    return PrivacyGraph.of(network.first_graph(), ids, network.scheme, static=static)
 
 
 def run_keyring(config: RunConfig, ids: Sequence[str]) -> dict[str, PairSecrets]:

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -28,6 +29,10 @@ from types import FrameType
 import grpc
 import torch
 
+from airgossip.common.http import MetricsServer
+from airgossip.common.identity import agent_ids, natural_order
+from airgossip.common.security.tls import TlsCredentials, fleet_of
+from airgossip.common.stacks import StopFlag
 from airgossip.coordinator.client import STATUS_POLL_S, CoordinatorClient, CoordinatorError, RunInfo
 from airgossip.coordinator.run import PER_AGENT_SETTINGS
 from airgossip.edge.agent import Agent, build_agent
@@ -40,38 +45,30 @@ from airgossip.edge.agent.checkpoints import (
 from airgossip.edge.agent.lineage import new_incarnation
 from airgossip.edge.agent.runner import WallClockRunner
 from airgossip.edge.agent.waiting import WaitReporter
-from airgossip.edge.config.identity import agent_ids, natural_order
-from airgossip.edge.config.settings import AgentSettings
-from airgossip.edge.observability.http import MetricsServer
 from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.edge.observability.stats import FileStatsSink
 from airgossip.edge.observability.telemetry import LatestStats, Telemetry
-from airgossip.edge.security.tls import TlsCredentials, fleet_of
+from airgossip.edge.settings import AgentSettings
 from airgossip.edge.tasks import TaskError
 from airgossip.edge.transport.grpc_transport import GrpcTransport
-from airgossip.emulation.config import ConfigError, RunConfig
-from airgossip.emulation.networks import Network, network_for
-from airgossip.emulation.networks.kernel import (
-    AgentKernelLinks,
-    AgentKernelReport,
-    KernelUnavailable,
-)
-from airgossip.emulation.privacy import certificate_secrets, privacy_context
-from airgossip.emulation.runtime.command import AgentCommand
-from airgossip.emulation.runtime.lifecycle import (
+from airgossip.node.command import AgentCommand
+from airgossip.node.lifecycle import (
     SHUTDOWN_GRACE_S,
     configure_process,
     die_with_parent,
     exit_after,
 )
-from airgossip.emulation.runtime.options import AgentProcessOptions, agent_options
-from airgossip.emulation.runtime.peers import (
+from airgossip.node.links import KernelShaping, Links, kernel_report_path
+from airgossip.node.options import AgentProcessOptions, agent_options
+from airgossip.node.peers import (
     fleet_config,
     static_assignment,
     static_fleet_config,
     wait_for_peers,
 )
-from airgossip.emulation.runtime.threads import agent_threads, host_cores
+from airgossip.node.privacy import certificate_secrets, privacy_context
+from airgossip.node.threads import agent_threads, host_cores
+from airgossip.scenario.config import ConfigError, RunConfig
 
 log = logging.getLogger("airgossip.agent")
 
@@ -81,8 +78,11 @@ class AgentProcessError(RuntimeError):
     it, a task that would not load (one line: what was wrong)."""
 
 
-def run_agent_command(command: AgentCommand, stop: threading.Event | None = None) -> int:
-    """Run the agent process ``command`` describes to the end; return its exit code.
+def run_agent_command(
+    command: AgentCommand, links: Links, stop: threading.Event | None = None
+) -> int:
+    """Run the agent process ``command`` describes, on the ``links`` its caller makes, to
+    the end; return its exit code.
 
     :class:`AgentProcessError` when it cannot run. With ``--parent-pid`` the process never
     outlives that parent.
@@ -92,7 +92,7 @@ def run_agent_command(command: AgentCommand, stop: threading.Event | None = None
     try:
         config, options = agent_options(command)
         configure_process(command.threads)
-        return run_agent_process(config, options, stop)
+        return run_agent_process(config, options, links, stop)
     except (OSError, CoordinatorError, TaskError, ValueError) as err:
         # ValueError: ConfigError and the refusals of settings that cannot work here.
         raise AgentProcessError(str(err)) from None
@@ -105,7 +105,7 @@ class _Held:
     client: CoordinatorClient | None = None
     agent: Agent | None = None
     exporter: MetricsServer | None = None
-    kernel: AgentKernelLinks | None = None
+    kernel: KernelShaping | None = None
     #: Where the kernel's report goes when the agent ends (None: nowhere).
     kernel_report: Path | None = None
     finished: bool = False
@@ -144,47 +144,14 @@ def run_identity(run: RunInfo | None, config: RunConfig, options: AgentProcessOp
     return f"static-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-def kernel_links(
-    network: Network, ids: list[str], options: AgentProcessOptions, metrics: AgentMetrics | None
-) -> AgentKernelLinks | None:
-    """This agent's links shaped by the kernel on ``options.kernel_device``, or None (and a
-    line in the log, and the reason in ``<id>.kernel.json``) where the kernel refuses."""
-    assert options.kernel_device is not None
-    if options.agent_id not in ids:
-        raise ConfigError(
-            f"--kernel-links needs one of the fleet's agent ids ({ids[0]} to {ids[-1]}), "
-            f"not '{options.agent_id}'"
-        )
-    links = AgentKernelLinks(
-        network.kernel_links(), ids.index(options.agent_id), ids, network.wall_clock(),
-        device=options.kernel_device,
-        on_packets=metrics.observe_link_packets if metrics is not None else None,
-    )  # fmt: skip
-    try:
-        links.start()
-    except KernelUnavailable as err:
-        log.warning(
-            "%s cannot shape its links in the kernel: %s; shaping them in the agent instead",
-            options.agent_id,
-            err,
-        )
-        path = kernel_report_path(options)
-        if path is not None:
-            AgentKernelReport(agent=options.agent_id, kernel=False, reason=str(err)).write(path)
-        return None
-    log.info("%s shapes its links in the kernel on %s", options.agent_id, options.kernel_device)
-    return links
-
-
-def kernel_report_path(options: AgentProcessOptions) -> Path | None:
-    """``<id>.kernel.json`` beside the agent's records (the container fleet gathers them)."""
-    return options.stats_dir / f"{options.agent_id}.kernel.json" if options.stats_dir else None
-
-
 def run_agent_process(
-    config: RunConfig | None, options: AgentProcessOptions, stop: threading.Event | None = None
+    config: RunConfig | None,
+    options: AgentProcessOptions,
+    links: Links,
+    stop: threading.Event | None = None,
 ) -> int:
-    """Run one agent to the end; return the process exit code.
+    """Run one agent on the ``links`` its caller makes to the end; return the process exit
+    code.
 
     ``config``: the agent's own settings; with a coordinator that hands out a scenario the
     agent runs the fleet's instead (and is refused when its own disagree).
@@ -192,9 +159,8 @@ def run_agent_process(
     stop = stop or threading.Event()
     held = _Held()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if not stop.is_set():
-            exit_after(SHUTDOWN_GRACE_S, f"told to stop ({signal.Signals(signum).name})")
+    def stop_all(why: str) -> None:
+        exit_after(SHUTDOWN_GRACE_S, f"told to stop ({why})")
         stop.set()
         if held.agent is not None:
             held.agent.stop()
@@ -202,16 +168,34 @@ def run_agent_process(
             held.client.cancel()  # a registration or a wait still retrying gives up
 
     if threading.current_thread() is threading.main_thread():
+        # The handler only sets a flag (StopFlag: Event.set in a handler can deadlock on the
+        # lock of an Event.wait it interrupted); a thread does the stopping.
+        asked = StopFlag()
+        signals: list[str] = []
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            signals.append(signal.Signals(signum).name)
+            asked.set()
+
+        def relay() -> None:
+            asked.wait(math.inf)
+            stop_all(signals[0])
+
+        threading.Thread(target=relay, name="stop-relay", daemon=True).start()
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
     try:
-        return _run_agent(config, options, stop, held)
+        return _run_agent(config, options, links, stop, held)
     finally:
         held.close(stopped=stop.is_set())
 
 
 def _run_agent(
-    config: RunConfig | None, options: AgentProcessOptions, stop: threading.Event, held: _Held
+    config: RunConfig | None,
+    options: AgentProcessOptions,
+    source: Links,
+    stop: threading.Event,
+    held: _Held,
 ) -> int:
     # Local settings that cannot work fail before any waiting (a busy metrics port, say).
     metrics = AgentMetrics(options.agent_id) if options.metrics_listen is not None else None
@@ -250,7 +234,7 @@ def _run_agent(
             f"(0..{config.agents - 1})"
         )
     settings: AgentSettings = config.agent_settings()
-    network = network_for(config)
+    network = source.network_for(config)
     ids = natural_order(options.peers) if options.peers else tuple(agent_ids(config.agents))
     links = network.runtime(list(ids))
     refusal = links.refuse_agent(options.agent_id)
@@ -264,7 +248,12 @@ def _run_agent(
         held.client,  # round reports for the run's results
     )
     if options.kernel_device is not None and config.emulates_links:
-        held.kernel = kernel_links(network, list(ids), options, metrics)
+        if source.kernel_links is None:
+            raise ConfigError(
+                "--kernel-links: this agent process cannot shape links in the kernel "
+                "(start it as `airgossip agent` or `python -m airgossip.emulation.agent`)"
+            )
+        held.kernel = source.kernel_links(network, list(ids), options, metrics)
         held.kernel_report = kernel_report_path(options)
     shaper = links.shaper if options.shape_links and held.kernel is None else None
     # The network may add its figures (a wireless link count, say) to every round record.

@@ -6,11 +6,11 @@ a
 :class:`RayAgentSpec` (through Ray's object store, never a shared file system): its id, the
 coordinator to dial and, for mutual TLS, the run authority's certificate with the agent's
 own certificate and key, nothing of any other member. Its host writes them into a private
-folder on its node and forks the agent (``python -m airgossip.emulation.runtime.agent``, the process
+folder on its node and forks the agent (``python -m airgossip.emulation.agent``, the process
 mode's agent), listening on its node's address; its links are shaped in the agent.
 
 Checkpoints go where a restarted host can read them: a folder on shared storage the user
-names, or (by default) a :class:`CheckpointStore` actor the driver keeps beside it, to which
+names, or (by default) a :class:`CheckpointKeeper` actor the driver keeps beside it, to which
 a :class:`CheckpointShipper` ships each agent's newest checkpoint as the agent writes it.
 When Ray restarts a host (its node died; ``max_restarts``) the host's constructor runs again
 on another node: it takes its agents' newest checkpoints back, and each agent resumes from
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airgossip.edge.agent.checkpoints import CheckpointStore as AgentCheckpoints
-from airgossip.edge.security.private_files import write_private
+from airgossip.common.security.private_files import write_private
+from airgossip.edge.agent.checkpoints import CheckpointStore
 
 #: How often the agent's checkpoint folder is looked at for a new checkpoint to ship.
 SHIP_INTERVAL_S = 1.0
@@ -65,7 +65,7 @@ class RayAgentSpec:
         A folder on storage every node shares, where the agent keeps its checkpoints under
         its id (None: a private folder on its node, shipped to the checkpoint store).
     checkpoint_store:
-        The name of the :class:`CheckpointStore` actor (used without ``checkpoint_root``).
+        The name of the :class:`CheckpointKeeper` actor (used without ``checkpoint_root``).
     checkpoint_interval_s:
         Seconds between the agent's checkpoints.
     threads:
@@ -103,7 +103,7 @@ class RayAgentState:
     error: str | None
 
 
-class CheckpointStore:
+class CheckpointKeeper:
     """Body of the actor that keeps each agent's newest checkpoint (bytes) for the agent's
     next incarnation, wherever Ray restarts it."""
 
@@ -129,7 +129,7 @@ class CheckpointShipper:
 
     def __init__(self, agent_id: str, folder: Path, store: Any) -> None:
         self.agent_id = agent_id
-        self.files = AgentCheckpoints(folder, agent_id)  # the agent's own, as named
+        self.files = CheckpointStore(folder, agent_id)  # the agent's own, as named
         self.store = store
         self.shipped: str | None = None
         self.pending: Any = None

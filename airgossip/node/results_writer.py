@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from pydantic import JsonValue
 
+from airgossip.common.security.private_files import private_folder
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.private_files import private_folder
 from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
-from airgossip.emulation.config import RunConfig
-from airgossip.emulation.networks import LinkRuntime, Network
-from airgossip.emulation.privacy import privacy_figures
-from airgossip.emulation.results import (
+from airgossip.node.network import LinkRuntime, Network
+from airgossip.node.privacy import privacy_figures
+from airgossip.scenario.config import RunConfig
+from airgossip.scenario.results import (
     KernelFigures,
     ResolvedFigures,
     RunResults,

@@ -43,14 +43,14 @@ from pydantic import (
     model_validator,
 )
 
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import TOPOLOGIES, SwitchingSettings
-from airgossip.emulation.errors import ConfigError as ConfigError
-from airgossip.emulation.errors import format_validation_error
-from airgossip.emulation.scenario import WirelessSettings
-from airgossip.emulation.scenario_file import Settings as Settings
-from airgossip.emulation.scenario_file import merge as merge
-from airgossip.emulation.scenario_file import read_scenario as read_scenario
+from airgossip.common.topology import TOPOLOGIES, SwitchingSettings
+from airgossip.edge.settings import AgentSettings, TaskSettings
+from airgossip.scenario.errors import ConfigError as ConfigError
+from airgossip.scenario.errors import format_validation_error
+from airgossip.scenario.files import Settings as Settings
+from airgossip.scenario.files import merge as merge
+from airgossip.scenario.files import read_scenario as read_scenario
+from airgossip.scenario.wireless import WirelessSettings
 
 #: Message loss a run that emulates every link on one machine (``airgossip run``) applies when
 #: its scenario says nothing: a lossy network is what the emulator is for.

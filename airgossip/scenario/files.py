@@ -2,7 +2,7 @@
 
 Light on purpose (tomllib, and pydantic's JSON types): the CLI reads a scenario file with it
 and checks what it can before the settings' models, which import torch, are loaded
-(``airgossip.cli.early``); ``airgossip.emulation.config`` validates what these give.
+(``airgossip.cli.early``); ``airgossip.scenario.config`` validates what these give.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from airgossip.emulation.errors import ConfigError
+from airgossip.scenario.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

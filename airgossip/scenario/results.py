@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from airgossip.common.security.private_files import open_private, write_private
+from airgossip.common.topology.switching import consensus_distance
 from airgossip.edge.observability.stats import RoundRecord
 from airgossip.edge.privacy.figures import Spent
-from airgossip.edge.security.private_files import open_private, write_private
-from airgossip.edge.topology.switching import consensus_distance
 
 
 class _Figures(BaseModel):
@@ -188,7 +188,7 @@ class RunResults(_Figures):
     schema_version: int = 1
 
     #: The run's settings and what it resolved (an airgossip run's: see
-    #: ``airgossip.emulation.runtime.results.ResultsConfig``), or another system's (a baseline's).
+    #: ``airgossip.node.results_writer.ResultsConfig``), or another system's (a baseline's).
     config: dict[str, JsonValue]
     rounds: list[RoundFigures]
     final: FinalFigures

@@ -1,7 +1,7 @@
 """Wireless scenarios: the ``[wireless]`` table of a run config, and the named presets.
 
 A scenario is an ordinary run config (TOML) with a ``[wireless]`` table; presets live in
-``emulation/scenarios/*.toml``. ``airgossip run --scenario NAME|FILE`` loads one as the
+``airgossip/scenario/presets/*.toml``. ``airgossip run --scenario NAME|FILE`` loads one as the
 base that ``--config`` and flags override. Every field is validated up front, with errors
 that name the field and what is allowed.
 """
@@ -14,7 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from airgossip.emulation.channel.radio import WIFI_DATA_SUBCARRIERS
+#: The channel widths 802.11n/ac define (the radio model's data subcarriers are per width).
+WIFI_BANDWIDTHS_MHZ = (20, 40, 80, 160)
+
 
 PATH_LOSS_MODELS = (
     "log-distance", "free-space", "umi", "uma", "inh",
@@ -169,9 +171,9 @@ class WirelessSettings(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> WirelessSettings:
-        if self.radio == "wifi" and int(self.bandwidth_mhz) not in WIFI_DATA_SUBCARRIERS:
+        if self.radio == "wifi" and int(self.bandwidth_mhz) not in WIFI_BANDWIDTHS_MHZ:
             raise ValueError(
-                f"wifi bandwidth_mhz must be one of {', '.join(map(str, WIFI_DATA_SUBCARRIERS))}, "
+                f"wifi bandwidth_mhz must be one of {', '.join(map(str, WIFI_BANDWIDTHS_MHZ))}, "
                 f"got {self.bandwidth_mhz:g}"
             )
         heights = self.antenna_height_m
@@ -204,7 +206,7 @@ class WirelessSettings(_Strict):
 
 def preset_names() -> list[str]:
     """Names of the bundled scenarios."""
-    folder = resources.files("airgossip.emulation") / "scenarios"
+    folder = resources.files("airgossip.scenario") / "presets"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -225,7 +227,7 @@ def scenario_path(name_or_file: str) -> Path:
             f"unknown scenario '{name_or_file}'; choose one of: {', '.join(names)}, "
             "or give a .toml file"
         )
-    return Path(str(resources.files("airgossip.emulation") / "scenarios" / f"{name_or_file}.toml"))
+    return Path(str(resources.files("airgossip.scenario") / "presets" / f"{name_or_file}.toml"))
 
 
 def resolve_trace_paths(data: dict[str, JsonValue], base: Path) -> dict[str, JsonValue]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.security.certificates import init_authority, issue
-from airgossip.edge.security.tls import CA_CERT, COORDINATOR_IDENTITY, SecurityError
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.certificates import init_authority, issue
+from airgossip.common.security.tls import CA_CERT, COORDINATOR_IDENTITY, SecurityError
 
 #: The largest fleet the script issues for (the entry point claims indices below 4096).
 MOST_AGENTS = 4096

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from airgossip.edge.security.tls import CA_CERT, SecurityError, TlsCredentials, dial
+from airgossip.common.security.tls import CA_CERT, SecurityError, TlsCredentials, dial
 
 #: Where the entry point copies an agent's own credentials (deploy/docker/entrypoint.sh).
 AGENT_TLS_DIR = Path("/tmp/airgossip-tls")

@@ -8,16 +8,17 @@ the wall clock (:class:`~airgossip.edge.agent.runner.WallClockRunner`); an in-pr
 the same phases in lock step or on a virtual clock. There is no global barrier: an agent never waits
 on anything but its own in-neighbours, and not for longer than ``wait_timeout_s``.
 
-The agent is also the transport's :class:`~airgossip.edge.transport.base.InboundHandler`: every
-incoming message passes :class:`~airgossip.edge.agent.admission.Admission` before it can touch the
-gossip state, and the algorithm then refuses what does not fit the edge or would leave the
-state out of bounds. Every refusal is counted by reason and logged at a bounded rate.
+The agent is also the transport's :class:`~airgossip.edge.transport.base.InboundHandler`
+(:mod:`airgossip.edge.agent.inbound`): every incoming message passes
+:class:`~airgossip.edge.agent.admission.Admission` before it can touch the gossip state, and the
+algorithm then refuses what does not fit the edge or would leave the state out of bounds. Every
+refusal is counted by reason and logged at a bounded rate.
 
 With a :class:`~airgossip.edge.agent.checkpoints.CheckpointStore` the agent writes its own state
 (:class:`~airgossip.edge.agent.checkpointing.AgentState`) every ``checkpoint_interval_s`` and can
 :meth:`Agent.resume` from the newest usable checkpoint after a crash (intact, MACed, of its
 own fleet, run and task, values in bounds; else the one before, else it starts fresh),
-starting every edge over (:mod:`airgossip.edge.agent.lineage`).
+starting every edge over (:mod:`airgossip.edge.agent.resuming`).
 """
 
 from __future__ import annotations
@@ -25,71 +26,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 
+from airgossip.common.topology import Assignment
 from airgossip.edge.agent.admission import Admission
-from airgossip.edge.agent.checkpointing import AgentState, Checkpointer, check_loaded, check_values
-from airgossip.edge.agent.checkpoints import CheckpointError, CheckpointStore
+from airgossip.edge.agent.checkpointing import Checkpointer
+from airgossip.edge.agent.checkpoints import CheckpointStore
+from airgossip.edge.agent.inbound import InboundSide
 from airgossip.edge.agent.influence import InNeighbourWatch
-from airgossip.edge.agent.lineage import EdgeLineages, new_incarnation
+from airgossip.edge.agent.lineage import EdgeLineages
+from airgossip.edge.agent.pacing import wait_over
 from airgossip.edge.agent.rejoin import LATE_WEIGHT
+from airgossip.edge.agent.resuming import CheckpointSide
 from airgossip.edge.agent.sending import Outbox, Sender, gossip_message, send_event
-from airgossip.edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
+from airgossip.edge.algorithms import Ack, GossipAlgorithm
 from airgossip.edge.compression import Codec
-from airgossip.edge.config.settings import AgentSettings
 from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
-from airgossip.edge.observability.telemetry import AgentObserver, ReceiveEvent, StepEvent
+from airgossip.edge.observability.telemetry import AgentObserver, StepEvent
+from airgossip.edge.settings import AgentSettings
 from airgossip.edge.tasks import Distiller, Task, TrainConfig
-from airgossip.edge.topology import Assignment
-from airgossip.edge.transport.base import (  # fmt: skip
-    GossipMessage,
-    MessageHeader,
-    RejectCode,
-    Rejected,
-    SendOutcome,
-    Transport,
-)
+from airgossip.edge.transport.base import SendOutcome, Transport
 from airgossip.edge.transport.guard import RefusalLog
 
 log = logging.getLogger(__name__)
 
-#: What loading a checkpoint's gossip state raises when the state is refused
-#: (:class:`CheckpointError`, a ValueError) or has parts missing or of the wrong kind.
-_UNRESUMABLE = (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError)
-#: Rounds without hearing from an in-neighbour after which the agent stops waiting for it.
-PATIENCE_ROUNDS = 4
 
-
-def wait_over(heard: Iterable[int], need: int) -> bool:
-    """Whether an agent that needs its in-neighbours at round ``need`` or later, and last
-    heard them at rounds ``heard``, stops waiting.
-
-    An in-neighbour between ``need - PATIENCE_ROUNDS`` and ``need`` is waited for; one
-    further behind is not (it is gone or restarting: waiting for it would cost every round
-    the whole timeout), unless every in-neighbour is that far behind. Then the agent has
-    nobody to pace it: were it to go on at once, it would run the rest of the run alone at
-    the speed of its own computation, and never be within reach of its in-neighbours again
-    (they can only fall further behind): in-process, with 80% loss on every link, agents
-    ran off 700 rounds in half a second. It waits out the timeout instead, at most one round
-    per timeout, until they are heard again. An agent without in-neighbours this round has
-    nobody to wait for.
-    """
-    oldest = need - PATIENCE_ROUNDS
-    any_in_reach = False
-    empty = True
-    for round_heard in heard:
-        empty = False
-        if oldest <= round_heard < need:
-            return False
-        any_in_reach |= round_heard >= need
-    return empty or any_in_reach
-
-
-class Agent:
+class Agent(InboundSide, CheckpointSide):
     """One edge agent.
 
     Parameters
@@ -111,8 +76,8 @@ class Agent:
     observer:
         Gets plain events (sends, local steps, receptions) as they happen (optional).
     fleet:
-        The fleet's name on the wire (:func:`airgossip.edge.security.tls.fleet_of`); messages naming
-        another are refused.
+        The fleet's name on the wire (:func:`airgossip.common.security.tls.fleet_of`); messages
+        naming another are refused.
     checkpoints:
         Where the agent keeps its checkpoints (None: it keeps none).
     checkpoint_interval_s:
@@ -329,9 +294,10 @@ class Agent:
         """Whether the wait of ``round_index`` is over: its sends are done and in-neighbours
         are within ``staleness`` rounds (non-blocking; event-driven drivers poll this).
 
-        An in-neighbour more than :data:`PATIENCE_ROUNDS` behind that is not waited for
-        (it is gone, or restarting), as long as another one is within reach; when every
-        in-neighbour is that far behind, the wait runs to its timeout (:func:`wait_over`).
+        An in-neighbour more than :data:`~airgossip.edge.agent.pacing.PATIENCE_ROUNDS` behind
+        is not waited for (it is gone, or restarting), as long as another one is within reach;
+        when every in-neighbour is that far behind, the wait runs to its timeout
+        (:func:`~airgossip.edge.agent.pacing.wait_over`).
         """
         last = round_index >= self.settings.rounds
         need = round_index - (0 if last else self.settings.staleness)
@@ -398,112 +364,7 @@ class Agent:
             self.stats.record(record)
         return record
 
-    # -- checkpoints -------------------------------------------------------------------------
-    def _state(self) -> AgentState:
-        """Everything a restarted agent needs (call under the lock)."""
-        return AgentState(
-            agent_id=self.agent_id,
-            digest=self.digest,
-            round=self.round,
-            counters=self._counters.copy(),
-            model=self.algorithm.estimate().to(torch.float32),
-            algorithm=self.algorithm.state_dict(),
-            incarnation=self.lineages.incarnation,
-        )
-
-    def checkpoint(self) -> None:
-        """Write a checkpoint now (atomically; see :mod:`airgossip.edge.agent.checkpoints`)."""
-        if self.checkpointer is None:
-            raise RuntimeError("this agent keeps no checkpoints")
-        with self._lock:
-            state = self._state()
-        self.checkpointer.write(state)
-
-    def resume(self) -> int | None:
-        """Take up the newest usable checkpoint (however old), if any, as a new incarnation
-        that starts every edge over; return its round (None: none, the agent starts fresh).
-
-        Usable: intact, MACed under this agent's key, of this fleet, run, agent and task,
-        and holding values a message could have left it with
-        (:func:`~airgossip.edge.agent.checkpointing.check_values`, ``check_loaded``). Every newer
-        checkpoint is refused with one warning naming its file and why, and the one before
-        it tried; with none usable the agent starts fresh.
-        """
-        if self.checkpointer is None:
-            return None
-        loaded = self.checkpointer.load(self.digest, self._take_up)
-        if loaded is None:
-            return None
-        _, path = loaded
-        log.info("%s: resumed round %d from %s", self.agent_id, self.round, path)
-        return self.round
-
-    def _take_up(self, state: AgentState, path: Path) -> None:
-        """Make ``state`` this agent's, or raise :class:`CheckpointError` and leave the
-        agent as it was."""
-        if state.agent_id != self.agent_id:  # its store checks the file's owner already
-            raise CheckpointError(f"it is {state.agent_id!r}'s checkpoint, not {self.agent_id!r}'s")
-        check_values(state, self.settings.rounds)
-        with self._lock:
-            before = self.algorithm.state_dict()
-            try:
-                self.algorithm.load_state_dict(state.algorithm)
-                check_loaded(self.algorithm, before)
-            except _UNRESUMABLE as err:
-                self.algorithm.load_state_dict(before)
-                why = err if isinstance(err, CheckpointError) else f"cannot be resumed ({err})"
-                raise CheckpointError(str(why)) from None
-            self.round = state.round
-            self.holds_past = True
-            self._counters = state.counters.copy()
-            previous = max(self.lineages.incarnation, state.incarnation)
-            self.lineages.restart(new_incarnation(previous))
-
     def counters(self) -> Counters:
         """A copy of what this agent has sent and received so far."""
         with self._lock:
             return self._counters.copy()
-
-    # -- receiving (InboundHandler) -----------------------------------------------------------
-    def refused(self, error: Rejected) -> None:
-        with self._lock:
-            self._counters.messages_rejected += 1
-        self._refusals.note(error.kind, f"{self.agent_id}: {error.code.value}: {error.reason}")
-        if self.observer is not None:
-            event = ReceiveEvent(False, error.sender, code=error.code.value, reason=error.kind)
-            self.observer.on_receive(event)
-
-    def accepts(self, sender: str) -> None:
-        self.admission.check_sender(sender, self.round, assigned=self._assignment is not None)
-
-    def admit(self, header: MessageHeader) -> None:
-        assignment = self._assignment
-        epoch = assignment.epoch if assignment is not None else None
-        self.admission.check_header(header, self.round, epoch)
-
-    def deliver(self, message: GossipMessage) -> Ack:
-        header = message.header  # transports call admit(header) first
-        payload = self.admission.decode(message)
-        sender = header.sender
-        with self._progress:
-            before = self.watch.before(sender)
-            try:
-                ack, why = self.lineages.receive(self.algorithm, sender, header.lineage, payload)
-            except InvalidPayload as err:
-                raise self.admission.reject(
-                    RejectCode.INVALID_ARGUMENT, str(err), err.reason, sender
-                ) from None
-            if ack is None:  # not a refusal: the sender starts the edge over
-                self._refusals.note("start_over", f"{self.agent_id}: from {sender}: {why}")
-                return Ack(0, 0, False, self.round, self.lineages.incoming(sender), start_over=True)
-            self._counters.messages_received += 1
-            if self.observer is not None:
-                size = header.payload_bytes
-                event = self.watch.received(sender, payload, size, ack.absorbed, before)
-                self.observer.on_receive(event)
-            self._peer_rounds[sender] = header.round
-            if header.round > self._heard.get(sender, 0):
-                self._heard[sender] = header.round
-                self._progress.notify_all()
-            lineage = self.lineages.incoming(sender)
-            return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round, lineage)

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from airgossip.common.seeds import derive_seed
 from airgossip.edge.agent.agent import Agent
 from airgossip.edge.agent.checkpoints import CheckpointStore
 from airgossip.edge.algorithms import algorithm_class, create_algorithm
-from airgossip.edge.config.seeds import derive_seed
-from airgossip.edge.config.settings import (
+from airgossip.edge.observability.stats import StatsSink
+from airgossip.edge.observability.telemetry import AgentObserver
+from airgossip.edge.settings import (
     AgentSettings,
     gossip_dtype,
     resolve_codec,
     resolve_device,
 )
-from airgossip.edge.observability.stats import StatsSink
-from airgossip.edge.observability.telemetry import AgentObserver
 from airgossip.edge.tasks import Distiller, Task, TaskContext, load_task
 from airgossip.edge.transport.base import Transport
 

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from airgossip.edge.agent.admission import MAX_ROUND, all_finite
-from airgossip.edge.agent.checkpoints import CheckpointError, CheckpointStore
+from airgossip.edge.agent.checkpoints import CheckpointError, CheckpointState, CheckpointStore
 from airgossip.edge.algorithms import GossipAlgorithm, InvalidPayload
 from airgossip.edge.algorithms.base import check_absorption, check_weight
 from airgossip.edge.algorithms.push_sum import PushSumCore
+from airgossip.edge.algorithms.state import AlgorithmState, StateValue, state_int, state_table
 from airgossip.edge.observability.stats import Counters
 
 log = logging.getLogger(__name__)
@@ -61,35 +62,37 @@ class AgentState:
     round: int
     counters: Counters
     model: torch.Tensor
-    algorithm: dict[str, Any]
+    algorithm: AlgorithmState
     incarnation: int = 0
 
-    def to_checkpoint(self) -> dict[str, object]:
+    def to_checkpoint(self) -> CheckpointState:
+        counters: dict[str, StateValue] = dict(self.counters.as_dict())
         return {
             "agent_id": self.agent_id,
             "digest": self.digest,
             "round": self.round,
-            "counters": self.counters.as_dict(),
+            "counters": counters,
             "model": self.model,
             "algorithm": self.algorithm,
             "incarnation": self.incarnation,
         }
 
     @classmethod
-    def from_checkpoint(cls, state: dict[str, Any]) -> AgentState:
+    def from_checkpoint(cls, state: CheckpointState) -> AgentState:
         """The state a checkpoint file holds; ``KeyError``/``TypeError``/``ValueError`` when
         it lacks a part or a part has the wrong type."""
         model, algorithm = state["model"], state["algorithm"]
         if not isinstance(model, torch.Tensor) or not isinstance(algorithm, dict):
             raise TypeError("model or algorithm state of the wrong type")
+        counters = state_table(state, "counters")
         return cls(
             agent_id=str(state["agent_id"]),
             digest=str(state["digest"]),
-            round=int(state["round"]),
-            counters=Counters(**{k: int(v) for k, v in state["counters"].items()}),
+            round=state_int(state, "round"),
+            counters=Counters(**{k: state_int(counters, k) for k in counters}),
             model=model,
             algorithm=algorithm,
-            incarnation=int(state.get("incarnation", 0)),
+            incarnation=state_int(state, "incarnation") if "incarnation" in state else 0,
         )
 
 
@@ -118,7 +121,7 @@ def check_values(state: AgentState, rounds: int) -> None:
         raise CheckpointError(f"out of the bounds messages are held to: {err}") from None
 
 
-def check_loaded(algorithm: GossipAlgorithm, before: dict[str, Any]) -> None:
+def check_loaded(algorithm: GossipAlgorithm, before: AlgorithmState) -> None:
     """:class:`CheckpointError` unless the gossip state ``algorithm`` holds (just loaded from
     a checkpoint; ``before``: its ``state_dict`` as built) is one a message could leave it
     in: every tensor of the shape it was built with, a push-sum weight in
@@ -126,11 +129,12 @@ def check_loaded(algorithm: GossipAlgorithm, before: dict[str, Any]) -> None:
     :func:`~airgossip.edge.algorithms.base.check_absorption`."""
     after = algorithm.state_dict()
     for name, built in before.items():
+        loaded = after.get(name)
         if isinstance(built, torch.Tensor) and (
-            not isinstance(after.get(name), torch.Tensor) or after[name].shape != built.shape
+            not isinstance(loaded, torch.Tensor) or loaded.shape != built.shape
         ):
             raise CheckpointError(
-                f"algorithm.{name} has shape {tuple(getattr(after.get(name), 'shape', ()))}, "
+                f"algorithm.{name} has shape {tuple(getattr(loaded, 'shape', ()))}, "
                 f"this agent's {tuple(built.shape)}"
             )
     try:
@@ -207,7 +211,7 @@ class Checkpointer:
         agent_id = self.store.agent_id
         taken: list[AgentState] = []
 
-        def accept(raw: dict[str, Any], path: Path) -> None:
+        def accept(raw: CheckpointState, path: Path) -> None:
             if raw.get("digest") != digest:
                 raise CheckpointError(
                     f"it is of another task or initial parameters (digest "

@@ -33,13 +33,19 @@ import hmac
 import json
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 import torch
+
+from airgossip.edge.algorithms.state import StateValue
+
+#: What a checkpoint holds: named parts, each a tensor, bytes, a number, a string, None, or
+#: lists and string-keyed tables of these (a tuple written reads back as a list).
+CheckpointState: TypeAlias = dict[str, StateValue]
 
 MAGIC = b"AIRGOSSIP-CHECKPOINT 2\n"
 #: Earlier formats, refused with a line that says so (format 1: a SHA-256 only, no owner).
@@ -66,7 +72,7 @@ class CheckpointOwner:
         The agent's id.
     fleet:
         The fleet: the fingerprint of its CA certificate
-        (:func:`airgossip.edge.security.tls.fleet_of`; empty over plaintext).
+        (:func:`airgossip.common.security.tls.fleet_of`; empty over plaintext).
     run:
         The run: the coordinator's run id, or for static peers the run the operator names
         (``--run-id``) or else a digest of the run's settings and peer list.
@@ -143,7 +149,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def encode_state(
-    state: dict[str, Any],
+    state: CheckpointState,
     owner: CheckpointOwner | None = None,
     key: CheckpointKey = UNKEYED,
 ) -> bytes:
@@ -151,7 +157,7 @@ def encode_state(
     docstring; no owner: an unnamed agent of no fleet or run, for tools and tests)."""
     blobs: list[bytes] = []
 
-    def skeleton(value: Any) -> Any:
+    def skeleton(value: StateValue) -> object:
         if isinstance(value, torch.Tensor):
             array = value.detach().to("cpu").contiguous()
             blobs.append(array.reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -187,7 +193,7 @@ def encode_state(
 
 def read_checkpoint(
     data: bytes, key: CheckpointKey = UNKEYED, owner: CheckpointOwner | None = None
-) -> dict[str, Any]:
+) -> CheckpointState:
     """The state in checkpoint bytes, once they proved intact, owned by ``owner`` (None:
     anyone's) and written under ``key``; :class:`CheckpointError` saying why not."""
     if not data.startswith(MAGIC):
@@ -238,18 +244,20 @@ def _mac_mismatch(keyed: bool, key: CheckpointKey) -> str:
     )
 
 
-def _state_of(head: dict[str, Any], body: bytes, position: int) -> dict[str, Any]:
+def _state_of(head: Mapping[str, object], body: bytes, position: int) -> CheckpointState:
+    sizes = head.get("blobs")
+    if not isinstance(sizes, list) or not all(
+        isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in sizes
+    ):
+        raise CheckpointError("unreadable header")
     offsets = []
-    try:
-        for size in head["blobs"]:
-            offsets.append((position, position + int(size)))
-            position += int(size)
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError("unreadable header") from None
+    for size in sizes:
+        offsets.append((position, position + size))
+        position += size
     if position != len(body):
         raise CheckpointError("blob sizes do not add up")
 
-    def value(node: Any) -> Any:
+    def value(node: object) -> StateValue:
         if isinstance(node, dict):
             if "__tensor__" in node:
                 begin, end = offsets[node["__tensor__"]]
@@ -265,7 +273,9 @@ def _state_of(head: dict[str, Any], body: bytes, position: int) -> dict[str, Any
             return {k: value(v) for k, v in node.items()}
         if isinstance(node, list):
             return [value(v) for v in node]
-        return node
+        if node is None or isinstance(node, bool | int | float | str):
+            return node
+        raise TypeError(f"a {type(node).__name__} where a value belongs")
 
     try:
         state = value(head["state"])
@@ -276,7 +286,7 @@ def _state_of(head: dict[str, Any], body: bytes, position: int) -> dict[str, Any
     return state
 
 
-def decode_state(data: bytes, key: CheckpointKey = UNKEYED) -> dict[str, Any]:
+def decode_state(data: bytes, key: CheckpointKey = UNKEYED) -> CheckpointState:
     """The state in checkpoint bytes written under ``key``, whoever owns them
     (:func:`read_checkpoint`)."""
     return read_checkpoint(data, key)
@@ -287,7 +297,7 @@ class Loaded:
     """What :meth:`CheckpointStore.load_latest` found."""
 
     #: The newest usable checkpoint's state (None: none is usable; start fresh).
-    state: dict[str, Any] | None
+    state: CheckpointState | None
     #: Its file (None with no state).
     path: Path | None
     #: One line per newer checkpoint refused: the file and why.
@@ -350,7 +360,7 @@ class CheckpointStore:
                 found.append((int(serial), path))
         return [path for _, path in sorted(found)]
 
-    def save(self, state: dict[str, Any]) -> Path:
+    def save(self, state: CheckpointState) -> Path:
         """Write ``state`` as the newest checkpoint, atomically and durably; return its path."""
         data = encode_state(state, self.owner, self.key)
         self._serial += 1
@@ -371,7 +381,7 @@ class CheckpointStore:
             old.unlink(missing_ok=True)
         return path
 
-    def load_latest(self, accept: Callable[[dict[str, Any], Path], None] | None = None) -> Loaded:
+    def load_latest(self, accept: Callable[[CheckpointState, Path], None] | None = None) -> Loaded:
         """The newest checkpoint that is intact, verifies under :attr:`key`, belongs to
         :attr:`owner` and that ``accept`` takes (it raises :class:`CheckpointError` saying
         why not); every newer one is in :attr:`Loaded.refused`. ``Loaded.state`` is None

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from airgossip.common.topology import Phase
 from airgossip.edge.algorithms import Payload
 from airgossip.edge.compression import Codec
 from airgossip.edge.observability.telemetry import SendEvent
-from airgossip.edge.topology import Phase
 from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, SendOutcome
 
 #: An out-neighbour that cannot be reached keeps its share at home (a dead peer would swallow

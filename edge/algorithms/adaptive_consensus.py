@@ -34,6 +34,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from airgossip.edge.algorithms.dpsgd import DPSGD
+from airgossip.edge.algorithms.state import AlgorithmState, state_float
 
 
 class AdaptiveConsensusOptions(BaseModel):
@@ -110,10 +111,10 @@ class AdaptiveConsensusDPSGD(DPSGD):
     def scalars(self) -> dict[str, float]:
         return {"gamma": self.gamma}
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         return {**super().state_dict(), "gamma": self.gamma, "lr_max": self._lr_max}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self.gamma = float(state["gamma"])
-        self._lr_max = float(state["lr_max"])
+        self.gamma = state_float(state, "gamma")
+        self._lr_max = state_float(state, "lr_max")

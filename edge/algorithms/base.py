@@ -25,7 +25,11 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from airgossip.common.options import validate_options
+from airgossip.common.seeds import derive_seed
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.graph_needs import supports_directed
+from airgossip.edge.algorithms.state import AlgorithmState, state_int
 from airgossip.edge.compression import (
     Codec,
     Encoded,
@@ -34,9 +38,6 @@ from airgossip.edge.compression import (
     encode_blocks,
     raw_codec_for,
 )
-from airgossip.edge.config.options import validate_options
-from airgossip.edge.config.seeds import derive_seed
-from airgossip.edge.topology.mixing import Phase
 
 #: Most weight an agent may hold or one message carry. A fleet's weights sum to its size, so
 #: anything near this is an attack or a bug, never a fleet.
@@ -241,7 +242,7 @@ class GossipAlgorithm(ABC):
         Codec of every payload (default: the lossless codec of ``dtype``).
     seed:
         Root of the algorithm's random draws (stochastic rounding, random-k indices); give
-        every agent its own (see :func:`~airgossip.edge.config.seeds.derive_seed`).
+        every agent its own (see :func:`~airgossip.common.seeds.derive_seed`).
     options:
         The algorithm's ``[algorithm_options]``, validated against :attr:`options_model`.
     shared_start:
@@ -253,7 +254,8 @@ class GossipAlgorithm(ABC):
     #: Whether the algorithm runs on directed graphs (column-stochastic weights suffice); set
     #: from :data:`~airgossip.edge.algorithms.graph_needs.UNDIRECTED_ONLY` by the algorithm's name.
     supports_directed: ClassVar[bool] = True
-    #: Weighting scheme of the mixing matrix the algorithm needs (see ``airgossip.edge.topology``).
+    #: Weighting scheme of the mixing matrix the algorithm needs (see
+    #: ``airgossip.common.topology``).
     mixing: ClassVar[str] = "column-stochastic"
     #: Most blocks one message may carry (the receiver refuses more before buffering).
     max_blocks: ClassVar[int] = 1
@@ -397,17 +399,18 @@ class GossipAlgorithm(ABC):
     # (however old) starts every edge over in a new lineage, so nothing it sends or absorbs
     # mixes its edges' history before the restart with what its peers hold since.
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         """A consistent copy of the agent's own gossip state (no per-edge state): tensors
-        (copies), numbers, strings, bytes, in nested dicts and lists."""
+        (copies), numbers, strings, bytes, in nested dicts and lists (:data:`StateValue`)."""
         return {"algorithm": self.name, "numel": self.numel, "encodings": self._encodings}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         """Resume from a :meth:`state_dict` (of this algorithm and model size); every edge
-        starts over."""
+        starts over. ``KeyError``/``TypeError``/``ValueError`` for a state of another
+        algorithm or size, or with a part missing or of the wrong kind."""
         if state.get("algorithm") != self.name or state.get("numel") != self.numel:
             raise ValueError(
-                f"checkpoint of {state.get('algorithm')!r} with {state.get('numel')} elements "
+                f"checkpoint of {state.get('algorithm')!r} with {state.get('numel')!r} elements "
                 f"cannot resume {self.name!r} with {self.numel}"
             )
-        self._encodings = int(state["encodings"])
+        self._encodings = state_int(state, "encodings")

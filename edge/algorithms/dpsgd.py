@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.base import (
     Ack,
     GossipAlgorithm,
@@ -27,8 +28,8 @@ from airgossip.edge.algorithms.base import (
     check_absorption,
     check_sequence,
 )
+from airgossip.edge.algorithms.state import AlgorithmState, state_tensor
 from airgossip.edge.compression import Codec
-from airgossip.edge.topology.mixing import Phase
 
 
 class DPSGD(GossipAlgorithm):
@@ -93,12 +94,12 @@ class DPSGD(GossipAlgorithm):
         if latest is not None:  # its model still stands in until a newer one arrives
             self._latest[sender] = (0, latest[1])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         return {**super().state_dict(), "x": self._x.clone()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self._x = state["x"].to(self.dtype).clone()
+        self._x = state_tensor(state, "x").to(self.dtype).clone()
 
     def mix(self) -> None:
         phase = self._phase

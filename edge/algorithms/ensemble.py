@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.base import (
     Ack,
     GossipAlgorithm,
@@ -36,8 +37,14 @@ from airgossip.edge.algorithms.base import (
     check_sequence,
 )
 from airgossip.edge.algorithms.local_sgd import SILENT
+from airgossip.edge.algorithms.state import (
+    AlgorithmState,
+    StateValue,
+    state_flag,
+    state_table,
+    state_tensor,
+)
 from airgossip.edge.compression import Codec
-from airgossip.edge.topology.mixing import Phase
 
 
 class EnsembleOptions(BaseModel):
@@ -130,14 +137,16 @@ class EnsembleCompression(GossipAlgorithm):
     def forget_in_edge(self, sender: str) -> None:
         self._latest.pop(sender, None)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
+        fresh: dict[str, StateValue] = dict(self._fresh)
         return {
             **super().state_dict(),
-            "x": self._x.clone(), "fresh": dict(self._fresh), "combining": self._combining,
+            "x": self._x.clone(), "fresh": fresh, "combining": self._combining,
         }  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self._x = state["x"].to(self.dtype).clone()
-        self._fresh = {p: v.to(self.dtype) for p, v in state["fresh"].items()}
-        self._combining = bool(state["combining"])
+        self._x = state_tensor(state, "x").to(self.dtype).clone()
+        fresh = state_table(state, "fresh")
+        self._fresh = {p: state_tensor(fresh, p).to(self.dtype) for p in fresh}
+        self._combining = state_flag(state, "combining")

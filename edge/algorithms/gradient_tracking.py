@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from airgossip.edge.algorithms.push_sum import PushSum
+from airgossip.edge.algorithms.state import AlgorithmState, state_tensor
 
 
 class GradientTracking(PushSum):
@@ -59,12 +60,12 @@ class GradientTracking(PushSum):
         self._previous = direction
         self._x[: self.numel].sub_(tracker)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         return {**super().state_dict(), "previous": self._previous.clone()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self._previous = state["previous"].to(self.dtype).clone()
+        self._previous = state_tensor(state, "previous").to(self.dtype).clone()
 
     def mass(self) -> tuple[torch.Tensor, float]:
         """``(x, y)`` held by this agent, unmixed mass included (``x`` without the tracker)."""

@@ -32,10 +32,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from airgossip.common.seeds import derive_seed
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.base import Payload
 from airgossip.edge.algorithms.push_sum import PushSum
-from airgossip.edge.config.seeds import derive_seed
-from airgossip.edge.topology.mixing import Phase
+from airgossip.edge.algorithms.state import AlgorithmState, state_flag, state_int, state_tensor
 
 #: The phase of a silent round: keep everything, talk to no one.
 SILENT = Phase(1.0, {}, ())
@@ -108,19 +109,19 @@ class LocalSGD(PushSum):
             if self._outer:
                 self._outer_step()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         return {
             **super().state_dict(),
             "averaging_rounds": self.averaging_rounds, "anchor": self._anchor.clone(),
             "velocity": self._velocity.clone(), "averaged": self._averaged,
         }  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self.averaging_rounds = int(state["averaging_rounds"])
-        self._anchor = state["anchor"].to(self.dtype).clone()
-        self._velocity = state["velocity"].to(self.dtype).clone()
-        self._averaged = bool(state["averaged"])
+        self.averaging_rounds = state_int(state, "averaging_rounds")
+        self._anchor = state_tensor(state, "anchor").to(self.dtype).clone()
+        self._velocity = state_tensor(state, "velocity").to(self.dtype).clone()
+        self._averaged = state_flag(state, "averaged")
 
     def _outer_step(self) -> None:
         options = self.local_options

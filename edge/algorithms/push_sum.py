@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.base import (
     SEQ_SLACK,
     Ack,
@@ -43,8 +44,8 @@ from airgossip.edge.algorithms.base import (
     check_weight,
     refuse_amplifying_codec,
 )
+from airgossip.edge.algorithms.state import AlgorithmState, state_float, state_tensor
 from airgossip.edge.compression import Codec
-from airgossip.edge.topology.mixing import Phase
 
 #: Weight below which an agent gives no share away (an agent starts with 1, a fleet's
 #: weights sum to its size). An agent that runs far faster than its in-neighbours (it
@@ -128,7 +129,7 @@ class PushSumCore(GossipAlgorithm):
         one an agent may hold (see :func:`check_absorption`); changes nothing."""
         check_absorption(self._x + pending_x, self._y + pending_y, sender)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         return {
             **super().state_dict(),
             "x": self._x.clone(),
@@ -137,12 +138,12 @@ class PushSumCore(GossipAlgorithm):
             "pending_y": self._pending_y,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self._x = state["x"].to(self.dtype).clone()
-        self._y = float(state["y"])
-        self._pending_x = state["pending_x"].to(self.dtype).clone()
-        self._pending_y = float(state["pending_y"])
+        self._x = state_tensor(state, "x").to(self.dtype).clone()
+        self._y = state_float(state, "y")
+        self._pending_x = state_tensor(state, "pending_x").to(self.dtype).clone()
+        self._pending_y = state_float(state, "pending_y")
 
     def _received_vector(self, sender: str, payload: Payload) -> torch.Tensor:
         if payload.vector.numel() != self._x.numel():

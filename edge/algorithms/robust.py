@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from airgossip.common.topology.graphs import Graph
+from airgossip.common.topology.mixing import metropolis_hastings
 from airgossip.edge.algorithms.clipping import (
     COUNTED_CLIP,
     clip_scale,
@@ -39,8 +41,7 @@ from airgossip.edge.algorithms.clipping import (
 )
 from airgossip.edge.algorithms.dpsgd import DPSGD
 from airgossip.edge.algorithms.drift import FLOOR, DriftGuard
-from airgossip.edge.topology.graphs import Graph
-from airgossip.edge.topology.mixing import metropolis_hastings
+from airgossip.edge.algorithms.state import AlgorithmState, state_table, state_value
 
 
 class ClippedGossipOptions(BaseModel):
@@ -92,16 +93,17 @@ class _ClippedMix(DPSGD):
         #: Drift score per neighbour (:attr:`DriftGuard.score`), read by the agent's observer.
         self.drift_by_sender: dict[str, float] = {} if self.drift is None else self.drift.score
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         state = super().state_dict()
         if self.drift is not None:
-            state["drift"] = self.drift.state_dict()
+            state["drift"] = state_value(self.drift.state_dict(), "drift")
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
         if self.drift is not None and "drift" in state:
-            self.drift.load_state_dict(state["drift"], self.dtype)
+            drift: dict[str, object] = dict(state_table(state, "drift"))
+            self.drift.load_state_dict(drift, self.dtype)
 
     def radius(self, distances: list[float], weights: list[float]) -> float:
         """The clipping radius of this round, given every neighbour's distance and weight."""

@@ -57,6 +57,13 @@ from airgossip.edge.algorithms.base import Ack, Payload
 from airgossip.edge.algorithms.clipping import COUNTED_CLIP, clip_scale, self_centred_radius
 from airgossip.edge.algorithms.drift import DriftGuard
 from airgossip.edge.algorithms.push_sum import PushSum
+from airgossip.edge.algorithms.state import (
+    AlgorithmState,
+    state_float,
+    state_table,
+    state_tensor,
+    state_value,
+)
 
 
 class RobustPushSumOptions(BaseModel):
@@ -217,16 +224,22 @@ class RobustPushSum(PushSum):
         self.dropped_mass += float(torch.linalg.vector_norm(cut))
         return x - cut, y
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         state = super().state_dict()
         state["held"] = {s: (x.clone(), y) for s, (x, y) in self._held.items()}
         if self.drift is not None:
-            state["drift"] = self.drift.state_dict()
+            state["drift"] = state_value(self.drift.state_dict(), "drift")
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        held = state.get("held", {})
-        self._held = {str(s): (x.to(self.dtype).clone(), float(y)) for s, (x, y) in held.items()}
+        held: dict[str, tuple[torch.Tensor, float]] = {}
+        for sender, part in state_table(state, "held").items():
+            if not isinstance(part, list | tuple) or len(part) != 2:
+                raise TypeError(f"'held.{sender}' is not an (x, y) pair")
+            pair = {"x": part[0], "y": part[1]}
+            held[sender] = (state_tensor(pair, "x").to(self.dtype).clone(), state_float(pair, "y"))
+        self._held = held
         if self.drift is not None and "drift" in state:
-            self.drift.load_state_dict(state["drift"], self.dtype)
+            drift: dict[str, object] = dict(state_table(state, "drift"))
+            self.drift.load_state_dict(drift, self.dtype)

@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.base import (
     Ack,
     InvalidPayload,
@@ -57,6 +58,7 @@ from airgossip.edge.algorithms.base import (
     refuse_amplifying_codec,
 )
 from airgossip.edge.algorithms.push_sum import PushSumCore
+from airgossip.edge.algorithms.state import AlgorithmState, state_tensor
 from airgossip.edge.compression import (
     Codec,
     Encoded,
@@ -66,7 +68,6 @@ from airgossip.edge.compression import (
     TopKCodec,
     join_blocks,
 )
-from airgossip.edge.topology.mixing import Phase
 
 #: Most unacknowledged blocks an edge keeps (and one message carries).
 MAX_BLOCKS = 16
@@ -254,12 +255,12 @@ class SharedCopyGossip(PushSumCore):
         return Ack(edge.last, 0, absorbed=True)
 
     # -- checkpoints -------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AlgorithmState:
         return {**super().state_dict(), "start": self._start.clone()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AlgorithmState) -> None:
         super().load_state_dict(state)
-        self._start = state["start"].to(self.dtype).clone()
+        self._start = state_tensor(state, "start").to(self.dtype).clone()
 
     # -- inspection (tests, benchmarks) ------------------------------------------------------
     def in_flight(self) -> tuple[torch.Tensor, float]:

@@ -13,7 +13,7 @@ before touching memory and never trusts the header alone.
 
 A message may carry several *blocks* (vectors of the same length, each encoded on its own, their
 bytes concatenated): :func:`join_blocks`, :func:`encode_blocks`, :func:`decode_blocks`. Stochastic
-codecs draw from an explicit ``seed`` (see :func:`airgossip.edge.config.seeds.derive_seed`), never
+codecs draw from an explicit ``seed`` (see :func:`airgossip.common.seeds.derive_seed`), never
 from global random state, so the same fleet seed gives the same bytes.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from airgossip.edge.config.seeds import derive_seed
+from airgossip.common.seeds import derive_seed
 
 
 class DecodeError(ValueError):

@@ -19,8 +19,8 @@ import math
 import numpy as np
 import torch
 
+from airgossip.common.seeds import GOLDEN64, splitmix64_array
 from airgossip.edge.compression.codec import Codec, DecodeError, Encoded
-from airgossip.edge.config.seeds import GOLDEN64, splitmix64_array
 
 
 def kept(numel: int, fraction: float) -> int:

@@ -1,5 +1,5 @@
 """An agent's Prometheus metrics (the HTTP server that exposes them is
-:mod:`airgossip.edge.observability.http`).
+:mod:`airgossip.common.http`).
 
 Every Prometheus object of an agent process is created in :class:`AgentMetrics`, fed by the plain
 records and events of :mod:`airgossip.edge.observability.stats` and

@@ -10,13 +10,14 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 import numpy as np
 
-from airgossip.edge.security.private_files import open_private, private_folder
+from airgossip.common.security.private_files import open_private, private_folder
 
 #: Estimates longer than this are reported as a count sketch (see :func:`probe_estimate`).
 EXACT_ESTIMATE_LIMIT = 1 << 20
@@ -63,6 +64,31 @@ class Counters:
         return self.messages_dropped + self.messages_failed
 
 
+class _RoundRecordFields(TypedDict):
+    agent_id: str
+    round: int
+    wall_s: float
+
+
+class RoundRecordJson(_RoundRecordFields, total=False):
+    """A :class:`RoundRecord` as one JSON object (:meth:`RoundRecord.to_json` writes every
+    key; a reader takes a record without the optional ones)."""
+
+    metrics: dict[str, float]
+    scalars: dict[str, float]
+    final: bool
+    # The counters, flat beside the other fields (the fields of :class:`Counters`).
+    bytes_sent: int
+    messages_sent: int
+    messages_dropped: int
+    messages_failed: int
+    messages_received: int
+    messages_rejected: int
+    # Where a sink wrote the record's estimate (:class:`JsonlSink`: its index and length).
+    estimate_index: int
+    estimate_size: int
+
+
 @dataclass
 class RoundRecord:
     """One agent's state after one round (round 0: before the first)."""
@@ -76,20 +102,58 @@ class RoundRecord:
     final: bool = False
     estimate: np.ndarray | None = field(default=None, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RoundRecordJson:
         """A flat JSON object (the counters beside the other fields), without the estimate."""
-        data = asdict(self)
-        data.pop("estimate")
-        data.update(data.pop("counters"))
-        return data
+        c = self.counters
+        return {
+            "agent_id": self.agent_id, "round": self.round, "wall_s": self.wall_s,
+            "metrics": dict(self.metrics), "scalars": dict(self.scalars), "final": self.final,
+            "bytes_sent": c.bytes_sent, "messages_sent": c.messages_sent,
+            "messages_dropped": c.messages_dropped, "messages_failed": c.messages_failed,
+            "messages_received": c.messages_received, "messages_rejected": c.messages_rejected,
+        }  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RoundRecord:
+    def from_json(cls, data: Mapping[str, object]) -> RoundRecord:
         """The inverse of :meth:`to_json` (the estimate is not in the JSON; keys a sink adds
-        beside the record, such as where its estimate is, are left aside)."""
-        counters = Counters(**{name: int(data.get(name, 0)) for name in Counters.names()})
-        known = {f.name for f in fields(cls)} - {"counters", "estimate"}
-        return cls(**{k: v for k, v in data.items() if k in known}, counters=counters)
+        beside the record, such as where its estimate is, are left aside); ``KeyError`` or
+        ``TypeError`` for a record without its id, round or time or with a value of the
+        wrong type."""
+        counters = Counters(**{name: _integer(data, name, 0) for name in Counters.names()})
+        final = data.get("final", False)
+        if not isinstance(data["agent_id"], str) or not isinstance(final, bool):
+            raise TypeError("a round record's agent_id is not a string or final not a flag")
+        return cls(
+            agent_id=data["agent_id"], round=_integer(data, "round"),
+            wall_s=_number(data["wall_s"], "wall_s"), metrics=_numbers(data, "metrics"),
+            counters=counters, scalars=_numbers(data, "scalars"), final=final,
+        )  # fmt: skip
+
+
+def _number(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"a round record's {key} is not a number")
+    return float(value)
+
+
+def _integer(data: Mapping[str, object], key: str, default: int | None = None) -> int:
+    value = data[key] if default is None else data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a round record's {key} is not an integer")
+    return value
+
+
+def _numbers(data: Mapping[str, object], key: str) -> dict[str, float]:
+    table = data.get(key, {})
+    if not isinstance(table, dict):
+        raise TypeError(f"a round record's {key} is not a table")
+    return {str(k): _number(v, f"{key}.{k}") for k, v in table.items()}
+
+
+# Every counter has its key in the JSON of a round record (a counter added to one, not the
+# other, is refused on import).
+if set(Counters.names()) - set(RoundRecordJson.__optional_keys__):
+    raise TypeError("RoundRecordJson lacks a key for a field of Counters")
 
 
 class StatsSink(Protocol):

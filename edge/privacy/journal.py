@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from airgossip.edge.security.private_files import open_private
+from airgossip.common.security.private_files import open_private
 
 
 @dataclass

@@ -4,7 +4,7 @@ two agents of every pair, over the identities they already hold.
 **With TLS credentials** (every fleet of processes, devices, containers). An agent's
 X25519 key is derived from its certificate's private key (HKDF-SHA256; no new key file), and
 its public half is in its certificate, as a name the fleet's authority signs with the rest
-(``airgossip.edge.security.agreement``, added by ``airgossip certs`` and ``airgossip run``). An
+(``airgossip.common.security.agreement``, added by ``airgossip certs`` and ``airgossip run``). An
 agent reads a partner's certificate (public) beside its own (``<peer>.pem``), or in a run
 folder from the partner's folder next to its own (``certs/<peer>/<peer>.pem``), checks that
 the fleet's authority issued it to that identity and that it is valid now, and agrees a
@@ -37,9 +37,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from airgossip.edge.config.identity import natural_key
-from airgossip.edge.security.agreement import agreement_key, agreement_public_key
-from airgossip.edge.security.tls import CA_CERT, SecurityError, TlsCredentials, certificate_identity
+from airgossip.common.identity import natural_key
+from airgossip.common.security.agreement import agreement_key, agreement_public_key
+from airgossip.common.security.tls import (
+    CA_CERT,
+    SecurityError,
+    TlsCredentials,
+    certificate_identity,
+)
 
 _MASK_INFO = b"airgossip cancelling masks v1"
 _RUN_KEYS = b"airgossip in-process run keys v1"
@@ -59,8 +64,8 @@ class PairSecrets(Protocol):
 
     def mask_key(self, peer: str, context: bytes) -> bytes:
         """The key this agent shares with ``peer`` for the run ``context``; never logged,
-        never sent. Raises :class:`~airgossip.edge.security.tls.SecurityError` when ``peer`` cannot
-        be authenticated."""
+        never sent. Raises :class:`~airgossip.common.security.tls.SecurityError` when ``peer``
+        cannot be authenticated."""
 
 
 class CertificateSecrets:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from airgossip.edge.config.identity import natural_key
+from airgossip.common.identity import natural_key
 
 #: The round's nonce: ChaCha20 takes 16 bytes, a 4-byte block counter then 12 bytes.
 _NONCE_PAD = b"\x00" * 4

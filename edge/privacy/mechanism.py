@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from airgossip.edge.config.seeds import derive_seed
+from airgossip.common.seeds import derive_seed
 from airgossip.edge.privacy.accounting import Ledger, NetworkLedger, OpacusLedger, PrivacyError
 from airgossip.edge.privacy.figures import Spent
 from airgossip.edge.privacy.journal import PrivacyJournal
 from airgossip.edge.privacy.keys import PairSecrets
 from airgossip.edge.privacy.masks import PairMasks
 from airgossip.edge.privacy.noise import resolve_noise
-from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 from airgossip.edge.privacy.settings import PrivacySettings
 from airgossip.edge.privacy.training import PrivateTrainer
 from airgossip.edge.tasks.base import SupportsPrivateTraining, Task, TrainConfig, TrainResult
@@ -34,7 +34,7 @@ class PrivacyContext:
     """What the way of running agents knows and hands down: the fleet's graph (for the
     graph-aware mechanisms) and this agent's pair secrets (for cancelling masks)."""
 
-    graph: FleetGraph | None = None
+    graph: PrivacyGraph | None = None
     secrets: PairSecrets | None = None
 
 

@@ -14,7 +14,7 @@ import math
 from airgossip.edge.privacy.accounting import PrivacyError
 from airgossip.edge.privacy.mechanisms.base import listed
 from airgossip.edge.privacy.mechanisms.registry import MECHANISMS
-from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 from airgossip.edge.privacy.settings import PrivacySettings, ResolvedNoise
 
 #: The version of :class:`~airgossip.edge.privacy.settings.ResolvedNoise`'s content, part of its
@@ -23,7 +23,7 @@ CARRIED_VERSION = 1
 
 
 def noise_inputs(
-    settings: PrivacySettings, *, rounds: int, num_agents: int, graph: FleetGraph | None
+    settings: PrivacySettings, *, rounds: int, num_agents: int, graph: PrivacyGraph | None
 ) -> str:
     """A fingerprint of everything the noise of ``settings`` is resolved from."""
     h = hashlib.sha256(f"v{CARRIED_VERSION}:{rounds}:{num_agents}:".encode())
@@ -34,7 +34,7 @@ def noise_inputs(
 
 
 def resolve_noise(
-    settings: PrivacySettings, *, rounds: int, num_agents: int, graph: FleetGraph | None
+    settings: PrivacySettings, *, rounds: int, num_agents: int, graph: PrivacyGraph | None
 ) -> NoisePlan:
     """The run's :class:`~airgossip.edge.privacy.plan.NoisePlan` for ``rounds`` rounds (of which the
     private ones, every ``gossip_rounds``, are what the accountant composes): the one
@@ -66,7 +66,7 @@ def resolve_noise(
 
 
 def carried_noise(
-    settings: PrivacySettings, *, rounds: int, num_agents: int, graph: FleetGraph | None
+    settings: PrivacySettings, *, rounds: int, num_agents: int, graph: PrivacyGraph | None
 ) -> PrivacySettings:
     """``settings`` with the noise resolved from these inputs carried in ``resolved_noise``
     (as they are where privacy is off, or where a multiplier is unbounded: JSON holds no

@@ -1,5 +1,5 @@
 """What a run's noise is made of: the fleet's graph as the graph-aware mechanisms see it
-(:class:`FleetGraph`), the noise each agent adds and what the accountant composes
+(:class:`PrivacyGraph`), the noise each agent adds and what the accountant composes
 (:class:`NoisePlan`, made by each mechanism's ``plan``), and network DP's pairwise figures.
 """
 
@@ -12,16 +12,18 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from airgossip.common.topology import Graph, mixing_matrices
 from airgossip.edge.privacy.accounting import gaussian_epsilon
 from airgossip.edge.privacy.graph import NetworkSensitivities, network_sensitivities, pair_graph
-from airgossip.edge.topology import Graph, mixing_matrices
 
 
 @dataclass(frozen=True, eq=False)
-class FleetGraph:
-    """What graph-aware mechanisms know of the fleet: its agents in index order, the first
-    graph's links (``adjacency[i, j]``: ``i`` sends to ``j``, over every phase) and its
-    mixing matrix (``mixing[j, i]``: the share of ``i``'s state that goes to ``j``)."""
+class PrivacyGraph:
+    """The fleet's graph as the graph-aware privacy mechanisms see it: its agents in index
+    order, the first graph's links (``adjacency[i, j]``: ``i`` sends to ``j``, over every
+    phase) and its mixing matrix (``mixing[j, i]``: the share of ``i``'s state that goes to
+    ``j``). Not the coordinator's :class:`~airgossip.coordinator.graphs.FleetGraph` (a graph
+    of agent ids it assigns)."""
 
     ids: tuple[str, ...]
     adjacency: np.ndarray
@@ -30,7 +32,7 @@ class FleetGraph:
     static: bool = True
 
     @classmethod
-    def of(cls, graph: Graph, ids: tuple[str, ...], scheme: str, *, static: bool) -> FleetGraph:
+    def of(cls, graph: Graph, ids: tuple[str, ...], scheme: str, *, static: bool) -> PrivacyGraph:
         """The fleet's view of ``graph`` (its union of phases, its first phase's weights)."""
         return cls(ids, graph.union(), mixing_matrices(graph, scheme)[0],
                    static=static and graph.period == 1)  # fmt: skip
@@ -93,7 +95,7 @@ def mean_pair_epsilon(network: NetworkSensitivities, rounds: int, sigma: float,
     return float(np.mean([gaussian_epsilon(math.sqrt(m), delta) for m in off]))
 
 
-def network_of(graph: FleetGraph, rounds: int) -> NetworkSensitivities:
+def network_of(graph: PrivacyGraph, rounds: int) -> NetworkSensitivities:
     """Network DP's pairwise sensitivities on ``graph`` after each of ``rounds`` rounds
     (computed once per graph and length in a process)."""
     n = graph.mixing.shape[0]

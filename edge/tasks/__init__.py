@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airgossip.edge.lazy_exports import lazy_exports
+from airgossip.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from airgossip.edge.tasks.base import (

@@ -171,7 +171,7 @@ class DigitsTask:
     name = "digits"
     gossip_dtype = torch.float32
     #: Options a ``[privacy]`` run uses where ``[task]`` sets none (resolved once per run,
-    #: with the run's settings: ``airgossip.emulation.config.load_config``).
+    #: with the run's settings: ``airgossip.scenario.config.load_config``).
     private_defaults: ClassVar[Mapping[str, float]] = {"lr": PRIVATE_LR}
 
     def __init__(self, context: TaskContext) -> None:

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from airgossip.edge.config.options import validate_options
+from airgossip.common.options import validate_options
 from airgossip.edge.tasks.base import TaskError
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)

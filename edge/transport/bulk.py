@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from airgossip.edge.security.tls import TlsCredentials
+from airgossip.common.security.tls import TlsCredentials
 from airgossip.edge.transport.base import MessageHeader, RejectCode, Rejected
 from airgossip.edge.transport.tlssocket import ssl_context, ssl_identity
 from airgossip.edge.transport.wire import PushAssembler

@@ -14,7 +14,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from airgossip.edge.security.tls import IDENTITY_URI_PREFIX, TlsCredentials
+from airgossip.common.security.tls import IDENTITY_URI_PREFIX, TlsCredentials
 
 
 def ssl_context(security: TlsCredentials, *, server: bool) -> ssl.SSLContext:

@@ -3,7 +3,7 @@
 :func:`run_flower_baseline` runs a Flower app with Flower's own simulation engine (Ray) and
 the app's own ServerApp (FedAvg for a quickstart app) on as many nodes as a serverless run has
 agents; node ``i`` gets ``partition-id`` ``i``, as agent ``i`` does, so both see the same data
-split. It writes ``results.json`` in our schema (:class:`~airgossip.emulation.results.RunResults`):
+split. It writes ``results.json`` in our schema (:class:`~airgossip.scenario.results.RunResults`):
 per round the accuracy the ClientApps report on the global model (mean, min, max over the nodes that
 evaluated), the bytes Flower moved so far (messages to and from the server, in Flower's serialized
 form) and the wall time since the ServerApp started.
@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from airgossip.edge.security.private_files import open_private, private_folder
+from airgossip.common.security.private_files import open_private, private_folder
 from airgossip.emulation.baselines.job import FlowerJob, FlowerRound, RunConfigValue
-from airgossip.emulation.config import ConfigError
 from airgossip.emulation.fleets.base import FleetProgress
 from airgossip.emulation.fleets.processes import JsonLinesTail
-from airgossip.emulation.results import FinalFigures, RoundFigures, RunResults, plot_results
-from airgossip.emulation.runtime.folder import refuse_used_out_dir
+from airgossip.node.folder import refuse_used_out_dir
+from airgossip.scenario.config import ConfigError
+from airgossip.scenario.results import FinalFigures, RoundFigures, RunResults, plot_results
 
 if TYPE_CHECKING:  # Flower is imported when a baseline runs
     from airgossip.edge.tasks.flower.app import FlowerApp

@@ -38,7 +38,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
-from airgossip.edge.security.private_files import open_private
+from airgossip.common.security.private_files import open_private
 from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
 from airgossip.edge.tasks.flower.client import SERVER_ROUND
 from airgossip.edge.tasks.flower.initial import seeded

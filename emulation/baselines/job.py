@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from airgossip.edge.security.private_files import write_private
+from airgossip.common.security.private_files import write_private
 
 #: A value of a Flower run config (Flower's own types; Flower is imported only where it runs).
 RunConfigValue = bool | int | float | str

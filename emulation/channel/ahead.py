@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airgossip.emulation.channel.state import LinkState
-    from airgossip.emulation.scenario import WirelessSettings
+    from airgossip.scenario.wireless import WirelessSettings
 
 #: Where each array starts in a step's memory file (bytes).
 _ALIGN = 64

@@ -25,7 +25,7 @@ from airgossip.emulation.channel.mobility import (
 )
 from airgossip.emulation.channel.state import AnyLinkState
 from airgossip.emulation.channel.traces import RateTrace, read_trace
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 #: Bytes per directed link of one computed step (the arrays of a link state).
 LINK_STATE_BYTES = 35

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from airgossip.emulation.channel import radio
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 #: The geometry of 38.901's scenario families (Table 7.2-1 / 7.4.1-1): base station and user
 #: terminal heights in metres.

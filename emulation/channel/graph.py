@@ -7,7 +7,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from airgossip.edge.topology.graphs import SPARSE_LIMIT, Adjacency, sparse_adjacency
+from airgossip.common.topology.graphs import SPARSE_LIMIT, Adjacency, sparse_adjacency
 from airgossip.emulation.channel.state import AnyLinkState, SparseLinkState
 
 
@@ -93,8 +93,8 @@ def _sparse_gossip_adjacency(
     sensitivity_dbm: np.ndarray | None,
 ) -> Adjacency:
     """:func:`gossip_adjacency` over the links a sparse state holds (the same choices: the
-    strongest first, ties to the lowest receiver), kept as a flag per link until the end:
-    dense ``(n, n)`` up to :data:`~airgossip.edge.topology.graphs.SPARSE_LIMIT` nodes, a sparse CSR
+    strongest first, ties to the lowest receiver), kept as a flag per link until the end: dense
+    ``(n, n)`` up to :data:`~airgossip.common.topology.graphs.SPARSE_LIMIT` nodes, a sparse CSR
     array above (a dense one of 100,000 nodes is 10 GB, most of it touched by the links)."""
     n = state.n
     if n < 2:

@@ -43,7 +43,7 @@ from airgossip.emulation.channel.base import (
 from airgossip.emulation.channel.graph import gossip_adjacency, strongly_connected
 from airgossip.emulation.channel.mobility import MobilityState
 from airgossip.emulation.channel.state import AnyLinkState, LinkState, SparseLinkState
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 __all__ = [
     "ACTIVE", "CACHE_BYTES", "LINK_STATE_BYTES", "AnyLinkState", "ChannelBase", "ChannelModel",

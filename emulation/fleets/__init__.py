@@ -6,7 +6,7 @@ the kernel), ``containers`` (Docker containers, each agent shaping its own links
 kernel) and ``ray`` (Ray actors across a Ray cluster: :mod:`.ray_fleet`, :mod:`.ray_cluster`),
 registered by mode in :mod:`.registry`; :mod:`.agent_fleet` is the base of the
 process-based fleets and :mod:`.processes` their group of agent processes; :mod:`.run`
-checks a run and carries it to ``results.json`` (written by :mod:`airgossip.emulation.runtime`).
+checks a run and carries it to ``results.json`` (written by :mod:`airgossip.node`).
 """
 
 from airgossip.emulation.fleets.base import (
@@ -18,7 +18,7 @@ from airgossip.emulation.fleets.base import (
 )
 from airgossip.emulation.fleets.registry import FLEETS, fleet_class, modes_help
 from airgossip.emulation.fleets.run import Plan, preflight, run_fleet
-from airgossip.emulation.runtime.results import reference_answer
+from airgossip.node.results_writer import reference_answer
 
 __all__ = [
     "FLEETS",

@@ -1,7 +1,7 @@
 """The base of fleets whose agents are OS processes (``process``, ``namespaces``,
 ``containers``): what they share, written once.
 
-An :class:`AgentProcessFleet` holds the run's :class:`~airgossip.emulation.runtime.folder.RunFolder`
+An :class:`AgentProcessFleet` holds the run's :class:`~airgossip.node.folder.RunFolder`
 and an :class:`~airgossip.emulation.fleets.processes.AgentProcesses` group; its records, progress
 and stopping come from the group. :meth:`~AgentProcessFleet.run` starts the agents
 (:meth:`~AgentProcessFleet.start_agents`, the one thing every mode writes), follows them to the end,
@@ -16,21 +16,21 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.tls import TlsCredentials
 from airgossip.coordinator.roster import Roster
 from airgossip.coordinator.run import RunSpec
 from airgossip.coordinator.service import CoordinatorServer
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.tls import TlsCredentials
-from airgossip.emulation.config import RunConfig
-from airgossip.emulation.fleets.base import FleetBase, Launch
+from airgossip.emulation.fleets.base import Fleet, Launch
 from airgossip.emulation.fleets.processes import AgentHost, AgentProcesses
 from airgossip.emulation.networks import LinkRuntime, Network
-from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.node.folder import RunFolder
+from airgossip.scenario.config import RunConfig
 
 
 def start_embedded_coordinator(
-    fleet: FleetBase,
+    fleet: Fleet,
     listen: str,
     security: TlsCredentials | None,
     links: LinkRuntime | None,
@@ -59,7 +59,7 @@ def start_embedded_coordinator(
     return coordinator, address
 
 
-class AgentProcessFleet(FleetBase):
+class AgentProcessFleet(Fleet):
     """A fleet of agent processes (see the module docstring)."""
 
     #: Where the agents run and see the run's folder (None: this machine).

@@ -5,7 +5,7 @@ One class per mode (``process``, ``inproc``, ``virtual``, ``namespaces``), each 
 by its :attr:`Fleet.mode` in :mod:`airgossip.emulation.fleets.registry`; a mode that cannot serve a
 network says so (:meth:`Fleet.refuse`) instead of turning into another mode. A fleet never
 asks which network it has: everything about the links comes from the
-:class:`~airgossip.emulation.networks.base.Network` it is handed.
+:class:`~airgossip.node.network.Network` it is handed.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 
 from airgossip.edge.observability.stats import Counters, RoundRecord
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.networks import LinkRuntime, Network
+from airgossip.scenario.config import RunConfig
 
 
 class FleetError(RuntimeError):
@@ -121,49 +121,6 @@ class Launch:
             self.on_notice(text)
 
 
-class Fleet(Protocol):
-    """One way of running a fleet's agents (see the module docstring).
-
-    Built as ``Fleet(config, network, launch)``; :meth:`run` returns when every agent is
-    done, :meth:`stop` (from any thread) makes it return early.
-    """
-
-    #: Registry key, the value of ``--mode``.
-    mode: ClassVar[str]
-    #: One line for help texts.
-    summary: ClassVar[str]
-    #: Agents run inside this process (the launcher keeps torch to one thread).
-    in_process: ClassVar[bool]
-    #: Agents serve their own ``/metrics`` and an embedded coordinator can serve the
-    #: fleet's (``--metrics-port``).
-    serves_metrics: ClassVar[bool]
-
-    def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None: ...
-
-    @classmethod
-    def refuse(cls, config: RunConfig, network: Network) -> str | None:
-        """Why this mode cannot run ``network`` here (None: it can)."""
-
-    def run(self) -> None:
-        """Run every agent to the end (or until :meth:`stop`)."""
-
-    def stop(self) -> None:
-        """Make :meth:`run` return soon; safe from any thread."""
-
-    def progress(self) -> FleetProgress:
-        """The latest progress."""
-
-    def records(self) -> dict[str, list[RoundRecord]]:
-        """Every agent's round records so far, by agent id."""
-
-    def clock_s(self) -> float:
-        """Seconds on the scenario's clock since it started (virtual or wall)."""
-
-    @property
-    def runtime(self) -> LinkRuntime | None:
-        """The network's runtime when agents run in this process (its journal, say)."""
-
-
 class ProgressKeeper:
     """Keeps a fleet's latest progress and hands each new one to the launcher's callback."""
 
@@ -184,15 +141,25 @@ class ProgressKeeper:
             return self._latest
 
 
-class FleetBase(ABC):
-    """What fleets share, written once: built as ``Fleet(config, network, launch)``, progress
-    kept for the launcher (:attr:`keeper`), the scenario's wall clock, a :attr:`stopping`
-    event that :meth:`stop` sets, no refusal and no runtime of their own. A mode gives its
-    ``mode``, ``summary``, :meth:`run` and :meth:`records`, and overrides what differs."""
+class Fleet(ABC):
+    """One way of running a fleet's agents (see the module docstring), the base of every mode.
 
+    Built as ``Fleet(config, network, launch)``; :meth:`run` returns when every agent is
+    done, :meth:`stop` (from any thread) makes it return early. What fleets share is written
+    once here: progress kept for the launcher (:attr:`keeper`), the scenario's wall clock, a
+    :attr:`stopping` event that :meth:`stop` sets, no refusal and no runtime of their own. A
+    mode gives its ``mode``, ``summary``, :meth:`run` and :meth:`records`, and overrides
+    what differs (a virtual clock, a runtime in this process).
+    """
+
+    #: Registry key, the value of ``--mode``.
     mode: ClassVar[str]
+    #: One line for help texts.
     summary: ClassVar[str]
+    #: Agents run inside this process (the launcher keeps torch to one thread).
     in_process: ClassVar[bool] = False
+    #: Agents serve their own ``/metrics`` and an embedded coordinator can serve the
+    #: fleet's (``--metrics-port``).
     serves_metrics: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:

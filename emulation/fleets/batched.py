@@ -31,21 +31,21 @@ import numpy as np
 import torch
 from scipy.sparse import csr_array
 
+from airgossip.common.topology import Graph, adjacency_edges
 from airgossip.edge.agent.build import fleet_digest
 from airgossip.edge.agent.sending import Sender, gossip_message
 from airgossip.edge.algorithms import Payload
 from airgossip.edge.algorithms.base import SEQ_SLACK
 from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
-from airgossip.edge.config.settings import resolve_codec
 from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
+from airgossip.edge.settings import resolve_codec
 from airgossip.edge.tasks import TaskContext, load_task
 from airgossip.edge.tasks.consensus import ConsensusOptions, consensus_vector
 from airgossip.edge.tasks.options import parse_options
-from airgossip.edge.topology import Graph, adjacency_edges
 from airgossip.edge.transport.wire import wire_bytes
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.networks import Network
-from airgossip.emulation.networks.base import BatchedDrops
+from airgossip.node.network import BatchedDrops
+from airgossip.scenario.config import RunConfig
 
 #: The epoch of a static graph's assignments (``assignments_for_graph``'s first).
 STATIC_EPOCH = 1

@@ -3,7 +3,7 @@ agent's links shaped by the kernel inside its own container.
 
 The fleet makes a Docker network of its own, starts the coordinator in this process on that
 network's gateway address, and runs the agent module (``python -m
-airgossip.emulation.runtime.agent``, in place of the image's ``airgossip`` entry point) in one
+airgossip.emulation.agent``, in place of the image's ``airgossip`` entry point) in one
 container per agent (the image of
 ``[containers] image``) through :class:`~airgossip.emulation.fleets.processes.AgentProcesses`:
 the parts of the run's folder an agent needs (the config, ``agents/`` for records, its own
@@ -12,7 +12,7 @@ in the process mode. Unless the run is insecure, the run's throwaway certificate
 (its key never written) gives every member a certificate, and each container sees only the
 CA's certificate and its own certificate and key (read-only), never the other members' keys.
 With ``NET_ADMIN`` (the default) every agent applies its share of the
-network's :class:`~airgossip.emulation.networks.base.KernelLinks` on its own interface
+network's :class:`~airgossip.node.network.KernelLinks` on its own interface
 (:class:`~airgossip.emulation.networks.kernel.AgentKernelLinks`); without it, or where the engine
 refuses it, the agent says so in its log and shapes its links itself. Containers, and the
 network, are removed at the end, on Ctrl-C and on errors; all carry the label
@@ -28,16 +28,16 @@ import time
 import uuid
 from pathlib import Path
 
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.security.private_files import private_folder
-from airgossip.edge.security.tls import CA_CERT
-from airgossip.emulation.config import RunConfig
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.private_files import private_folder
+from airgossip.common.security.tls import CA_CERT
 from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
 from airgossip.emulation.fleets.base import FleetError, Launch
-from airgossip.emulation.fleets.processes import AgentHost
+from airgossip.emulation.fleets.processes import AGENT_MODULE, AgentHost
 from airgossip.emulation.networks import Network
 from airgossip.emulation.networks.kernel import AgentKernelReport, ContainerKernelReport
-from airgossip.emulation.runtime.command import AGENT_MODULE, AgentCommand
+from airgossip.node.command import AgentCommand
+from airgossip.scenario.config import RunConfig
 
 #: Where an agent container sees the run's folder, its own certificates, and its working
 #: directory (the image's).

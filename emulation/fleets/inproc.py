@@ -8,24 +8,24 @@ from collections.abc import Callable
 
 import torch
 
+from airgossip.common.identity import agent_ids
 from airgossip.edge.agent import Agent, build_agent
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
 from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.fleets.base import (
     AgentProgress,
-    FleetBase,
+    Fleet,
     Launch,
     fleet_progress,
     group_records,
 )
 from airgossip.emulation.fleets.batched import BatchedPushSum, batched_refusal
 from airgossip.emulation.networks import LinkRuntime, Network
-from airgossip.emulation.privacy import privacy_context, run_keyring
+from airgossip.node.privacy import privacy_context, run_keyring
+from airgossip.scenario.config import RunConfig
 
 
-class InProcessFleet(FleetBase):
+class InProcessFleet(Fleet):
     """All agents in this process, in lock step: every agent's local step and push, then
     every agent's mix and report, round after round. There is no clock, so a network whose
     links change with time cannot run here (the virtual mode runs those).

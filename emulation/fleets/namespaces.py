@@ -1,15 +1,14 @@
 """``namespaces`` mode: one agent process per Linux network namespace, static peers, every
 directed link shaped by the kernel (tc, iptables) from the network's
-:class:`~airgossip.emulation.networks.base.KernelLinks`, step by step."""
+:class:`~airgossip.node.network.KernelLinks`, step by step."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.security.private_files import write_private
-from airgossip.emulation.config import ConfigError, RunConfig
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.private_files import write_private
 from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
 from airgossip.emulation.fleets.base import Launch, refuse_round_driven
 from airgossip.emulation.networks import Network
@@ -21,7 +20,8 @@ from airgossip.emulation.networks.kernel import (
     NamespaceNetwork,
     kernel_support,
 )
-from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.node.command import AgentCommand
+from airgossip.scenario.config import ConfigError, RunConfig
 
 
 class NamespaceFleet(AgentProcessFleet):

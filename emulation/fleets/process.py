@@ -3,9 +3,9 @@ loopback."""
 
 from __future__ import annotations
 
-from airgossip.edge.config.identity import agent_ids
+from airgossip.common.identity import agent_ids
 from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
-from airgossip.emulation.runtime.command import AgentCommand
+from airgossip.node.command import AgentCommand
 
 
 class ProcessFleet(AgentProcessFleet):

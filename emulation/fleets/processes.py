@@ -1,7 +1,7 @@
 """Agents as OS processes: start them, follow their records, stop them.
 
 :class:`AgentProcesses` is the one way fleets run agent processes
-(``python -m airgossip.emulation.runtime.agent``, :mod:`airgossip.emulation.runtime`): the process,
+(``python -m airgossip.emulation.agent``, :mod:`airgossip.node`): the process,
 namespace and container fleets each hold one (their base,
 :class:`~airgossip.emulation.fleets.agent_fleet.AgentProcessFleet`), differing only in how an agent
 finds its peers, what wraps its command (``ip netns exec``, ``docker run``) and where the
@@ -16,7 +16,7 @@ own (three quarters of an agent's start-up). An agent whose command is wrapped (
 is started as a process of its own, as is every agent where ``fork`` is not available.
 
 Unless the run is ``insecure``, the group issues the run's throwaway credentials
-(:meth:`~airgossip.emulation.runtime.folder.RunFolder.issue_credentials`: the authority's key never
+(:meth:`~airgossip.node.folder.RunFolder.issue_credentials`: the authority's key never
 written) and every agent speaks mutual TLS with its own. Each agent keeps its checkpoints
 under ``checkpoints/<id>/``.
 """
@@ -37,11 +37,10 @@ from typing import Protocol
 
 from pydantic import JsonValue
 
-from airgossip.edge.config.identity import agent_ids
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.private_files import open_private, private_folder
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials
 from airgossip.edge.observability.stats import RoundRecord, read_records
-from airgossip.edge.security.private_files import open_private, private_folder
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.fleets.base import (
     AgentProgress,
     FleetError,
@@ -50,13 +49,21 @@ from airgossip.emulation.fleets.base import (
     fleet_progress,
 )
 from airgossip.emulation.fleets.forkserver import ForkServer
-from airgossip.emulation.runtime.command import AGENT_MODULE, AgentCommand
-from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.node.command import AgentCommand
+from airgossip.node.folder import RunFolder
+from airgossip.scenario.config import RunConfig
+
+#: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
+AGENT_MODULE = "airgossip.emulation.agent"
 
 #: What the fork server imports before it forks agents: everything an agent process imports
 #: before it serves (the CLI, torch, gRPC, the agent and its tasks), none of which starts a
 #: thread, a gRPC channel or torch's thread pool on import.
-AGENT_PRELOAD = ("airgossip.emulation.runtime.process",)
+AGENT_PRELOAD = (
+    "airgossip.node.process",
+    "airgossip.emulation.networks",
+    "airgossip.emulation.networks.kernel.agent",
+)
 
 #: Seconds without any agent progress after which a process fleet is declared stuck.
 STALL_TIMEOUT_S = 180.0
@@ -142,7 +149,7 @@ class AgentHost:
     Attributes
     ----------
     command:
-        What runs :data:`~airgossip.emulation.runtime.command.AGENT_MODULE` (this Python by
+        What runs :data:`~airgossip.node.command.AGENT_MODULE` (this Python by
         default).
     run_dir:
         The run's output folder as the agent sees it (None: the launcher's own path).
@@ -169,7 +176,7 @@ class AgentProcesses:
         The run (for progress: fleet size and rounds).
     folder:
         The run's folder: the config every agent reads, records under ``agents/``, logs
-        under ``logs/`` (:class:`~airgossip.emulation.runtime.folder.RunFolder`).
+        under ``logs/`` (:class:`~airgossip.node.folder.RunFolder`).
     progress:
         Where progress goes as records arrive.
     host:

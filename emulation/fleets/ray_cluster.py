@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from airgossip.emulation.config import RaySettings
 from airgossip.emulation.fleets.base import FleetError
 from airgossip.emulation.fleets.ray_host import RayAgentHost, RayHostSpec
-from airgossip.emulation.runtime.ray_agent import CheckpointStore
+from airgossip.node.ray_agent import CheckpointKeeper
+from airgossip.scenario.config import RaySettings
 
 K = TypeVar("K")
 
@@ -220,7 +220,7 @@ class RayCluster:
             here = ray.get_runtime_context().get_node_id()
             self.store_name = f"airgossip-checkpoints-{uuid.uuid4().hex[:10]}"
             self.store = (
-                ray.remote(CheckpointStore)
+                ray.remote(CheckpointKeeper)
                 .options(
                     name=self.store_name,
                     num_cpus=0,

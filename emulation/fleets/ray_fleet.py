@@ -31,17 +31,16 @@ import json
 import time
 from typing import Any
 
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.private_files import private_folder, write_private
+from airgossip.common.security.tls import CA_CERT, COORDINATOR_IDENTITY
 from airgossip.coordinator.service import CoordinatorServer
 from airgossip.coordinator.views import DEAD, LEFT
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.private_files import private_folder, write_private
-from airgossip.edge.security.tls import CA_CERT, COORDINATOR_IDENTITY
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.fleets.agent_fleet import start_embedded_coordinator
 from airgossip.emulation.fleets.base import (
     AgentProgress,
-    FleetBase,
+    Fleet,
     FleetError,
     Launch,
     fleet_progress,
@@ -50,8 +49,9 @@ from airgossip.emulation.fleets.processes import STALL_TIMEOUT_S
 from airgossip.emulation.fleets.ray_cluster import RayCluster
 from airgossip.emulation.fleets.ray_host import RayHostSpec
 from airgossip.emulation.networks import LinkRuntime, Network
-from airgossip.emulation.runtime.folder import RunFolder
-from airgossip.emulation.runtime.ray_agent import RayAgentSpec, RayAgentState
+from airgossip.node.folder import RunFolder
+from airgossip.node.ray_agent import RayAgentSpec, RayAgentState
+from airgossip.scenario.config import RunConfig
 
 #: What to install for this mode, said in one line where Ray is missing.
 INSTALL_HINT = "mode 'ray' needs Ray: pip install 'airgossip[ray]'"
@@ -69,7 +69,7 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-class RayFleet(FleetBase):
+class RayFleet(Fleet):
     """Agents forked by host actors on a Ray cluster (see the module docstring)."""
 
     mode = "ray"
@@ -131,7 +131,7 @@ class RayFleet(FleetBase):
 
     def _write_partial(self) -> None:
         """``results.json`` of a run an error ended: every round recorded, ``interrupted``."""
-        from airgossip.emulation.runtime.results import ResultsConfig, write_results
+        from airgossip.node.results_writer import ResultsConfig, write_results
 
         resolved = ResultsConfig(
             self.config, self.network.resolved(self.network.first_graph(), self._links)

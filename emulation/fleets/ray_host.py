@@ -3,12 +3,12 @@
 A :class:`RayAgentHost` is one Ray worker that starts a fork server
 (:class:`~airgossip.emulation.fleets.forkserver.ForkServer`: one process imports torch and the
 agent's modules once) and forks from it one process per agent it hosts, each the process mode's
-agent (``python -m airgossip.emulation.runtime.agent``) listening on the node's address. Many agents
+agent (``python -m airgossip.emulation.agent``) listening on the node's address. Many agents
 thus cost one Ray worker, one import of torch and a copy-on-write fork each, instead of a Ray worker
 importing torch per agent; and each agent is still an OS process of its own, so one that crashes
 takes none of its process-mates with it.
 
-What each agent needs (:class:`~airgossip.emulation.runtime.ray_agent.RayAgentSpec`: its own key,
+What each agent needs (:class:`~airgossip.node.ray_agent.RayAgentSpec`: its own key,
 nothing of any other member) is written into a private folder of the host on its node
 (``$TMPDIR/airgossip-host-<n>-*``), removed on every way the host ends (:meth:`stop`, its
 worker's exit, or a watcher shell where the worker is killed). Checkpoints are shipped to the
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from airgossip.edge.security.private_files import private_folder, write_private
+from airgossip.common.security.private_files import private_folder, write_private
 from airgossip.emulation.fleets.forkserver import ForkedChild, ForkServer
-from airgossip.emulation.fleets.processes import AGENT_PRELOAD, agent_environment
-from airgossip.emulation.runtime.command import AGENT_MODULE, AgentCommand
-from airgossip.emulation.runtime.ray_agent import (
+from airgossip.emulation.fleets.processes import AGENT_MODULE, AGENT_PRELOAD, agent_environment
+from airgossip.node.command import AgentCommand
+from airgossip.node.ray_agent import (
     HOME_PREFIX,
     SHIP_INTERVAL_S,
     CheckpointShipper,

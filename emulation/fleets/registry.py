@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from airgossip.emulation.config import ConfigError
 from airgossip.emulation.fleets.base import Fleet
 from airgossip.emulation.fleets.containers import ContainerFleet
 from airgossip.emulation.fleets.inproc import InProcessFleet
@@ -10,6 +9,7 @@ from airgossip.emulation.fleets.namespaces import NamespaceFleet
 from airgossip.emulation.fleets.process import ProcessFleet
 from airgossip.emulation.fleets.ray_fleet import RayFleet
 from airgossip.emulation.fleets.virtual import VirtualFleet
+from airgossip.scenario.config import ConfigError
 
 #: Every fleet mode, by the name ``--mode`` takes, in the order help texts list them.
 FLEETS: dict[str, type[Fleet]] = {

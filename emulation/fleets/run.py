@@ -9,19 +9,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from airgossip.edge.config.settings import resolve_device
+from airgossip.common.topology import Graph
 from airgossip.edge.privacy.settings import PrivacySettings
+from airgossip.edge.settings import resolve_device
 from airgossip.edge.tasks import TaskContext, TaskError, load_task
-from airgossip.edge.topology import Graph
-from airgossip.emulation.config import ConfigError, RunConfig
 from airgossip.emulation.fleets.base import Fleet, FleetError, Launch, ProgressCallback
 from airgossip.emulation.fleets.registry import fleet_class
 from airgossip.emulation.networks import Network, network_for
 from airgossip.emulation.networks.kernel import ContainerKernelReport, NamespaceKernelReport
-from airgossip.emulation.privacy import check_privacy
-from airgossip.emulation.results import KernelFigures, RunResults
-from airgossip.emulation.runtime.folder import RunFolder
-from airgossip.emulation.runtime.results import ResultsConfig, write_results
+from airgossip.node.folder import RunFolder
+from airgossip.node.privacy import check_privacy
+from airgossip.node.results_writer import ResultsConfig, write_results
+from airgossip.scenario.config import ConfigError, RunConfig
+from airgossip.scenario.results import KernelFigures, RunResults
 
 log = logging.getLogger(__name__)
 

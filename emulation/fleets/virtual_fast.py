@@ -26,19 +26,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from airgossip.common.topology import Assignment
 from airgossip.edge.agent.admission import FORMER_ROUNDS
-from airgossip.edge.agent.agent import wait_over
+from airgossip.edge.agent.pacing import wait_over
 from airgossip.edge.algorithms.base import SEQ_SLACK
 from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
 from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
 from airgossip.edge.tasks.consensus import ConsensusOptions, consensus_vector
 from airgossip.edge.tasks.options import parse_options
-from airgossip.edge.topology import Assignment
 from airgossip.edge.transport.base import LinkShaper
-from airgossip.emulation.config import RunConfig
 from airgossip.emulation.fleets.batched import WireSizes, workload_refusals
 from airgossip.emulation.networks import Network
 from airgossip.emulation.networks.shaper import WirelessLinkShaper
+from airgossip.scenario.config import RunConfig
 
 
 class _Loop(Protocol):

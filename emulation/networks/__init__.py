@@ -5,16 +5,16 @@ shaper, gossip graph and records of the wireless network, the kernel link applie
 namespaces and containers, and the link table of ``airgossip links`` live beside them.
 """
 
-from airgossip.emulation.config import RunConfig
-from airgossip.emulation.networks.base import (
+from airgossip.emulation.networks.static import StaticNetwork
+from airgossip.emulation.networks.wireless import WirelessNetwork
+from airgossip.node.network import (
     Clock,
     KernelLinks,
     KernelLinkState,
     LinkRuntime,
     Network,
 )
-from airgossip.emulation.networks.static import StaticNetwork
-from airgossip.emulation.networks.wireless import WirelessNetwork
+from airgossip.scenario.config import RunConfig
 
 #: Networks by kind (:attr:`RunConfig.network_kind`).
 NETWORKS: dict[str, type[Network]] = {cls.kind: cls for cls in (StaticNetwork, WirelessNetwork)}

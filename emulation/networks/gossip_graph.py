@@ -9,8 +9,8 @@ from functools import cached_property
 
 import numpy as np
 
-from airgossip.edge.topology import Assignment, Phase, adjacency_row, transposed
-from airgossip.edge.topology.graphs import Adjacency
+from airgossip.common.topology import Assignment, Phase, adjacency_row, transposed
+from airgossip.common.topology.graphs import Adjacency
 from airgossip.emulation.channel.model import ChannelBase, gossip_adjacency, strongly_connected
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from airgossip.edge.config.seeds import hash64
+from airgossip.common.seeds import hash64
 
 # NumPy's SeedSequence constants (numpy/random/bit_generator.pyx).
 _INIT_A = np.uint32(0x43B0D7E5)
@@ -175,7 +175,7 @@ def link_uniforms(seed: int, hashes: np.ndarray, round_index: int, indexes: np.n
 
 class BernoulliDrops:
     """:class:`~airgossip.emulation.networks.static.BernoulliLinkShaper`'s drops for arrays of
-    messages (a :class:`~airgossip.emulation.networks.base.BatchedDrops`): the same loss on every
+    messages (a :class:`~airgossip.node.network.BatchedDrops`): the same loss on every
     link, the same draw per message."""
 
     def __init__(self, seed: int, loss: float) -> None:

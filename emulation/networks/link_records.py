@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from airgossip.common.security.private_files import open_private
 from airgossip.edge.observability.stats import RoundRecord, StatsSink
-from airgossip.edge.security.private_files import open_private
 from airgossip.emulation.channel.model import ChannelBase
 from airgossip.emulation.networks.gossip_graph import GraphEpoch, WirelessTopology
 from airgossip.emulation.networks.shaper import PlannedMessage
-from airgossip.emulation.results import RunResults
+from airgossip.scenario.results import RunResults
 
 
 class LinkFiguresSink:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.security.private_files import open_private
-from airgossip.edge.topology import adjacency_edges
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.private_files import open_private
+from airgossip.common.topology import adjacency_edges
 from airgossip.emulation.channel.state import FIGURES, AnyLinkState
 from airgossip.emulation.networks.gossip_graph import GraphEpoch
 from airgossip.emulation.networks.wireless import WirelessNetwork

@@ -8,7 +8,7 @@ by step, so a rate change mid-transfer is honoured, split with concurrent transf
 same carrier-sense domain) and whether it is lost (decided per chunk at the step the chunk
 starts).
 
-Per-message draws come from a counter-based hash (:func:`airgossip.edge.config.seeds.keyed_hash`) of
+Per-message draws come from a counter-based hash (:func:`airgossip.common.seeds.keyed_hash`) of
 ``(seed, sender, receiver, step, message index, purpose)``: no generator state, the same
 verdict whichever thread or process asks.
 """
@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from airgossip.edge.config.seeds import keyed_hash, splitmix64, to_unit
+from airgossip.common.seeds import keyed_hash, splitmix64, to_unit
 from airgossip.edge.transport.base import LinkVerdict
 from airgossip.emulation.channel.model import AnyLinkState, ChannelBase
 from airgossip.emulation.channel.state import chunk_loss_probability
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 _UNIT = NormalDist()
 # Purposes of per-message draws (the last hash key).

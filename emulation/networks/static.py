@@ -14,11 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from airgossip.coordinator.policy import TopologySpec
-from airgossip.edge.algorithms import algorithm_class
-from airgossip.edge.config.seeds import hash64
-from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.topology import (
+from airgossip.common.seeds import hash64
+from airgossip.common.topology import (
     Assignment,
     Graph,
     TopologyError,
@@ -29,11 +26,14 @@ from airgossip.edge.topology import (
     mixing_lambda2,
     switched_assignments,
 )
+from airgossip.coordinator.policy import TopologySpec
+from airgossip.edge.algorithms import algorithm_class
+from airgossip.edge.observability.stats import RoundRecord
 from airgossip.edge.transport.base import LinkVerdict
-from airgossip.emulation.config import ConfigError
-from airgossip.emulation.networks.base import Clock, KernelLinkState, LinkRuntime, Network
 from airgossip.emulation.networks.link_draws import BernoulliDrops
-from airgossip.emulation.results import ResolvedFigures
+from airgossip.node.network import Clock, KernelLinkState, LinkRuntime, Network
+from airgossip.scenario.config import ConfigError
+from airgossip.scenario.results import ResolvedFigures
 
 
 def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:

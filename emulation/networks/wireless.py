@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from airgossip.common.identity import agent_ids
+from airgossip.common.topology import Assignment, Graph, mixing_lambda2
 from airgossip.coordinator.policy import TopologySpec
 from airgossip.edge.agent import Agent
 from airgossip.edge.algorithms import algorithm_class
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.observability.stats import RoundRecord, StatsSink
 from airgossip.edge.observability.telemetry import LinkFigures
-from airgossip.edge.topology import Assignment, Graph, mixing_lambda2
 from airgossip.emulation.channel.model import (
     ChannelBase,
     ChannelModel,
@@ -32,14 +32,6 @@ from airgossip.emulation.channel.model import (
     strongly_connected,
 )
 from airgossip.emulation.channel.traces import TraceError
-from airgossip.emulation.config import ConfigError, RunConfig
-from airgossip.emulation.networks.base import (
-    Clock,
-    KernelLinkState,
-    LinkRuntime,
-    LinksCallback,
-    Network,
-)
 from airgossip.emulation.networks.gossip_graph import WirelessTopology
 from airgossip.emulation.networks.link_records import (
     LinkFiguresSink,
@@ -48,15 +40,23 @@ from airgossip.emulation.networks.link_records import (
     write_link_log,
 )
 from airgossip.emulation.networks.shaper import WirelessLinkShaper, link_record
-from airgossip.emulation.results import ResolvedFigures, RunResults, WirelessFigures
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.node.network import (
+    Clock,
+    KernelLinkState,
+    LinkRuntime,
+    LinksCallback,
+    Network,
+)
+from airgossip.scenario.config import ConfigError, RunConfig
+from airgossip.scenario.results import ResolvedFigures, RunResults, WirelessFigures
+from airgossip.scenario.wireless import WirelessSettings
 
 log = logging.getLogger(__name__)
 
 #: Above this many agents the mixing |lambda2| of a wireless graph (at most
 #: ``max_out_degree`` out-links a node) is solved iteratively (ARPACK, relative tolerance
-#: 1e-6): 0.03 s at 1,000 agents where the dense eigenvalues took 0.4 s on one core and
-#: 3.4 s with numpy's threads fighting another process for two cores (issue 18, fifth pass).
+#: 1e-6): at 1,000 agents more than ten times faster than the dense eigenvalues, whose
+#: cost grows with the cube of the fleet (docs/performance-history.md has the figures).
 LAMBDA2_DENSE_LIMIT = 256
 
 

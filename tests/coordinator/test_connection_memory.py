@@ -20,8 +20,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
 from airgossip.coordinator.malloc import TRIM_INTERVAL_S, HeapTrimmer
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
 from tests.support.cli import ROOT
 from tests.support.local_fleet import SCENARIO
 from tests.support.processes import free_port

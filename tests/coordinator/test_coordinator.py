@@ -9,15 +9,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from airgossip.common.identity import natural_key
+from airgossip.common.topology import Assignment
 from airgossip.coordinator.client import CoordinatorClient, CoordinatorError
 from airgossip.coordinator.convert import assignment_from_proto
 from airgossip.coordinator.membership import LivenessSettings
 from airgossip.coordinator.roster import Roster
 from airgossip.coordinator.service import CoordinatorServer, TopologySpec
 from airgossip.coordinator.views import MemberView
-from airgossip.edge.config.identity import natural_key
 from airgossip.edge.observability.telemetry import AgentSnapshot
-from airgossip.edge.topology import Assignment
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from airgossip.common.security.certificates import load_authority, make_certificate
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from airgossip.coordinator.client import CoordinatorClient
 from airgossip.coordinator.service import CoordinatorServer, TopologySpec
-from airgossip.edge.security.certificates import load_authority, make_certificate
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.tls import credentials, credentials_folder
 

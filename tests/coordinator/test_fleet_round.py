@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from airgossip.common.security.tls import COORDINATOR_IDENTITY
 from airgossip.coordinator.client import CoordinatorClient
 from airgossip.coordinator.run import RunSpec
 from airgossip.coordinator.service import CoordinatorServer, TopologySpec
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY
 from tests.support.tls import credentials
 
 ROUNDS = 1000

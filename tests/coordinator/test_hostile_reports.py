@@ -13,14 +13,14 @@ import grpc
 import numpy as np
 import pytest
 
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
 from airgossip.coordinator.client import CoordinatorClient
 from airgossip.coordinator.limits import call_limits
 from airgossip.coordinator.retry import RETRY_AFTER_KEY
 from airgossip.coordinator.run import MAX_REPORTS_PER_CALL, RunSpec
 from airgossip.coordinator.service import CoordinatorServer, TopologySpec
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
-from airgossip.emulation.results import summarise
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.scenario.results import summarise
 from tests.support.tls import credentials
 
 ROUNDS = 50

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from airgossip.common.topology import is_strongly_connected
 from airgossip.coordinator.membership import LivenessSettings, Membership, Refusal
 from airgossip.coordinator.policy import TopologySpec, make_policy
 from airgossip.coordinator.roster import Roster
 from airgossip.coordinator.store import FleetStore, StoreError
 from airgossip.coordinator.views import DEAD, LEFT, MemberView
 from airgossip.edge.observability.telemetry import AgentSnapshot, LinkTotals
-from airgossip.edge.topology import is_strongly_connected
 from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)

@@ -11,13 +11,13 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
+from airgossip.common.http import MetricsServer
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.coordinator.membership import LivenessSettings, Membership
 from airgossip.coordinator.observability import metrics_server, service_discovery
 from airgossip.coordinator.policy import TopologySpec, make_policy
 from airgossip.coordinator.store import FleetStore
 from airgossip.edge.agent import Agent, build_agent
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.observability.http import MetricsServer
 from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord
 from airgossip.edge.observability.telemetry import (
@@ -29,7 +29,7 @@ from airgossip.edge.observability.telemetry import (
     StepEvent,
     Telemetry,
 )
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport, Rejected
 from airgossip.edge.transport.base import MessageHeader
 from tests.support.agents import FakeClock, Recorder

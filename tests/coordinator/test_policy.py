@@ -7,6 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
+from airgossip.common.identity import natural_order
+from airgossip.common.topology import TopologyError, is_strongly_connected
 from airgossip.coordinator.graphs import FleetGraph, join_components, splice_out
 from airgossip.coordinator.policy import (
     POLICIES,
@@ -15,8 +17,6 @@ from airgossip.coordinator.policy import (
     TopologySpec,
     make_policy,
 )
-from airgossip.edge.config.identity import natural_order
-from airgossip.edge.topology import TopologyError, is_strongly_connected
 
 IDS = tuple(f"agent-{i}" for i in range(8))
 

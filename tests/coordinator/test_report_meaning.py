@@ -12,12 +12,12 @@ import grpc
 import numpy as np
 import pytest
 
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
 from airgossip.coordinator.refusal import Refusal
 from airgossip.coordinator.reports import ReportCursor, admit
 from airgossip.coordinator.run import RunSpec
 from airgossip.coordinator.service import CoordinatorServer, TopologySpec
 from airgossip.edge.observability.stats import Counters, RoundRecord
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
 from tests.support.tls import credentials
 

@@ -11,11 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from airgossip.common.topology import (
+    TopologyError,
+    TopologySwitcher,
+    fleet_figures,
+    parse_switching,
+)
 from airgossip.coordinator.membership import LivenessSettings, Membership
 from airgossip.coordinator.policy import SwitchingPolicy, TopologySpec, make_policy
 from airgossip.coordinator.store import FleetStore, StoreError
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.topology import TopologyError, TopologySwitcher, fleet_figures, parse_switching
 from tests.support.agents import FakeClock
 
 LIVENESS = LivenessSettings(heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)

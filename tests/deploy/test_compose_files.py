@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from airgossip.compose import top_level_compose
-from airgossip.emulation.config import load_config, read_scenario, scenario_toml
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import load_config, read_scenario, scenario_toml
+from airgossip.scenario.wireless import scenario_path
 from tests.support.cli import ROOT, assert_one_line_error, cli
 
 SCHEMA = json.loads((Path(__file__).parent / "schemas" / "compose-spec.json").read_text())

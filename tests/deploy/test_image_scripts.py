@@ -15,8 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.edge.security.tls import TlsCredentials, add_port
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.common.security.tls import TlsCredentials, add_port
 from tests.support.cli import ROOT
 
 SCRIPTS = ROOT / "deploy" / "docker"

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from airgossip.emulation.config import load_config
+from airgossip.scenario.config import load_config
 from tests.support.cli import ROOT
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from airgossip.common.topology import Phase
 from airgossip.edge.algorithms import (
     AdaptiveConsensusDPSGD,
     GossipAlgorithm,
@@ -15,7 +16,6 @@ from airgossip.edge.algorithms import (
     create_algorithm,
 )
 from airgossip.edge.algorithms.adaptive_consensus import AdaptiveConsensusOptions, consensus_step
-from airgossip.edge.topology import Phase
 from tests.support.lossy import AlgorithmFleet
 
 

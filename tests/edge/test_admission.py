@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from airgossip.common.topology import Assignment, Phase
 from airgossip.edge.agent import FORMER_ROUNDS, Agent, build_agent
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import Assignment, Phase
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import MessageHeader, Rejected
 from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 

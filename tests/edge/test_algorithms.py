@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from airgossip.common.topology import Phase, metropolis_hastings
 from airgossip.edge.algorithms import (
     ALGORITHMS,
     Ack,
@@ -24,7 +25,6 @@ from airgossip.edge.algorithms import (
 )
 from airgossip.edge.algorithms.shared_copy import MAX_BLOCKS, SharedCopyGossip, default_gamma
 from airgossip.edge.compression import get_codec
-from airgossip.edge.topology import Phase, metropolis_hastings
 from tests.support.lossy import AlgorithmFleet
 
 HOSTILE = {"loss": 0.2, "duplicate": 0.2, "max_delay": 3, "ack_loss": 0.3}
@@ -66,7 +66,7 @@ def test_c1_two_bits_need_the_consensus_step() -> None:
 
 # -- push-sum with a lossy codec: exact total, noisy estimates -------------------------------
 def test_push_sum_with_a_lossy_codec_conserves_the_total_but_keeps_noise() -> None:
-    from airgossip.edge.topology import build_graph, node_phases
+    from airgossip.common.topology import build_graph, node_phases
 
     gen = torch.Generator().manual_seed(0)
     ids = [f"a{i}" for i in range(12)]

@@ -16,9 +16,9 @@ import grpc
 import pytest
 import torch
 
+from airgossip.common.security.certificates import load_authority, make_authority, make_certificate
+from airgossip.common.security.tls import TlsCredentials, dial
 from airgossip.edge.agent import Agent
-from airgossip.edge.security.certificates import load_authority, make_authority, make_certificate
-from airgossip.edge.security.tls import TlsCredentials, dial
 from airgossip.edge.transport import GossipMessage, MessageHeader
 from airgossip.edge.transport.base import SendCallback, Transport
 from airgossip.edge.transport.wire import to_chunks

@@ -14,9 +14,9 @@ import grpc
 import numpy as np
 import pytest
 
+from airgossip.common.security.tls import dial
 from airgossip.edge.algorithms.base import Ack
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.security.tls import dial
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import bulk_send
 from airgossip.edge.transport.base import (
     GossipMessage,

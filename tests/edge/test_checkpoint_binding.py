@@ -16,6 +16,7 @@ import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.agent.checkpoints import (
     OLD_MAGICS,
@@ -27,8 +28,7 @@ from airgossip.edge.agent.checkpoints import (
     encode_state,
     read_checkpoint,
 )
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import lock_step
 

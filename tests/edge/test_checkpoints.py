@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent import build_agent
 from airgossip.edge.agent.checkpoints import CheckpointStore, decode_state, encode_state
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import lock_step
 

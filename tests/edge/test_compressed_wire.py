@@ -11,7 +11,7 @@ import torch
 
 from airgossip.edge.agent import Agent
 from airgossip.edge.compression import get_codec, join_blocks
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import GossipMessage, MessageHeader
 from airgossip.protos import gossip_pb2
 from tests.support.agents import assert_pair_reaches_average, grpc_pair, push, refused

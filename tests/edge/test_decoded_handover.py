@@ -10,8 +10,8 @@ import torch
 
 import airgossip.edge.agent.admission as admission
 from airgossip.edge.transport import GossipMessage
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets.inproc import run_in_process
+from airgossip.scenario.config import load_config
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, handover: bool, **settings: Any) -> list[Any]:

@@ -75,8 +75,8 @@ def test_scores_survive_a_checkpoint_and_leave_with_their_sender() -> None:
 
 @pytest.mark.parametrize("algorithm", ["clipped-gossip", "cs-plus-gossip"])
 def test_only_clips_that_cut_a_pull_to_under_half_are_counted(algorithm: str) -> None:
+    from airgossip.common.topology.mixing import Phase
     from airgossip.edge.algorithms import Payload
-    from airgossip.edge.topology.mixing import Phase
 
     agent = create_algorithm(algorithm, torch.zeros(2, dtype=torch.float64), dtype=torch.float64)
     peers = {f"p{i}": 0.2 for i in range(4)}

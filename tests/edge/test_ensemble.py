@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from airgossip.common.topology import Phase
 from airgossip.edge.agent import build_agent, fleet_digest
 from airgossip.edge.algorithms import EnsembleCompression, Payload, create_algorithm
 from airgossip.edge.compression import get_codec
-from airgossip.edge.config.settings import AgentSettings
+from airgossip.edge.settings import AgentSettings
 from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
 from airgossip.edge.tasks.digits import DigitsTask
-from airgossip.edge.topology import Phase
 from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
 
 AGENTS = 4

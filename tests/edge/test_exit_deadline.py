@@ -9,7 +9,7 @@ import textwrap
 HELD = textwrap.dedent(
     """
     import threading
-    from airgossip.edge.observability.stacks import exit_deadline
+    from airgossip.common.stacks import exit_deadline
 
     def hold_forever():
         threading.Event().wait()
@@ -45,7 +45,7 @@ def test_a_stop_flag_set_by_a_signal_ends_a_wait_and_takes_no_lock() -> None:
     import threading
     import time
 
-    from airgossip.edge.observability.stacks import StopFlag
+    from airgossip.common.stacks import StopFlag
 
     flag = StopFlag()
     assert not flag.wait(0.05) and not flag.is_set()

@@ -23,10 +23,10 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.algorithms.base import MAX_MAGNITUDE, MAX_WEIGHT
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import GossipMessage, MessageHeader, Rejected
 from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 from airgossip.edge.transport.wire import (

@@ -10,7 +10,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from airgossip.edge.agent import Agent
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import GossipMessage, MessageHeader
 from airgossip.edge.transport.grpc_transport import GrpcTransport, PortInUseError
 from airgossip.edge.transport.wire import header_to_proto

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-import airgossip.edge.observability.http
-from airgossip.edge.observability.http import (
+import airgossip.common.http
+from airgossip.common.http import (
     ROUTE_WORKERS,
     BasicAuth,
     HttpSecurity,
     MetricsServer,
     http_security,
 )
-from airgossip.edge.security.tls import METRICS_NAME, SecurityError
+from airgossip.common.security.tls import METRICS_NAME, SecurityError
 from tests.support.tls import credentials, credentials_folder
 
 IDLE = 200
@@ -144,7 +144,7 @@ def closed(sock: socket.socket, wait_s: float) -> bool:
 
 
 def test_idle_connections_are_dropped_at_their_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(airgossip.edge.observability.http, "HEADER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(airgossip.common.http, "HEADER_TIMEOUT_S", 0.5)
     with serving() as server:
         idle = connect(server, 30)
         try:
@@ -157,7 +157,7 @@ def test_idle_connections_are_dropped_at_their_deadline(monkeypatch: pytest.Monk
 def test_newer_connections_take_the_room_of_the_oldest_idle_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(airgossip.edge.observability.http, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(airgossip.common.http, "MAX_CONNECTIONS", 8)
     with serving() as server:
         idle = connect(server, 30)
         try:

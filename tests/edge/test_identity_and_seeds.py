@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from airgossip.edge.config.identity import agent_id, agent_ids, natural_order
-from airgossip.edge.config.seeds import (
+from airgossip.common.identity import agent_id, agent_ids, natural_order
+from airgossip.common.seeds import (
     derive_seed,
     hash64,
     keyed_hash,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from airgossip.common.topology import Phase
 from airgossip.edge.algorithms import GossipAlgorithm, LocalSGD, create_algorithm
 from airgossip.edge.algorithms.local_sgd import LocalSGDOptions
-from airgossip.edge.topology import Phase
 from tests.support.lossy import AlgorithmFleet
 
 

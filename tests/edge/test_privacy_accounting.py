@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from airgossip.common.topology import build_graph
 from airgossip.edge.privacy.accounting import (
     OpacusLedger,
     PrivacyError,
@@ -28,10 +29,9 @@ from airgossip.edge.privacy.graph import (
 )
 from airgossip.edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
 from airgossip.edge.privacy.noise import resolve_noise
-from airgossip.edge.privacy.plan import FleetGraph, mean_pair_epsilon
+from airgossip.edge.privacy.plan import PrivacyGraph, mean_pair_epsilon
 from airgossip.edge.privacy.settings import PrivacySettings
 from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
-from airgossip.edge.topology import build_graph
 
 opacus = pytest.importorskip("opacus")
 
@@ -201,7 +201,7 @@ def test_network_sensitivities_against_a_simulation_of_the_view() -> None:
 
 def test_network_dp_is_calibrated_on_the_mean_pair_and_amplified_by_distance() -> None:
     graph = build_graph("exponential", 16)
-    fleet = FleetGraph.of(graph, tuple(f"agent-{i}" for i in range(16)), "column-stochastic",
+    fleet = PrivacyGraph.of(graph, tuple(f"agent-{i}" for i in range(16)), "column-stochastic",
                           static=True)  # fmt: skip
     settings = PrivacySettings(mechanism="network-dp", target_epsilon=3.0)
     plan = resolve_noise(settings, rounds=12, num_agents=16, graph=fleet)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from airgossip.common.topology import build_graph
 from airgossip.edge.privacy.accounting import OpacusLedger
 from airgossip.edge.privacy.graph import (
     cancelling_limit,
@@ -20,9 +21,8 @@ from airgossip.edge.privacy.graph import (
     pair_graph,
 )
 from airgossip.edge.privacy.noise import resolve_noise
-from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.privacy.plan import PrivacyGraph
 from airgossip.edge.privacy.settings import PrivacySettings
-from airgossip.edge.topology import build_graph
 
 opacus = pytest.importorskip("opacus")
 
@@ -30,10 +30,10 @@ PATH = pair_graph(np.array([[0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 
 EXPONENTIAL = pair_graph(build_graph("exponential", 16).phases[0])
 
 
-def exponential_fleet(n: int = 16) -> FleetGraph:
+def exponential_fleet(n: int = 16) -> PrivacyGraph:
     graph = build_graph("exponential", n)
     ids = tuple(f"agent-{i}" for i in range(n))
-    return FleetGraph.of(graph, ids, "column-stochastic", static=True)
+    return PrivacyGraph.of(graph, ids, "column-stochastic", static=True)
 
 
 def test_the_eavesdropper_sees_every_agent_masked_by_every_pair_on_a_path() -> None:

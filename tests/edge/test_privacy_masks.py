@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from airgossip.common.security.agreement import AGREEMENT_URI_PREFIX, agreement_public_key
+from airgossip.common.security.certificates import make_authority, make_certificate, throwaway_fleet
+from airgossip.common.security.tls import SecurityError, TlsCredentials
+from airgossip.common.topology import build_graph
 from airgossip.edge.privacy.keys import CertificateSecrets, RunKeyring
 from airgossip.edge.privacy.masks import PairMasks, gaussian_stream
-from airgossip.edge.privacy.plan import FleetGraph
-from airgossip.edge.security.agreement import AGREEMENT_URI_PREFIX, agreement_public_key
-from airgossip.edge.security.certificates import make_authority, make_certificate, throwaway_fleet
-from airgossip.edge.security.tls import SecurityError, TlsCredentials
-from airgossip.edge.topology import build_graph
+from airgossip.edge.privacy.plan import PrivacyGraph
 
 IDS = [f"agent-{i}" for i in range(6)]
 
@@ -86,7 +86,7 @@ def test_certificates_from_before_key_agreement_are_refused_with_a_way_out(
 def test_cancelling_noise_sums_to_zero_across_an_edge_pair_and_over_the_fleet(
     certs: Path,
 ) -> None:
-    graph = FleetGraph.of(build_graph("exponential", 6), tuple(IDS), "column-stochastic",
+    graph = PrivacyGraph.of(build_graph("exponential", 6), tuple(IDS), "column-stochastic",
                           static=True)  # fmt: skip
     numel = 5000
     keys = {i: secrets(certs, i) for i in IDS}

@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from airgossip.common.topology import build_graph
 from airgossip.edge.privacy.mechanisms.base import Mechanism
 from airgossip.edge.privacy.mechanisms.cancelling import CancellingMasks
 from airgossip.edge.privacy.mechanisms.registry import MECHANISMS, NO_PRIVACY
 from airgossip.edge.privacy.noise import carried_noise, noise_inputs, resolve_noise
-from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 from airgossip.edge.privacy.settings import PrivacySettings
-from airgossip.edge.topology import build_graph
 
 IDS = tuple(f"agent-{i}" for i in range(6))
 
 
-def fleet_graph() -> FleetGraph:
-    return FleetGraph.of(build_graph("exponential", 6), IDS, "column-stochastic", static=True)
+def fleet_graph() -> PrivacyGraph:
+    return PrivacyGraph.of(build_graph("exponential", 6), IDS, "column-stochastic", static=True)
 
 
 def test_the_registry_and_the_settings_load_no_torch_or_numpy() -> None:
@@ -97,7 +97,7 @@ def test_a_carried_plan_is_the_one_resolved_and_is_not_resolved_again(
 def test_a_plan_carried_for_another_graph_or_version_is_not_taken() -> None:
     settings = PrivacySettings(mechanism="cancelling", noise_multiplier=1.0)
     graph = fleet_graph()
-    ring = FleetGraph.of(build_graph("ring", 6), IDS, "column-stochastic", static=True)
+    ring = PrivacyGraph.of(build_graph("ring", 6), IDS, "column-stochastic", static=True)
     inputs = noise_inputs(settings, rounds=5, num_agents=6, graph=graph)
     assert inputs.startswith("v1:")
     assert inputs != noise_inputs(settings, rounds=5, num_agents=6, graph=ring)
@@ -111,8 +111,8 @@ def test_a_run_resolves_its_noise_once_for_every_agent_and_the_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("opacus")
-    from airgossip.emulation.config import load_config
     from airgossip.emulation.fleets.run import run_fleet
+    from airgossip.scenario.config import load_config
 
     calls = []
     plan = CancellingMasks.plan

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from airgossip.edge.config.identity import agent_ids
+from airgossip.common.identity import agent_ids
+from airgossip.common.topology import build_graph
 from airgossip.edge.privacy.keys import RunKeyring
 from airgossip.edge.privacy.mechanism import PrivacyContext, PrivacyMechanism
-from airgossip.edge.privacy.plan import FleetGraph
+from airgossip.edge.privacy.plan import PrivacyGraph
 from airgossip.edge.privacy.settings import PrivacySettings
 from airgossip.edge.tasks import TaskContext, TrainConfig, load_task
-from airgossip.edge.topology import build_graph
 
 pytest.importorskip("opacus")
 
@@ -24,7 +24,7 @@ IDS = tuple(agent_ids(4))
 
 
 def mechanism(settings: PrivacySettings, journal: Path, keyring: RunKeyring) -> PrivacyMechanism:
-    graph = FleetGraph.of(build_graph("ring", 4), IDS, "column-stochastic", static=True)
+    graph = PrivacyGraph.of(build_graph("ring", 4), IDS, "column-stochastic", static=True)
     task = load_task("digits", TaskContext(0, 4, 0, options={"hidden": 8}))
     return PrivacyMechanism(
         settings, task, agent_id="agent-0", num_agents=4, rounds=10, seed=3,

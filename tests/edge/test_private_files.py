@@ -1,6 +1,6 @@
 """Files and folders made private whatever the umask.
 
-What :mod:`airgossip.edge.security.private_files` promises.
+What :mod:`airgossip.common.security.private_files` promises.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.edge.security.private_files import open_private, private_folder, write_private
+from airgossip.common.security.private_files import open_private, private_folder, write_private
 
 
 def mode(path: Path) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from airgossip.common.topology import Phase
 from airgossip.edge.algorithms import InvalidPayload, PlainPushSum, ProtocolError, PushSum
 from airgossip.edge.algorithms.base import Ack, Payload
-from airgossip.edge.topology import Phase
 from tests.support.lossy import AlgorithmFleet
 
 

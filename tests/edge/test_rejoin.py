@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from airgossip.common.topology import Assignment, assignments_for_graph, build_graph
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.agent.checkpoints import CheckpointStore
 from airgossip.edge.agent.rejoin import LATE_WEIGHT
 from airgossip.edge.agent.runner import WallClockRunner
 from airgossip.edge.algorithms.push_sum import PushSum
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import Assignment, assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport.base import LinkVerdict
 from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 

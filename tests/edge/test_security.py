@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.edge.security.certificates import (
+from airgossip.common.security.certificates import (
     init_authority,
     issue,
     load_authority,
     make_certificate,
 )
-from airgossip.edge.security.tls import SecurityError, TlsCredentials, check_identity, fleet_of
+from airgossip.common.security.tls import SecurityError, TlsCredentials, check_identity, fleet_of
 
 
 @pytest.fixture

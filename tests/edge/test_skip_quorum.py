@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent import Agent, build_agent
-from airgossip.edge.agent.agent import PATIENCE_ROUNDS, wait_over
+from airgossip.edge.agent.pacing import PATIENCE_ROUNDS, wait_over
 from airgossip.edge.agent.rejoin import (
     MIN_QUORUM,
     REJOIN_GAP_ROUNDS,
@@ -25,8 +26,7 @@ from airgossip.edge.agent.rejoin import (
 )
 from airgossip.edge.agent.runner import WallClockRunner
 from airgossip.edge.algorithms import Ack
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport.base import GossipMessage, SendCallback
 from airgossip.edge.transport.memory import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import lock_step

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy.sparse import csr_array
 
-import airgossip.edge.topology.graphs as graphs
-from airgossip.edge.topology import (
+import airgossip.common.topology.graphs as graphs
+from airgossip.common.topology import (
     adjacency_edges,
     assignments_for_graph,
     build_graph,

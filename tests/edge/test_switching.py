@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airgossip.edge.topology import (
+from airgossip.common.topology import (
     FleetFigures,
     SwitchingSettings,
     TopologySwitcher,

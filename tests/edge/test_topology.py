@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from airgossip.edge.topology import (
+from airgossip.common.topology import (
     TOPOLOGIES,
     TopologyError,
     assignments_for_graph,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import airgossip.edge.topology.assignment as assignment_module
-import airgossip.edge.topology.mixing as mixing_module
-from airgossip.edge.topology import (
+import airgossip.common.topology.assignment as assignment_module
+import airgossip.common.topology.mixing as mixing_module
+from airgossip.common.topology import (
     TOPOLOGIES,
     assignments_for_graph,
     build_graph,

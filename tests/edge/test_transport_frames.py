@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 import torch
 
+from airgossip.common.security.tls import TlsCredentials, dial
 from airgossip.edge.algorithms.base import Ack
-from airgossip.edge.security.tls import TlsCredentials, dial
 from airgossip.edge.transport import GossipMessage, MessageHeader, Rejected
 from airgossip.edge.transport.allocator import settle_allocator
 from airgossip.edge.transport.base import RejectCode, SendOutcome
-from airgossip.edge.transport.grpc_transport import SERVICE_NAME, GrpcTransport
+from airgossip.edge.transport.grpc_server import SERVICE_NAME
+from airgossip.edge.transport.grpc_transport import GrpcTransport
 from airgossip.edge.transport.wire import CHUNK_BYTES, MAX_HEADER_BYTES, PayloadBuffers, frames
 from airgossip.protos import gossip_pb2
 from tests.support.tls import credentials

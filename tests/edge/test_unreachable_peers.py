@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from airgossip.common.topology import Phase, assignments_for_graph, build_graph
 from airgossip.edge.agent import PROBE_ROUNDS, Agent, build_agent, hold_back
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
-from airgossip.edge.topology import Phase, assignments_for_graph, build_graph
 from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
 from tests.support.agents import Recorder
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from airgossip.emulation.config import ConfigError
-from airgossip.emulation.runtime.command import AgentCommand, check_command
-from airgossip.emulation.runtime.threads import SMALL_MODEL_PARAMETERS, agent_threads, host_cores
+from airgossip.node.command import AgentCommand, check_command
+from airgossip.node.threads import SMALL_MODEL_PARAMETERS, agent_threads, host_cores
+from airgossip.scenario.config import ConfigError
 
 
 @pytest.mark.parametrize(

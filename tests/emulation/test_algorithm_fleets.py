@@ -9,21 +9,21 @@ from typing import Any
 
 import pytest
 
+from airgossip.common.topology import assignments_for_graph, build_graph, transition
 from airgossip.coordinator.membership import Membership
 from airgossip.coordinator.policy import TopologySpec, make_policy
 from airgossip.coordinator.store import FleetStore
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.observability.stats import MemoryStatsSink
 from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
-from airgossip.edge.topology import assignments_for_graph, build_graph, transition
 from airgossip.edge.transport import GossipMessage, InMemoryNetwork, InMemoryTransport
 from airgossip.edge.transport.base import SendCallback
 from airgossip.edge.transport.wire import GRPC_FRAME_BYTES, to_chunks
-from airgossip.emulation.config import ConfigError, load_config
 from airgossip.emulation.fleets import preflight, run_fleet
 from airgossip.emulation.fleets.inproc import run_in_process
 from airgossip.emulation.networks import network_for
-from airgossip.emulation.results import relative_error, summarise
+from airgossip.scenario.config import ConfigError, load_config
+from airgossip.scenario.results import relative_error, summarise
 
 NON_IID = {"name": "digits", "partition": "dirichlet", "alpha": 0.1}
 

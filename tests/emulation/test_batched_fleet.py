@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from airgossip.common.identity import agent_ids
 from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.observability.stats import RoundRecord
-from airgossip.emulation.config import RunConfig, load_config
 from airgossip.emulation.fleets import reference_answer
 from airgossip.emulation.fleets.inproc import InProcessFleet, run_in_process
 from airgossip.emulation.networks import network_for
 from airgossip.emulation.networks.link_draws import BernoulliDrops, link_uniforms
 from airgossip.emulation.networks.static import BernoulliLinkShaper, LinkSpec
-from airgossip.emulation.results import summarise
+from airgossip.scenario.config import RunConfig, load_config
+from airgossip.scenario.results import summarise
 
 AGENTS = 64
 ROUNDS = 12

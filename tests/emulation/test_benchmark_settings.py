@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from airgossip.edge.tasks.digits import DigitsOptions
-from airgossip.emulation.config import load_config, read_scenario
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from airgossip.emulation.channel.bursts import GilbertElliottLoss
 from airgossip.emulation.channel.mobility import GaussMarkov, RandomWaypoint
 from airgossip.emulation.channel.model import ChannelModel, gossip_adjacency, strongly_connected
 from airgossip.emulation.channel.traces import TraceError, read_mahimahi, read_mbps
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 
 def test_free_space_loss_reference_values() -> None:

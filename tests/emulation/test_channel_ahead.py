@@ -16,8 +16,8 @@ import pytest
 from airgossip.emulation.channel import model as channel_model
 from airgossip.emulation.channel.model import ChannelModel
 from airgossip.emulation.channel.state import LinkState
-from airgossip.emulation.config import read_scenario
-from airgossip.emulation.scenario import WirelessSettings, scenario_path
+from airgossip.scenario.config import read_scenario
+from airgossip.scenario.wireless import WirelessSettings, scenario_path
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="the worker is used with a second CPU only"

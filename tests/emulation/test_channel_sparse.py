@@ -15,10 +15,10 @@ from airgossip.emulation.channel.graph import gossip_adjacency
 from airgossip.emulation.channel.model import ChannelModel, LinkState, SparseLinkState
 from airgossip.emulation.channel.sparse import SparseChannelModel
 from airgossip.emulation.channel.state import FIGURES
-from airgossip.emulation.config import load_config, read_scenario
 from airgossip.emulation.fleets import run_fleet
 from airgossip.emulation.networks.gossip_graph import GraphEpoch
-from airgossip.emulation.scenario import WirelessSettings, scenario_path
+from airgossip.scenario.config import load_config, read_scenario
+from airgossip.scenario.wireless import WirelessSettings, scenario_path
 
 
 def settings(**overrides: object) -> WirelessSettings:
@@ -200,7 +200,7 @@ def test_the_row_scan_and_the_k_d_tree_give_the_same_steps(
 ) -> None:
     """Pairs leave the range and come back (150 m a step): the row scan's flags say which
     pairs stayed in range as the search over the keys does, so every figure is the same."""
-    from airgossip.emulation.channel import sparse
+    from airgossip.emulation.channel import in_range as pairs_in_range
 
     s = settings(
         radio="lte", path_loss={"model": "uma"}, activity=0.05, step_s=5.0,
@@ -214,7 +214,7 @@ def test_the_row_scan_and_the_k_d_tree_give_the_same_steps(
         in_range.add(scanned._pairs.keys.size)
         buffers.add(id(scanned._pairs.keys.base))
     assert len(buffers) == 1  # each scan wrote over the keys of the one before
-    monkeypatch.setattr(sparse, "ROW_SCAN_PAIRS", 0)
+    monkeypatch.setattr(pairs_in_range, "ROW_SCAN_PAIRS", 0)
     tree = SparseChannelModel(s, 300, 9)
     for step, a in enumerate(rows):
         b = tree.state(step)
@@ -271,11 +271,12 @@ def test_blocks_of_pairs_and_links_give_the_steps_one_block_gives(
     """A step's pairs and links are worked through a block at a time (fading continued,
     figures computed straight into the step's arrays): every array is the same to the bit
     whatever the block (CSMA's heard powers and Gilbert-Elliott states included)."""
-    from airgossip.emulation.channel import sparse
+    from airgossip.emulation.channel import in_range, sparse
 
     s = settings(**overrides)
     whole = [SparseChannelModel(s, 60, 8).state(step) for step in range(3)]
-    monkeypatch.setattr(sparse, "BLOCK_PAIRS", 37)
+    monkeypatch.setattr(in_range, "BLOCK_PAIRS", 37)  # the pairs' processes
+    monkeypatch.setattr(sparse, "BLOCK_PAIRS", 37)  # the links and their figures
     blocks = SparseChannelModel(s, 60, 8)
     for step, a in enumerate(whole):
         b = blocks.state(step)

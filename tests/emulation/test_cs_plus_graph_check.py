@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from airgossip.emulation.config import ConfigError, load_config
 from airgossip.emulation.fleets import preflight
 from airgossip.emulation.networks import network_for
+from airgossip.scenario.config import ConfigError, load_config
 
 WARNING = "too few neighbours"
 

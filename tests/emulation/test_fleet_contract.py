@@ -9,22 +9,22 @@ from typing import Any
 
 import pytest
 
+from airgossip.common.identity import agent_ids
 from airgossip.edge.agent import build_agent
-from airgossip.edge.config.identity import agent_ids
 from airgossip.edge.observability.stats import MemoryStatsSink, RoundRecord
 from airgossip.edge.transport import InMemoryNetwork, InMemoryTransport
-from airgossip.emulation.config import ConfigError, RunConfig, load_config, read_scenario
 from airgossip.emulation.fleets import FLEETS, FleetProgress, Launch, preflight, run_fleet
 from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
-from airgossip.emulation.fleets.base import FleetBase, group_records, refuse_round_driven
+from airgossip.emulation.fleets.base import Fleet, group_records, refuse_round_driven
 from airgossip.emulation.fleets.namespaces import write_peers
 from airgossip.emulation.networks import LinkRuntime, Network
-from airgossip.emulation.runtime.command import AgentCommand
-from airgossip.emulation.scenario import scenario_path
+from airgossip.node.command import AgentCommand
+from airgossip.scenario.config import ConfigError, RunConfig, load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 from tests.support.processes import free_port
 
 
-class ReversedLockStep(FleetBase):
+class ReversedLockStep(Fleet):
     """A mode written against the contract alone: every agent in this process, in lock step,
     each round's phases run from the last agent to the first."""
 

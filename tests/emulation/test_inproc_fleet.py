@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.emulation.config import ConfigError, load_config
 from airgossip.emulation.fleets import run_fleet
+from airgossip.scenario.config import ConfigError, load_config
 
 
 def consensus(tmp_path: Path, **overrides: object) -> dict:

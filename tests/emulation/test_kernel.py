@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets import run_fleet
 from airgossip.emulation.networks.kernel import NamespaceNetwork, kernel_support
+from airgossip.scenario.config import load_config
 from tests.support.cli import assert_tcp_carried_every_message
 
 SUPPORT = kernel_support()

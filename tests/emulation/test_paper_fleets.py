@@ -14,7 +14,7 @@ from airgossip.edge.algorithms import EnsembleCompression, LocalSGD
 from airgossip.edge.tasks.digits import DigitsTask
 from airgossip.edge.tasks.separable import SeparableOptions, centralized_reference
 from airgossip.emulation.fleets.inproc import InProcessFleet
-from airgossip.emulation.results import FinalFigures, summarise
+from airgossip.scenario.results import FinalFigures, summarise
 from tests.support.inproc import inproc_fleet
 
 SKEWED: dict[str, Any] = {"name": "digits", "partition": "dirichlet", "alpha": 0.1}

@@ -22,7 +22,7 @@ from airgossip.edge.transport.grpc_transport import GrpcTransport
 from airgossip.emulation.channel.model import ChannelModel
 from airgossip.emulation.fleets.virtual import EventLoop, VirtualTransport
 from airgossip.emulation.networks.shaper import WirelessLinkShaper
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 MESSAGES_PER_LINK = 80
 PAYLOAD = 60_000  # bytes: 60 ms at 8 Mbit/s

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from airgossip.cli.display import run_banner
 from airgossip.edge.tasks.digits import PRIVATE_LR, DigitsOptions
-from airgossip.emulation.config import load_config, private_defaults, scenario_toml
+from airgossip.scenario.config import load_config, private_defaults, scenario_toml
 
 PRIVATE = {"privacy": {"mechanism": "cancelling", "target_epsilon": 3.0}}
 

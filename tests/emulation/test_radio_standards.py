@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from airgossip.emulation.channel import fading, radio
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 C = 299_792_458.0  # m/s
 DB = 0.1  # the tolerance of path loss, dB

@@ -10,8 +10,8 @@ from pydantic import JsonValue
 from typer.testing import CliRunner
 
 from airgossip.cli import app
-from airgossip.emulation.config import ConfigError, load_config
 from airgossip.emulation.fleets import FLEETS, preflight, ray_fleet
+from airgossip.scenario.config import ConfigError, load_config
 
 
 def test_ray_table_is_read_with_defaults_for_what_it_omits(tmp_path: Path) -> None:

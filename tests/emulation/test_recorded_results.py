@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from airgossip.emulation.config import load_config, read_scenario
 from airgossip.emulation.fleets import run_fleet
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 
 RECORDED = Path(__file__).parent / "recorded"
 TIMING = ("total_wall_s", "versions")

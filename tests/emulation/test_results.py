@@ -6,8 +6,8 @@ import json
 import struct
 from pathlib import Path
 
-from airgossip.emulation.config import EMULATED_LOSS, load_config
-from airgossip.emulation.results import (
+from airgossip.scenario.config import EMULATED_LOSS, load_config
+from airgossip.scenario.results import (
     SCHEMA_VERSION,
     FinalFigures,
     RoundFigures,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from airgossip.emulation.attacks import Insiders, fleet_with_insiders, place_insiders
-from airgossip.emulation.config import ConfigError, load_config
 from airgossip.emulation.fleets import preflight
 from airgossip.emulation.fleets.inproc import InProcessFleet
 from airgossip.emulation.networks import network_for
+from airgossip.scenario.config import ConfigError, load_config
 
 INSIDER = 3  # agent-3 lies in the consensus fleets below
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
-from airgossip.emulation.config import load_config
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, SecurityError, TlsCredentials
 from airgossip.emulation.fleets.base import ProgressKeeper
 from airgossip.emulation.fleets.processes import AgentProcesses
-from airgossip.emulation.runtime.command import AgentCommand
-from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.node.command import AgentCommand
+from airgossip.node.folder import RunFolder
+from airgossip.scenario.config import load_config
 
 
 def mode(path: Path) -> int:

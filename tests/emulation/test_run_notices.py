@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from airgossip.cli.display import LONG_RUN_S, ProgressDisplay
-from airgossip.emulation.config import Settings, load_config, read_scenario
 from airgossip.emulation.fleets import run_fleet
 from airgossip.emulation.fleets.base import FleetProgress
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import Settings, load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 
 
 def test_a_consensus_run_that_ends_far_from_the_average_says_so(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 
 from airgossip.emulation.channel.model import ChannelModel
 from airgossip.emulation.networks.shaper import WirelessLinkShaper
-from airgossip.emulation.scenario import WirelessSettings
+from airgossip.scenario.wireless import WirelessSettings
 
 
 def _shaper(clock: list[float]) -> WirelessLinkShaper:

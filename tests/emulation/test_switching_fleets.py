@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from airgossip.emulation.config import ConfigError, load_config, read_scenario
 from airgossip.emulation.fleets import Fleet, preflight, run_fleet
 from airgossip.emulation.fleets.inproc import InProcessFleet
 from airgossip.emulation.fleets.virtual import VirtualFleet
 from airgossip.emulation.networks import network_for
-from airgossip.emulation.results import summarise
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import ConfigError, load_config, read_scenario
+from airgossip.scenario.results import summarise
+from airgossip.scenario.wireless import scenario_path
 from tests.support.inproc import inproc_fleet
 
 SCHEDULE = {"topologies": ["complete", "ring", "one-peer-exponential", "exponential"],

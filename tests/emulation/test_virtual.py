@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from airgossip.emulation.config import load_config, read_scenario
 from airgossip.emulation.fleets import run_fleet
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 
 
 def run(tmp_path: Path, preset: str, **settings: Any) -> dict[str, Any]:

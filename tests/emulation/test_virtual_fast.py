@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from airgossip.emulation.config import RunConfig, load_config, read_scenario
 from airgossip.emulation.fleets.virtual import VirtualFleet
 from airgossip.emulation.fleets.virtual_fast import fast_refusal
 from airgossip.emulation.networks import network_for
 from airgossip.emulation.networks.wireless import WirelessLinks
-from airgossip.emulation.scenario import scenario_path
+from airgossip.scenario.config import RunConfig, load_config, read_scenario
+from airgossip.scenario.wireless import scenario_path
 
 
 def config_of(preset: str, agents: int, rounds: int, area: float, **settings: Any) -> RunConfig:

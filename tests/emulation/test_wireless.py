@@ -10,14 +10,20 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from airgossip.edge.config.seeds import keyed_uniform
+from airgossip.common.seeds import keyed_uniform
 from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.emulation.channel.model import ChannelModel
-from airgossip.emulation.config import ConfigError, load_config, read_scenario
+from airgossip.emulation.channel.radio import WIFI_DATA_SUBCARRIERS
 from airgossip.emulation.fleets import run_fleet
 from airgossip.emulation.networks.shaper import WirelessLinkShaper
 from airgossip.emulation.networks.wireless import LAMBDA2_DENSE_LIMIT, WirelessLinks, WirelessRun
-from airgossip.emulation.scenario import WirelessSettings, preset_names, scenario_path
+from airgossip.scenario.config import ConfigError, load_config, read_scenario
+from airgossip.scenario.wireless import (
+    WIFI_BANDWIDTHS_MHZ,
+    WirelessSettings,
+    preset_names,
+    scenario_path,
+)
 from tests.support.prometheus import promtool_check
 
 
@@ -256,7 +262,7 @@ def test_a_followed_agent_takes_a_peers_new_address_from_the_coordinator(
     import threading
     import time
 
-    from airgossip.edge.topology import Assignment
+    from airgossip.common.topology import Assignment
 
     ids = [f"agent-{i}" for i in range(4)]
     run = WirelessRun(link_settings(tmp_path), ids, seed=1, clock=Clock())
@@ -283,7 +289,7 @@ def test_a_large_wireless_fleet_gets_lambda2_and_the_sparse_solve_agrees() -> No
     """Every wireless fleet reports its first graph's |lambda2| (dense up to
     LAMBDA2_DENSE_LIMIT agents, sparse above: 300 agents are solved sparsely), and it agrees
     with the dense solve on such a graph."""
-    from airgossip.edge.topology import (
+    from airgossip.common.topology import (
         mixing_matrices,
         second_largest_eigenvalue,
         sparse_mixing_matrices,
@@ -303,3 +309,9 @@ def test_a_large_wireless_fleet_gets_lambda2_and_the_sparse_solve_agrees() -> No
     assert second_largest_eigenvalue(sparse_mixing_matrices(graph)) == pytest.approx(
         lambda2, abs=1e-6
     )
+
+
+def test_the_settings_take_the_wifi_widths_the_radio_model_knows() -> None:
+    assert tuple(WIFI_DATA_SUBCARRIERS) == WIFI_BANDWIDTHS_MHZ
+    with pytest.raises(ValueError, match="wifi bandwidth_mhz must be one of 20, 40, 80, 160"):
+        WirelessSettings(radio="wifi", bandwidth_mhz=30)

@@ -10,12 +10,12 @@ from collections.abc import Iterator, Sequence
 import grpc
 import pytest
 
+from airgossip.common.security.tls import dial, fleet_of
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.agent.runner import WallClockRunner
-from airgossip.edge.config.settings import AgentSettings
 from airgossip.edge.observability.telemetry import ReceiveEvent, SendEvent, StepEvent
-from airgossip.edge.security.tls import dial, fleet_of
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.settings import AgentSettings
 from airgossip.edge.transport import GossipMessage
 from airgossip.edge.transport.base import LinkShaper
 from airgossip.edge.transport.grpc_transport import GrpcTransport
@@ -121,7 +121,7 @@ class TlsFleet:
         self, n: int = 4, *, rounds: int = 60, dim: int = 8, seed: int = 5,
         bulk_bytes: int | None = None, shaper: LinkShaper | None = None,
     ) -> None:  # fmt: skip
-        from airgossip.edge.config.settings import TaskSettings
+        from airgossip.edge.settings import TaskSettings
 
         self.settings = AgentSettings(
             task=TaskSettings(name="consensus", dim=dim), rounds=rounds, wait_timeout_s=0.5,

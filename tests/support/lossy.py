@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from airgossip.common.topology import Phase, build_graph, node_phases
 from airgossip.edge.algorithms import (
     GossipAlgorithm,
     Payload,
@@ -22,7 +23,6 @@ from airgossip.edge.algorithms import (
     create_algorithm,
 )
 from airgossip.edge.compression import decode_blocks, get_codec, raw_codec_for
-from airgossip.edge.topology import Phase, build_graph, node_phases
 
 #: Called once per agent and round before sharing: (agent index, algorithm).
 LocalStep = Callable[[int, GossipAlgorithm], None]

@@ -9,8 +9,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials
 
 #: Identities the tests' certificate authority has certificates for.
 TEST_IDENTITIES = (*(f"agent-{i}" for i in range(16)), COORDINATOR_IDENTITY, "mallory")

@@ -42,15 +42,15 @@ from typing import Any
 
 import torch
 
+from airgossip.common.http import MetricsServer
+from airgossip.common.security.tls import fleet_of
+from airgossip.common.topology import assignments_for_graph, build_graph
+from airgossip.common.topology.graphs import Graph
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.agent.runner import WallClockRunner
 from airgossip.edge.algorithms import algorithm_class
-from airgossip.edge.config.settings import AgentSettings, TaskSettings
-from airgossip.edge.observability.http import MetricsServer
 from airgossip.edge.observability.metrics import AgentMetrics
-from airgossip.edge.security.tls import fleet_of
-from airgossip.edge.topology import assignments_for_graph, build_graph
-from airgossip.edge.topology.graphs import Graph
+from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.edge.transport import GossipMessage
 from airgossip.edge.transport.base import MessageHeader, SendCallback, SendOutcome, Transport
 from airgossip.edge.transport.grpc_transport import GrpcTransport

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from airgossip.coordinator.client import RunInfo
-from airgossip.emulation.config import ConfigError, load_config
-from airgossip.emulation.runtime.command import AgentCommand, check_command
-from airgossip.emulation.runtime.options import AgentProcessOptions
-from airgossip.emulation.runtime.process import run_identity
+from airgossip.node.command import AgentCommand, check_command
+from airgossip.node.options import AgentProcessOptions
+from airgossip.node.process import run_identity
+from airgossip.scenario.config import ConfigError, load_config
 from tests.support.local_fleet import LocalFleet
 
 PEERS = {"agent-0": "127.0.0.1:5000", "agent-1": "127.0.0.1:5001"}

@@ -35,7 +35,8 @@ from airgossip.edge.tasks import TaskError, resolve_task_factory
 from airgossip.edge.tasks.flower import FlowerAppError, load_flower_app
 from airgossip.emulation.baselines.flower import FlowerBaseline
 from airgossip.emulation.baselines.flower import _check as check_baseline
-from airgossip.emulation.config import (
+from airgossip.emulation.fleets import fleet_class, preflight
+from airgossip.scenario.config import (
     ConfigError,
     NetworkSettings,
     RunConfig,
@@ -43,9 +44,8 @@ from airgossip.emulation.config import (
     load_config,
     read_scenario,
 )
-from airgossip.emulation.fleets import fleet_class, preflight
-from airgossip.emulation.results import FinalFigures, RoundFigures, RunResults
-from airgossip.emulation.scenario import ScenarioNotFound, scenario_path
+from airgossip.scenario.results import FinalFigures, RoundFigures, RunResults
+from airgossip.scenario.wireless import ScenarioNotFound, scenario_path
 from tests.support.cli import ROOT
 
 #: Modules a refusal must not have imported (each takes seconds to import).
@@ -252,7 +252,7 @@ def test_every_registry_name_passes_the_early_check() -> None:
 
 
 def test_the_setting_keys_are_the_models() -> None:
-    """``setting_keys.json`` is what ``airgossip.emulation.config`` accepts now; regenerate it with
+    """``setting_keys.json`` is what ``airgossip.scenario.config`` accepts now; regenerate it with
     ``python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"``."""
     assert setting_keys() == read_setting_keys(), f"{SETTING_KEYS.name} is stale"
 

@@ -20,14 +20,14 @@ from rich.console import Console
 from airgossip.cli import app
 from airgossip.cli.choices import CHOICES, fill, read_registries, registry_names
 from airgossip.cli.display import summary_table
+from airgossip.common.topology import TOPOLOGIES
 from airgossip.coordinator.policy import POLICIES
 from airgossip.edge.algorithms import ALGORITHMS
 from airgossip.edge.compression import CODEC_FORMS
 from airgossip.edge.tasks import BUILTIN_TASKS
-from airgossip.edge.topology import TOPOLOGIES
 from airgossip.emulation.fleets import FLEETS
-from airgossip.emulation.results import FinalFigures, RoundFigures, RunIdentity, RunResults
-from airgossip.emulation.scenario import preset_names
+from airgossip.scenario.results import FinalFigures, RoundFigures, RunIdentity, RunResults
+from airgossip.scenario.wireless import preset_names
 from tests.support.cli import ROOT, airgossip, assert_one_line_error, cli
 from tests.support.processes import free_port
 
@@ -221,7 +221,7 @@ def console_script(tmp_path: Path) -> Path:
 def test_the_readme_custom_task_command_works_from_the_checkout(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", COLUMNS="200")
-    # Its agents are `python -m airgossip.emulation.runtime.agent` processes started in the
+    # Its agents are `python -m airgossip.emulation.agent` processes started in the
     # checkout: this code.
     result = subprocess.run(
         [sys.executable, str(console_script(tmp_path)), "run", "--task",

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 import airgossip.edge.agent.waiting as waiting
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.common.topology import Assignment, Phase
 from airgossip.coordinator.client import CoordinatorClient
 from airgossip.coordinator.policy import TopologySpec
 from airgossip.coordinator.run import RunSpec
 from airgossip.coordinator.service import CoordinatorServer
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.edge.topology import Assignment, Phase
-from airgossip.emulation.config import load_config
-from airgossip.emulation.results import RunResults
-from airgossip.emulation.runtime.peers import wait_for_peers
+from airgossip.node.peers import wait_for_peers
+from airgossip.scenario.config import load_config
+from airgossip.scenario.results import RunResults
 from tests.support.cli import ROOT, airgossip, assert_one_line_error
 from tests.support.processes import free_port
 
@@ -187,7 +187,7 @@ def stopped_output(process: subprocess.Popen[str], timeout_s: float) -> str:
 
 def test_a_coordinator_restarted_on_its_database_keeps_the_run(tmp_path: Path) -> None:
     """The run id, and a wireless scenario's t = 0, survive a restart on the same --db."""
-    scenario = ROOT / "emulation" / "scenarios" / "wifi-indoor.toml"
+    scenario = ROOT / "airgossip" / "scenario" / "presets" / "wifi-indoor.toml"
     args = [
         "coordinator", "--listen", f"127.0.0.1:{free_port()}", "--metrics-port", "0",
         "--db", str(tmp_path / "fleet.db"), "--config", str(scenario), "--agents", "4",

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets.base import FleetError, ProgressKeeper
 from airgossip.emulation.fleets.forkserver import ForkServer
 from airgossip.emulation.fleets.processes import AgentProcesses, agent_environment
-from airgossip.emulation.runtime.command import AgentCommand
-from airgossip.emulation.runtime.folder import RunFolder
+from airgossip.node.command import AgentCommand
+from airgossip.node.folder import RunFolder
+from airgossip.scenario.config import load_config
 from tests.support.cli import ROOT
 from tests.support.processes import kill_all, processes_mentioning, wait_until_gone
 

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
 from airgossip.coordinator.client import CoordinatorClient
 from airgossip.coordinator.service import CoordinatorServer, TopologySpec
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
 from airgossip.edge.transport import MessageHeader
 from airgossip.edge.transport.wire import header_to_proto
 from airgossip.protos import gossip_pb2

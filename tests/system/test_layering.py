@@ -2,14 +2,13 @@
 
 Everything is imported as ``airgossip.*``: the folders ``protos``, ``edge``, ``coordinator`` and
 ``emulation`` are ``airgossip.protos`` and so on (``airgossip/`` links to them), and nothing
-imports them by their bare names. Layers import downwards only:
-``protos <- edge <- coordinator <- emulation <- airgossip`` (the CLI and the rest of the
-``airgossip`` package).
-Inside ``emulation`` the rooms do too: the channel model imports no network or fleet code,
-networks import neither the runtime nor the fleets, the runtime no fleets, and the data
-models (config, scenario, results) import none of them. Every import counts, at module level
-or inside a function; so does a lower layer starting the CLI by name (``-m airgossip`` in an
-argument list or a string, a fork server told to run or preload one of its modules).
+imports them by their bare names. Layers import downwards only: ``protos <- edge <- coordinator
+<- scenario <- node <- emulation <- airgossip`` (the run's settings and results schema, then the
+node runtime that runs one agent process, then the channel, networks and fleets, then the CLI).
+Inside ``emulation`` the rooms do too: the channel model imports no network, fleet, node or
+settings code, and networks import no fleets. Every import counts, at module level or inside a
+function; so does a lower layer starting the CLI by name (``-m airgossip`` in an argument list
+or a string, a fork server told to run or preload one of its modules).
 """
 
 from __future__ import annotations
@@ -25,22 +24,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: The folders at the repository's top level that are installed inside the namespace.
 MAPPED = ("protos", "edge", "coordinator", "emulation")
-LAYERS = [*MAPPED, "airgossip"]
+#: Folders from the bottom up: each imports only from the ones before it. ``airgossip/common``
+#: (what agents and the coordinator share: ids, seeds, graphs, TLS, the metrics endpoint),
+#: ``airgossip/scenario`` (a run's settings and results schema) and ``airgossip/node`` (what
+#: runs one agent process) are rooms of the namespace's own folder; the rest of
+#: ``airgossip/`` (the CLI) is the top.
+LAYERS = ["protos", "airgossip/common", "edge", "coordinator", "airgossip/scenario",
+          "airgossip/node", "emulation", "airgossip"]  # fmt: skip
 #: Pure packages inside edge that touch no gRPC, protos, Prometheus or transport.
 PURE = {
     "edge/algorithms": {"grpc", "protos", "prometheus_client", "edge.transport", "edge.agent"},
-    "edge/topology": {"grpc", "protos", "prometheus_client", "torch", "edge.transport"},
+    "airgossip/common/topology": {"grpc", "protos", "prometheus_client", "torch", "edge.transport"},
     "edge/compression": {"grpc", "protos", "prometheus_client", "edge.transport"},
 }
 #: Rooms inside a layer and what each must not import.
 ROOMS = {
-    "emulation/channel": {"emulation.networks", "emulation.fleets", "emulation.config",
-                          "emulation.results", "coordinator", "grpc"},
-    "emulation/networks": {"emulation.fleets", "emulation.runtime"},
-    "emulation/runtime": {"emulation.fleets"},
-    "emulation/config.py": {"emulation.networks", "emulation.fleets", "emulation.channel.model"},
-    "emulation/scenario.py": {"emulation.networks", "emulation.fleets", "emulation.channel.model"},
-    "emulation/results.py": {"emulation.networks", "emulation.fleets", "emulation.config"},
+    # The radio and its motion: NumPy and the [wireless] table, nothing of a run or a process.
+    "emulation/channel": {"emulation.networks", "emulation.fleets", "airgossip.scenario.config",
+                          "airgossip.scenario.results", "airgossip.node", "coordinator",
+                          "grpc"},
+    "emulation/networks": {"emulation.fleets"},
     # The codec registry is a leaf: codecs never import it.
     "edge/compression/codec.py": {"edge.compression.registry", "edge.compression.quantize",
                                   "edge.compression.sparsify"},
@@ -64,10 +67,11 @@ def module_name(path: Path) -> str:
 
 def layer_of(name: str) -> int | None:
     """The rank in :data:`LAYERS` of the project module ``name`` (None: not the project's)."""
-    for rank, folder in enumerate(MAPPED):
-        if within(name, {f"airgossip.{folder}"}):
+    for rank, folder in enumerate(LAYERS[:-1]):
+        prefix = folder.replace("/", ".")
+        if within(name, {prefix if prefix.startswith("airgossip.") else f"airgossip.{prefix}"}):
             return rank
-    return len(MAPPED) if within(name, {"airgossip"}) else None
+    return len(LAYERS) - 1 if within(name, {"airgossip"}) else None
 
 
 def imports(path: Path) -> set[str]:
@@ -95,9 +99,12 @@ def sources(where: str) -> list[Path]:
     target = ROOT / where
     if target.suffix == ".py":
         return [target]
+    # Not through the links (followlinks=False), and the top layer without its rooms.
+    rooms = {ROOT / room for room in LAYERS if room.startswith("airgossip/")} - {target}
     paths = [
         Path(folder, name)
-        for folder, _, names in os.walk(target)  # followlinks=False
+        for folder, _, names in os.walk(target)
+        if not any(Path(folder).is_relative_to(room) for room in rooms)
         for name in names
         if name.endswith(".py")
     ]
@@ -286,9 +293,40 @@ importlib.import_module("airgossip.cli.agent")
 log = logging.getLogger("airgossip.agent")
 LABEL = "airgossip.run"
 name = f"airgossip-{tag}-agent-0"
-COMMAND = (sys.executable, "-m", "airgossip.emulation.runtime.agent")
+COMMAND = (sys.executable, "-m", "airgossip.emulation.agent")
 """
     assert names_the_cli(unrelated, "y.py", modules) == []
+
+
+def room_graph(layer: str) -> dict[str, set[str]]:
+    """The rooms of a layer (its subpackages and top modules) -> the rooms each imports."""
+    prefix = f"airgossip.{layer}."
+    graph: dict[str, set[str]] = {}
+    for name, path in project_modules().items():
+        if not name.startswith(prefix):
+            continue
+        room = name[len(prefix) :].split(".")[0]
+        graph.setdefault(room, set())
+        for target in imports(path):
+            if target.startswith(prefix):
+                other = target[len(prefix) :].split(".")[0]
+                if other != room:
+                    graph[room].add(other)
+    for targets in list(graph.values()):
+        for target in targets:
+            graph.setdefault(target, set())
+    return graph
+
+
+def test_rooms_inside_a_layer_import_one_way() -> None:
+    """No arrow back up between the rooms of edge or of emulation: a room that imports
+    another is never imported by it, however indirectly."""
+    for layer in ("edge", "emulation"):
+        graph = room_graph(layer)
+        assert len(graph) > 5, graph
+        found = circles(graph)
+        assert not found, f"rooms of {layer} in a circle:\n" + "\n".join(map(", ".join, found))
+    assert {"agent", "algorithms", "transport"} <= set(room_graph("edge"))
 
 
 def test_no_import_circles() -> None:
@@ -298,12 +336,19 @@ def test_no_import_circles() -> None:
 
 def test_the_checkers_see_imports_and_circles() -> None:
     """Guard against a walker that silently finds nothing, or a cycle finder that cannot."""
-    assert "airgossip.edge.topology.mixing" in imports(ROOT / "edge/topology/assignment.py")
+    assert "airgossip.common.topology.mixing" in imports(
+        ROOT / "airgossip/common/topology/assignment.py"
+    )
     assert any("coordinator" in n for n in imports(ROOT / "emulation/fleets/agent_fleet.py"))
-    assert layer_of("airgossip.edge.agent") == 1 and layer_of("airgossip.cli.run") == 4
-    assert layer_of("airgossip") == 4 and layer_of("torch") is None
+    assert layer_of("airgossip.edge.agent") == 2 and layer_of("airgossip.cli.run") == 7
+    assert layer_of("airgossip.node.process") == 5 and layer_of("airgossip.scenario") == 4
+    assert layer_of("airgossip.common.topology") == 1
+    assert layer_of("airgossip") == 7 and layer_of("torch") is None
+    assert sources("airgossip/node") and not set(sources("airgossip/node")) & set(
+        sources("airgossip")
+    )
     graph = import_graph()
-    assert "airgossip.emulation.networks.base" in graph["airgossip.emulation.fleets.base"] or (
+    assert "airgossip.node.network" in graph["airgossip.emulation.fleets.base"] or (
         "airgossip.emulation.networks" in graph["airgossip.emulation.fleets.base"]
     )
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from airgossip.common.security.tls import TlsCredentials
 from airgossip.edge.agent import fleet_digest
 from airgossip.edge.privacy.keys import CertificateSecrets, mask_key
-from airgossip.edge.security.tls import TlsCredentials
 from airgossip.edge.tasks import TaskContext, load_task
 from tests.support.cli import airgossip, assert_one_line_error
 from tests.support.processes import kill_all, wait_until_gone

@@ -15,7 +15,7 @@ import torch
 
 from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.edge.privacy.figures import EPSILON, EXHAUSTED, Spent
-from airgossip.emulation.results import summarise
+from airgossip.scenario.results import summarise
 from tests.support.cli import assert_one_line_error, cli
 from tests.support.inproc import inproc_fleet
 

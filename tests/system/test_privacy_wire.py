@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 
+from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent import Agent, build_agent
 from airgossip.edge.agent.runner import WallClockRunner
-from airgossip.edge.config.settings import AgentSettings
 from airgossip.edge.privacy.keys import RunKeyring, mask_key
 from airgossip.edge.privacy.masks import gaussian_stream, mask_sign
 from airgossip.edge.privacy.mechanism import PrivacyContext
-from airgossip.edge.privacy.plan import FleetGraph
-from airgossip.edge.topology import assignments_for_graph, build_graph
+from airgossip.edge.privacy.plan import PrivacyGraph
+from airgossip.edge.settings import AgentSettings
 from airgossip.edge.transport.grpc_transport import GrpcTransport
 
 pytest.importorskip("opacus")
@@ -83,7 +83,7 @@ def settings(mask: float) -> AgentSettings:
 
 
 def pair(mask: float, keyring: RunKeyring) -> list[Agent]:
-    graph = FleetGraph.of(build_graph("ring", 2), IDS, "metropolis-hastings", static=True)
+    graph = PrivacyGraph.of(build_graph("ring", 2), IDS, "metropolis-hastings", static=True)
     agents = []
     for i, agent_id in enumerate(IDS):
         agents.append(build_agent(

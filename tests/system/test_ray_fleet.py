@@ -14,10 +14,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
-from airgossip.emulation.config import load_config
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials, dial
 from airgossip.emulation.fleets import Fleet, FleetProgress, run_fleet
 from airgossip.emulation.fleets.ray_fleet import RayFleet
+from airgossip.scenario.config import load_config
 from tests.system.ray_support import host_actors, ray_cluster
 
 pytestmark = pytest.mark.slow

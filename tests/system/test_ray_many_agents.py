@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
-from airgossip.emulation.config import ConfigError, load_config
 from airgossip.emulation.fleets import FleetProgress, run_fleet
 from airgossip.emulation.fleets.ray_cluster import RayCluster
+from airgossip.scenario.config import ConfigError, load_config
 from tests.system.ray_support import leftovers, ray_cluster
 
 AGENTS = 64

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from airgossip.emulation.config import load_config
 from airgossip.emulation.fleets import Fleet, FleetProgress, run_fleet
+from airgossip.scenario.config import load_config
 from tests.system.ray_support import host_actors, leftovers, ray_cluster
 
 pytestmark = pytest.mark.slow

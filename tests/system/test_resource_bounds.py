@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
 from tests.support.agents import TlsFleet
 from tests.support.local_fleet import LocalFleet
 from tests.support.tls import credentials

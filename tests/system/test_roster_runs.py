@@ -1,6 +1,6 @@
 """An identity that registers early cannot keep a run's agents out (issue 33, item 2).
 
-What ``airgossip coordinator`` runs (:class:`~airgossip.emulation.runtime.devices.DeviceRun`: its
+What ``airgossip coordinator`` runs (:class:`~airgossip.node.devices.DeviceRun`: its
 default roster, mutual TLS with the test CA) and four real agents (what ``airgossip agent``
 runs, each in a thread of this process, so that torch is imported once), over real gRPC. Before
 the agents start, someone registers with an empty task digest and never heartbeats: a
@@ -18,12 +18,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from airgossip.edge.security.tls import COORDINATOR_IDENTITY, dial
-from airgossip.emulation.results import RunResults
-from airgossip.emulation.runtime.command import AgentCommand
-from airgossip.emulation.runtime.devices import DeviceRun, DeviceRunError, DeviceRunSettings
-from airgossip.emulation.runtime.process import run_agent_command
+from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
+from airgossip.emulation.agent import EMULATED_LINKS
+from airgossip.emulation.networks import network_for
+from airgossip.node.command import AgentCommand
+from airgossip.node.devices import DeviceRun, DeviceRunError, DeviceRunSettings
+from airgossip.node.process import run_agent_command
 from airgossip.protos import coordinator_pb2, coordinator_pb2_grpc
+from airgossip.scenario.results import RunResults
 from tests.support.tls import credentials, credentials_folder
 
 AGENTS = 4
@@ -39,7 +41,8 @@ def device_run(tmp_path: Path, **settings: object) -> DeviceRun:
             listen="127.0.0.1:0", metrics_port=0, config=scenario, out=tmp_path / "out",
             certs=credentials_folder(), heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0,
             **settings,  # type: ignore[arg-type]
-        )
+        ),
+        network_for,
     )  # fmt: skip
 
 
@@ -86,7 +89,7 @@ def test_an_early_registration_leaves_the_run_complete(
                 linger_s=60.0, ready_timeout_s=60.0, metrics_listen="off",
             )  # fmt: skip
             try:
-                codes[i] = run_agent_command(command)
+                codes[i] = run_agent_command(command, EMULATED_LINKS)
             except Exception as err:  # what the agent said, for the assertion below
                 codes[i] = f"{type(err).__name__}: {err}"
 

@@ -13,19 +13,19 @@ import pytest
 import typer.main
 
 from airgossip.cli import app
-from airgossip.emulation.config import ConfigError, load_config
+from airgossip.emulation.agent import main as agent_main
 from airgossip.emulation.fleets.base import Launch
 from airgossip.emulation.fleets.containers import ContainerFleet
+from airgossip.emulation.fleets.processes import AGENT_MODULE
 from airgossip.emulation.networks import network_for
-from airgossip.emulation.runtime.agent import main as agent_main
-from airgossip.emulation.runtime.command import (
-    AGENT_MODULE,
+from airgossip.node.command import (
     AgentCommand,
     flag_name,
     parse_agent_command,
 )
-from airgossip.emulation.runtime.folder import RunFolder
-from airgossip.emulation.runtime.options import agent_options
+from airgossip.node.folder import RunFolder
+from airgossip.node.options import agent_options
+from airgossip.scenario.config import ConfigError, load_config
 
 
 def test_what_a_fleet_writes_is_what_the_agent_reads(tmp_path: Path) -> None:

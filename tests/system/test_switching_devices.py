@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from airgossip.edge.config.identity import agent_ids
-from airgossip.edge.security.certificates import throwaway_fleet
-from airgossip.emulation.results import RunResults
+from airgossip.common.identity import agent_ids
+from airgossip.common.security.certificates import throwaway_fleet
+from airgossip.scenario.results import RunResults
 from tests.support.cli import airgossip, assert_one_line_error
 from tests.support.processes import free_port
 from tests.system.test_device_fleet import spawn

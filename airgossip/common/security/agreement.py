@@ -7,7 +7,7 @@ authority signs with the rest. A partner's certificate then authenticates the ke
 agrees a secret with (``airgossip.edge.privacy.keys``). A name rather than an extension of its own:
 every TLS stack parses names (Prometheus's Go one refuses an object identifier whose arcs
 do not fit 64 bits, as a UUID-based one does), and a name that is not ``airgossip:<id>``
-identifies nobody (:func:`airgossip.edge.security.tls.certificate_identity`).
+identifies nobody (:func:`airgossip.common.security.tls.certificate_identity`).
 """
 
 from __future__ import annotations

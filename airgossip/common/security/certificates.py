@@ -3,11 +3,11 @@
 ``airgossip certs init`` makes the authority (``ca.pem`` and ``ca.key``), ``airgossip certs
 issue ID`` a member's certificate (``ID.pem``) and key (``ID.key``); ``airgossip run`` makes a
 throwaway authority in its run folder. Keys are ECDSA P-256, written owner-readable only; a
-certificate names its holder as :mod:`airgossip.edge.security.tls` reads it (the URI
+certificate names its holder as :mod:`airgossip.common.security.tls` reads it (the URI
 ``airgossip:<id>`` and the DNS name ``<id>``, plus the fleet-wide name ``airgossip-metrics`` its
 metrics endpoint is scraped by) and is good for both ends of a TLS connection (every agent serves
 and dials). It also carries the member's X25519 key-agreement key
-(:mod:`airgossip.edge.security.agreement`), which pairs of agents use for secrets of their own.
+(:mod:`airgossip.common.security.agreement`), which pairs of agents use for secrets of their own.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from airgossip.edge.security.agreement import agreement_name
-from airgossip.edge.security.private_files import private_folder, write_private
-from airgossip.edge.security.tls import (
+from airgossip.common.security.agreement import agreement_name
+from airgossip.common.security.private_files import private_folder, write_private
+from airgossip.common.security.tls import (
     CA_CERT,
     CA_KEY,
     IDENTITY_URI_PREFIX,

@@ -2,7 +2,7 @@
 
 Every link of a fleet (agent to agent, agent to coordinator) is mutual TLS unless the operator asks
 for plaintext (``--insecure``). A fleet has one certificate authority; each member holds a
-certificate and key issued by it (see :mod:`airgossip.edge.security.certificates` and ``airgossip
+certificate and key issued by it (see :mod:`airgossip.common.security.certificates` and ``airgossip
 certs``).
 
 **The identity** of a member is its certificate's URI subject alternative name

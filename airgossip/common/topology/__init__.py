@@ -1,6 +1,6 @@
 """Graphs, mixing weights and spectral gap (numpy and scipy).
 
-The names below are loaded on first use (PEP 562): :mod:`airgossip.edge.topology.graphs` builds a
+The names below are loaded on first use (PEP 562): :mod:`airgossip.common.topology.graphs` builds a
 dense graph with numpy alone, so the CLI checks an algorithm against its graph before SciPy
 (and torch) are imported.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airgossip.edge.lazy_exports import lazy_exports
+from airgossip.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from airgossip.edge.topology.assignment import Assignment, assignments_for_graph, transition
-    from airgossip.edge.topology.graphs import (
+    from airgossip.common.topology.assignment import Assignment, assignments_for_graph, transition
+    from airgossip.common.topology.graphs import (
         SPARSE_LIMIT,
         TOPOLOGIES,
         Graph,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         sparse_adjacency,
         transposed,
     )
-    from airgossip.edge.topology.mixing import (
+    from airgossip.common.topology.mixing import (
         Phase,
         column_stochastic,
         metropolis_hastings,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         sparse_mixing_matrices,
         sparse_node_phases,
     )
-    from airgossip.edge.topology.switching import (
+    from airgossip.common.topology.switching import (
         FleetFigures,
         SwitchingSettings,
         TopologySwitcher,
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     **dict.fromkeys(
-        ["Assignment", "assignments_for_graph", "transition"], "airgossip.edge.topology.assignment"
+        ["Assignment", "assignments_for_graph", "transition"],
+        "airgossip.common.topology.assignment",
     ),
     **dict.fromkeys(
         [
@@ -64,7 +65,7 @@ _HOMES = {
             "sparse_adjacency",
             "transposed",
         ],
-        "airgossip.edge.topology.graphs",
+        "airgossip.common.topology.graphs",
     ),
     **dict.fromkeys(
         [
@@ -78,7 +79,7 @@ _HOMES = {
             "sparse_mixing_matrices",
             "sparse_node_phases",
         ],
-        "airgossip.edge.topology.mixing",
+        "airgossip.common.topology.mixing",
     ),
     **dict.fromkeys(
         [
@@ -90,7 +91,7 @@ _HOMES = {
             "parse_switching",
             "switched_assignments",
         ],
-        "airgossip.edge.topology.switching",
+        "airgossip.common.topology.switching",
     ),
 }
 

@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from airgossip.edge.topology.graphs import Graph
-from airgossip.edge.topology.mixing import (
+from airgossip.common.topology.graphs import Graph
+from airgossip.common.topology.mixing import (
     DENSE_LIMIT,
     Phase,
     mixing_matrices,
@@ -55,7 +55,7 @@ def assignments_for_graph(
     """Every node's :class:`Assignment`; node ``i`` is the ``i``-th id of ``addresses``.
 
     Each agent's directory holds its in- and out-neighbours over all phases. Above
-    :data:`~airgossip.edge.topology.mixing.DENSE_LIMIT` nodes the weights are sparse matrices and
+    :data:`~airgossip.common.topology.mixing.DENSE_LIMIT` nodes the weights are sparse matrices and
     ``lambda2`` is solved iteratively: linear in the edges, no n x n array.
     """
     ids = list(addresses)

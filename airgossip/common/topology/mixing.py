@@ -16,7 +16,7 @@ import numpy as np
 from scipy.sparse import csc_array, csr_array
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigs
 
-from airgossip.edge.topology.graphs import Adjacency, Graph, adjacency_edges
+from airgossip.common.topology.graphs import Adjacency, Graph, adjacency_edges
 
 log = logging.getLogger(__name__)
 

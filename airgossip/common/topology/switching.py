@@ -18,7 +18,7 @@ its agents in one process, or the coordinator of agent processes and devices) me
 figures with :func:`fleet_figures`, turns a new graph into assignments with a higher epoch
 (:func:`switched_assignments`), and every agent installs its own with
 ``Agent.set_assignment``, keeping its gossip state. The old peers stay in each
-directory (:func:`~airgossip.edge.topology.assignment.transition`), so push-sum weight and
+directory (:func:`~airgossip.common.topology.assignment.transition`), so push-sum weight and
 unacknowledged blocks still owed on edges that left the graph are delivered and the fleet's
 totals stay exact across switches.
 """
@@ -29,15 +29,14 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from airgossip.edge.config.options import validate_options
-from airgossip.edge.observability.stats import RoundRecord
-from airgossip.edge.topology.assignment import Assignment, assignments_for_graph, transition
-from airgossip.edge.topology.graphs import TOPOLOGIES, Graph, build_graph
+from airgossip.common.options import validate_options
+from airgossip.common.topology.assignment import Assignment, assignments_for_graph, transition
+from airgossip.common.topology.graphs import TOPOLOGIES, Graph, build_graph
 
 Trigger = Literal["consensus-distance-below", "consensus-distance-above", "loss-plateau"]
 
@@ -109,7 +108,19 @@ def consensus_distance(estimates: Sequence[np.ndarray]) -> float | None:
     return float(spread / norm) if norm > 0 else float(spread)
 
 
-def fleet_figures(round_index: int, records: Sequence[RoundRecord], agents: int) -> FleetFigures:
+class ReportedRound(Protocol):
+    """What a schedule reads of an agent's report of a round (an
+    :class:`~airgossip.edge.observability.stats.RoundRecord`, which the topology room does not
+    import: the records are the observability room's, above it)."""
+
+    @property
+    def estimate(self) -> np.ndarray | None: ...
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+
+def fleet_figures(round_index: int, records: Sequence[ReportedRound], agents: int) -> FleetFigures:
     """What a switcher is told after ``round_index``: the consensus distance of the reported
     estimates and the mean loss, both only when all ``agents`` reported the round (a figure
     over part of the fleet is not the fleet's).

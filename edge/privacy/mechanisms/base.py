@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from airgossip.edge.privacy.accounting import Ledger
     from airgossip.edge.privacy.keys import PairSecrets
     from airgossip.edge.privacy.masks import PairMasks
-    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 
 
 class PrivacyParameters(Protocol):
@@ -134,14 +134,14 @@ class Mechanism:
         *,
         rounds: int,
         num_agents: int,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
     ) -> NoisePlan:
         """The run's noise, calibrated (:class:`~airgossip.edge.privacy.plan.NoisePlan`);
         :class:`~airgossip.edge.privacy.accounting.PrivacyError` when no noise reaches the target.
         ``graph`` is given whenever :attr:`needs_graph`."""
         raise NotImplementedError
 
-    def complete(self, plan: NoisePlan, *, rounds: int, graph: FleetGraph | None) -> NoisePlan:
+    def complete(self, plan: NoisePlan, *, rounds: int, graph: PrivacyGraph | None) -> NoisePlan:
         """``plan`` as carried from before the run (its multipliers only) made whole: what
         accounting needs beside them (network DP's sensitivities)."""
         return plan
@@ -164,7 +164,7 @@ class Mechanism:
         plan: NoisePlan,
         settings: PrivacyParameters,
         *,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
         agent_id: str,
         restarted: bool,
     ) -> Ledger:
@@ -180,7 +180,7 @@ class Mechanism:
         self,
         agent_id: str,
         *,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
         secrets: PairSecrets | None,
         run_context: bytes,
         numel: int,

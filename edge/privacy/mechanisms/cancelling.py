@@ -11,7 +11,7 @@ from airgossip.edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
 if TYPE_CHECKING:
     from airgossip.edge.privacy.keys import PairSecrets
     from airgossip.edge.privacy.masks import PairMasks
-    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 
 
 class CancellingMasks(Mechanism):
@@ -32,7 +32,7 @@ class CancellingMasks(Mechanism):
         *,
         rounds: int,
         num_agents: int,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
     ) -> NoisePlan:
         from airgossip.edge.privacy.accounting import calibrate
         from airgossip.edge.privacy.graph import cancelling_noise_multiplier, pair_graph
@@ -64,7 +64,7 @@ class CancellingMasks(Mechanism):
         self,
         agent_id: str,
         *,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
         secrets: PairSecrets | None,
         run_context: bytes,
         numel: int,

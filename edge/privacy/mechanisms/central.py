@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from airgossip.edge.privacy.mechanisms.base import Mechanism, PrivacyParameters
 
 if TYPE_CHECKING:
-    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 
 
 class CentralReference(Mechanism):
@@ -26,7 +26,7 @@ class CentralReference(Mechanism):
         *,
         rounds: int,
         num_agents: int,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
     ) -> NoisePlan:
         from airgossip.edge.privacy.plan import NoisePlan
 

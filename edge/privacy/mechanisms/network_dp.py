@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from airgossip.edge.privacy.accounting import Ledger
-    from airgossip.edge.privacy.plan import FleetGraph, NoisePlan
+    from airgossip.edge.privacy.plan import NoisePlan, PrivacyGraph
 
 
 class NetworkDp(Mechanism):
@@ -32,7 +32,7 @@ class NetworkDp(Mechanism):
         *,
         rounds: int,
         num_agents: int,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
     ) -> NoisePlan:
         from airgossip.edge.privacy.accounting import calibrate
         from airgossip.edge.privacy.plan import NoisePlan, mean_pair_epsilon, network_of
@@ -47,7 +47,7 @@ class NetworkDp(Mechanism):
             )
         return NoisePlan(sigma, network=network)
 
-    def complete(self, plan: NoisePlan, *, rounds: int, graph: FleetGraph | None) -> NoisePlan:
+    def complete(self, plan: NoisePlan, *, rounds: int, graph: PrivacyGraph | None) -> NoisePlan:
         from dataclasses import replace
 
         from airgossip.edge.privacy.plan import network_of
@@ -60,7 +60,7 @@ class NetworkDp(Mechanism):
         plan: NoisePlan,
         settings: PrivacyParameters,
         *,
-        graph: FleetGraph | None,
+        graph: PrivacyGraph | None,
         agent_id: str,
         restarted: bool,
     ) -> Ledger:

@@ -23,6 +23,7 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 
 import flwr.supercore.telemetry as _flower_telemetry
+from flwr.app.typing import ConfigRecordValues
 from flwr.clientapp import ClientApp
 from flwr.common.config import (
     flatten_dict,
@@ -37,6 +38,9 @@ _flower_telemetry.FLWR_TELEMETRY_ENABLED = "0"
 
 #: Values a Flower run config may hold.
 RunConfigValue = bool | int | float | str
+#: A round's config as a strategy hands it to a ClientApp (a ConfigRecord's contents: the run
+#: config's values, the strategy's, ``server-round``).
+RoundConfig = dict[str, ConfigRecordValues]
 
 
 class FlowerAppError(TaskError):

@@ -25,9 +25,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 from flwr.app.constants import DEFAULT_TTL
 from flwr.app.message.message import make_message
+from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 from flwr.common import (
     Code,
+    Config,
     EvaluateIns,
     FitIns,
     GetParametersIns,
@@ -49,7 +51,7 @@ from flwr.compat.common.recorddict_compat import (
     recorddict_to_getparametersres,
 )
 
-from airgossip.edge.tasks.flower.app import FlowerAppError, RunConfigValue
+from airgossip.edge.tasks.flower.app import FlowerAppError, RoundConfig, RunConfigValue
 from airgossip.edge.tasks.flower.records import ModelLayout, record_arrays
 
 #: The key under which Flower's strategies put the round in a message's config.
@@ -166,6 +168,15 @@ class ClientRunner:
     def fail(self, what: str) -> FlowerAppError:
         return FlowerAppError(f"flower app '{self.spec}' on {self.agent}: {what}")
 
+    def legacy_config(self, config: RoundConfig) -> Config:
+        """``config`` as a legacy app's ``FitIns``/``EvaluateIns`` carry it: scalars only."""
+        scalars: Config = {}
+        for key, value in config.items():
+            if isinstance(value, list):
+                raise self.fail(f"its config's '{key}' is a list; a legacy app takes scalars")
+            scalars[key] = value
+        return scalars
+
     def call(self, message_type: str, content: RecordDict, server_round: int) -> RecordDict:
         """Hand one message to the app; its reply's content (errors raised as one line)."""
         metadata = Metadata(
@@ -201,7 +212,7 @@ class ClientRunner:
         self,
         layout: ModelLayout,
         arrays: ArrayRecord | list[np.ndarray],
-        config: dict[str, Any],
+        config: RoundConfig,
         server_round: int,
         keys: tuple[str, str],
     ) -> TrainReply:
@@ -209,7 +220,7 @@ class ClientRunner:
         config = {**config, SERVER_ROUND: server_round}
         if self.legacy:
             assert isinstance(arrays, list)
-            ins = FitIns(ndarrays_to_parameters(arrays), dict(config))
+            ins = FitIns(ndarrays_to_parameters(arrays), self.legacy_config(config))
             content = self.call("train", fitins_to_recorddict(ins, keep_input=True), server_round)
             if "fitres.parameters" not in content.array_records:
                 raise self.fail("its train reply holds no arrays")
@@ -240,7 +251,7 @@ class ClientRunner:
                     f"({', '.join(content.array_records)}); Flower's strategies take one"
                 )
             names, ndarrays = record_arrays(records[0])
-            values: dict[str, Any] = {}
+            values: dict[str, MetricRecordValues] = {}
             for record in content.metric_records.values():
                 values.update(record)
             metrics, examples = _scalars(values), _num_examples(values)
@@ -254,7 +265,7 @@ class ClientRunner:
     def evaluate(
         self,
         arrays: ArrayRecord | list[np.ndarray],
-        config: dict[str, Any],
+        config: RoundConfig,
         server_round: int,
         keys: tuple[str, str],
     ) -> EvaluateReply:
@@ -263,7 +274,7 @@ class ClientRunner:
         config = {**config, SERVER_ROUND: server_round}
         if self.legacy:
             assert isinstance(arrays, list)
-            ins = EvaluateIns(ndarrays_to_parameters(arrays), dict(config))
+            ins = EvaluateIns(ndarrays_to_parameters(arrays), self.legacy_config(config))
             content = self.call(
                 "evaluate", evaluateins_to_recorddict(ins, keep_input=True), server_round
             )
@@ -282,7 +293,7 @@ class ClientRunner:
             RecordDict({arrays_key: arrays, config_key: ConfigRecord(dict(config))}),
             server_round,
         )
-        values: dict[str, Any] = {}
+        values: dict[str, MetricRecordValues] = {}
         for record in content.metric_records.values():
             values.update(record)
         return EvaluateReply(_scalars(values), _num_examples(values))
@@ -301,7 +312,7 @@ class ClientRunner:
         except Exception as err:
             raise self.fail(f"its get_parameters reply cannot be read: {err}") from None
 
-    def query_initial_model(self) -> tuple[str, list[str], list[np.ndarray], dict[str, Any]]:
+    def query_initial_model(self) -> tuple[str, list[str], list[np.ndarray], RoundConfig]:
         """A bare Message API app's own initial model, asked with a query message (see
         :data:`INITIAL_MODEL_QUERIES`): the one ArrayRecord of its reply (key, names,
         arrays), and the reply's ConfigRecord (the config of every round; empty if none).
@@ -327,7 +338,7 @@ class ClientRunner:
             )
         key, record = next(iter(records.items()))
         names, arrays = record_arrays(record)
-        config: dict[str, Any] = {}
+        config: RoundConfig = {}
         for values in content.config_records.values():
             config.update(values)
         return key, names, arrays, config

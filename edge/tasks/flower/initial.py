@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from airgossip.edge.tasks.flower.app import FlowerApp, FlowerAppError
+from airgossip.edge.tasks.flower.app import FlowerApp, FlowerAppError, RoundConfig
 from airgossip.edge.tasks.flower.client import SERVER_ROUND, ClientRunner
 from airgossip.edge.tasks.flower.records import record_arrays
 
@@ -42,10 +42,10 @@ from airgossip.edge.tasks.flower.records import record_arrays
 NODE_LIST_PATIENCE = 6
 
 #: The strategy's config of a round (without ``server-round``).
-ConfigFn = Callable[[int], dict[str, Any]]
+ConfigFn = Callable[[int], RoundConfig]
 
 
-def _no_config(server_round: int) -> dict[str, Any]:
+def _no_config(server_round: int) -> RoundConfig:
     return {}
 
 

@@ -13,17 +13,21 @@ accuracy (``accuracy`` or ``eval_acc`` unless named) and as loss (``loss`` or
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
 from pydantic import BaseModel, ConfigDict, Field
 
-from airgossip.edge.config.identity import agent_id
-from airgossip.edge.config.seeds import derive_seed
+from airgossip.common.identity import agent_id
+from airgossip.common.seeds import derive_seed
 from airgossip.edge.tasks.base import EvalResult, TaskContext, TrainConfig, TrainResult
-from airgossip.edge.tasks.flower.app import FlowerAppError, RunConfigValue, load_flower_app
+from airgossip.edge.tasks.flower.app import (
+    FlowerAppError,
+    RoundConfig,
+    RunConfigValue,
+    load_flower_app,
+)
 from airgossip.edge.tasks.flower.client import ClientRunner
 from airgossip.edge.tasks.flower.initial import initial_model
 from airgossip.edge.tasks.flower.records import ModelLayout
@@ -42,7 +46,7 @@ class FlowerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     app: str = Field(description="a Flower app project folder, or module:attr of a ClientApp")
-    run_config: dict[str, Any] = Field(
+    run_config: dict[str, RunConfigValue] = Field(
         default_factory=dict, description="overrides of the app's run config"
     )
     server_app: str | None = Field(
@@ -140,7 +144,7 @@ class FlowerTask:
             return self.layout.unflatten(parameters)
         return self.layout.array_record(parameters)
 
-    def _config(self, extra: dict[str, Any]) -> dict[str, Any]:
+    def _config(self, extra: RoundConfig) -> RoundConfig:
         return {**self.app.run_config, **extra}
 
     def train(self, parameters: torch.Tensor, config: TrainConfig) -> TrainResult:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from airgossip.edge.security.private_files import open_private, private_folder
+from airgossip.common.security.private_files import open_private, private_folder
 from airgossip.emulation.fleets.forkserver.protocol import (
     ANSWER_TIMEOUT_S,
     CHILD_GRACE_S,

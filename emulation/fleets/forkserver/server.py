@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from airgossip.edge.security.private_files import open_private_fd
+from airgossip.common.security.private_files import open_private_fd
 from airgossip.emulation.fleets.forkserver.protocol import CHILD_GRACE_S, ForkRequest
 
 _PR_SET_PDEATHSIG = 1

@@ -13,14 +13,14 @@
 Two backends use it. :class:`NamespaceNetwork` makes one Linux network namespace per agent, with one
 veth into a hub namespace that bridges them all (addresses ``10.213.0.0/24``, private to the
 namespaces it creates), and :class:`LinkController` applies any network's
-:class:`~airgossip.emulation.networks.base.KernelLinks` to all of them from outside, step by step.
+:class:`~airgossip.node.network.KernelLinks` to all of them from outside, step by step.
 In a container, the agent applies its own share (:class:`AgentKernelLinks`: the rate and latency of
 its out-links, the loss of its in-links) inside its own network namespace, following its peers'
 addresses as the coordinator hands them out; that needs ``NET_ADMIN``.
 
 What the kernel cannot apply is listed in :attr:`InterfaceLinks.unapplied` (latency and
 jitter without netem, say), beside what the network itself says it models beyond a kernel
-(:attr:`~airgossip.emulation.networks.base.KernelLinks.unapplied`).
+(:attr:`~airgossip.node.network.KernelLinks.unapplied`).
 
 The package by role: :mod:`.tools` (probing the kernel, running its tools),
 :mod:`.interface` (one interface's links and counters), :mod:`.namespaces` (the namespace

@@ -9,9 +9,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from airgossip.edge.observability.telemetry import LinkPackets
-from airgossip.emulation.networks.base import Clock, KernelLinks, KernelLinkState
 from airgossip.emulation.networks.kernel.interface import Counts, InterfaceLinks, LinkMeasure
 from airgossip.emulation.networks.kernel.reports import AgentKernelReport
 from airgossip.emulation.networks.kernel.tools import (
@@ -20,6 +20,13 @@ from airgossip.emulation.networks.kernel.tools import (
     missing_tool,
     netem_available,
 )
+from airgossip.node.links import kernel_report_path
+from airgossip.node.network import Clock, KernelLinks, KernelLinkState, Network
+from airgossip.scenario.config import ConfigError
+
+if TYPE_CHECKING:
+    from airgossip.edge.observability.metrics import AgentMetrics
+    from airgossip.node.options import AgentProcessOptions
 
 #: Seconds a resolved peer host name is trusted before it is looked up again.
 RESOLVE_TTL_S = 10.0
@@ -31,7 +38,7 @@ class AgentKernelLinks:
 
     Every step it gives each out-link its rate and latency on the interface's egress and each
     in-link its packet loss on the ingress (row and column ``node`` of the network's
-    :class:`~airgossip.emulation.networks.base.KernelLinks`). Peers are matched by address: the
+    :class:`~airgossip.node.network.KernelLinks`). Peers are matched by address: the
     addresses of the agent's current assignment, followed as they change (a restarted peer
     container may come back with another).
 
@@ -205,3 +212,36 @@ class AgentKernelLinks:
             controller_errors=self.errors[:5],
             links=[m.summary() for _, m in sorted(self._measures.items())],
         )
+
+
+def agent_kernel_links(
+    network: Network, ids: list[str], options: AgentProcessOptions, metrics: AgentMetrics | None
+) -> AgentKernelLinks | None:
+    """The agent process's links shaped by the kernel on ``options.kernel_device`` (a
+    :data:`~airgossip.node.links.KernelLinksFactory`), or None (and a line in the log, and
+    the reason in ``<id>.kernel.json``) where the kernel refuses."""
+    assert options.kernel_device is not None
+    if options.agent_id not in ids:
+        raise ConfigError(
+            f"--kernel-links needs one of the fleet's agent ids ({ids[0]} to {ids[-1]}), "
+            f"not '{options.agent_id}'"
+        )
+    links = AgentKernelLinks(
+        network.kernel_links(), ids.index(options.agent_id), ids, network.wall_clock(),
+        device=options.kernel_device,
+        on_packets=metrics.observe_link_packets if metrics is not None else None,
+    )  # fmt: skip
+    try:
+        links.start()
+    except KernelUnavailable as err:
+        log.warning(
+            "%s cannot shape its links in the kernel: %s; shaping them in the agent instead",
+            options.agent_id,
+            err,
+        )
+        path = kernel_report_path(options)
+        if path is not None:
+            AgentKernelReport(agent=options.agent_id, kernel=False, reason=str(err)).write(path)
+        return None
+    log.info("%s shapes its links in the kernel on %s", options.agent_id, options.kernel_device)
+    return links

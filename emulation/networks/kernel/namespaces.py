@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from airgossip.emulation.networks.base import KernelLinks, KernelLinkState
 from airgossip.emulation.networks.kernel.interface import (
     MAX_RATE_BPS,
     MIN_RATE_BPS,
@@ -26,6 +25,7 @@ from airgossip.emulation.networks.kernel.tools import (
     log,
     run_command,
 )
+from airgossip.node.network import KernelLinks, KernelLinkState
 
 #: Tries to delete one namespace before it is reported as left behind.
 DELETE_ATTEMPTS = 3

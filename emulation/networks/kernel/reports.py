@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from airgossip.edge.security.private_files import write_private
+from airgossip.common.security.private_files import write_private
 
 
 class _Report(BaseModel):
