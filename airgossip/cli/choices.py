@@ -2,32 +2,23 @@
 
 A help text names a registry with a placeholder (``{modes}``, ``{topologies}``...), filled
 when the help is shown (:class:`RegistryHelpCommand`). :data:`CHOICES` says how each is read
-from its registry. Most registries import torch, which ``--help`` must not (it would take
-seconds), so what they hold is kept in ``registry_names.json`` beside this module, generated
-from them (:func:`write_registry_names`) and checked against them by
-``tests/system/test_cli_truth.py``, as the generated protobuf code is: a new mode, codec or
-algorithm fails that test until the file is generated again::
-
-    python -c "from airgossip.cli.choices import write_registry_names; write_registry_names()"
+from its registry. The registries list their names without importing what they register
+(:class:`~airgossip.common.plugins.PluginRegistry`: an algorithm, a task or a fleet mode is
+imported when it is looked up), so a help text costs no torch.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import click
 import typer.core
 import typer.rich_utils
 from rich.table import Table
-
-#: What the registries held when last generated (see the module docstring).
-REGISTRY_NAMES = Path(__file__).with_name("registry_names.json")
 
 
 def _topologies() -> str:
@@ -101,24 +92,13 @@ _PLACEHOLDER = re.compile(r"\{(" + "|".join(CHOICES) + r")\}")
 
 @cache
 def registry_names() -> dict[str, str]:
-    """What every placeholder names, as generated into ``registry_names.json``."""
-    names: dict[str, str] = json.loads(REGISTRY_NAMES.read_text())
-    return names
+    """What every placeholder names, read from the registries (once a process)."""
+    return {name: read() for name, read in CHOICES.items()}
 
 
 def fill(text: str) -> str:
     """``text`` with every placeholder replaced by what its registry names."""
     return _PLACEHOLDER.sub(lambda m: registry_names()[m.group(1)], text)
-
-
-def read_registries() -> dict[str, str]:
-    """What every placeholder names, read from the registries now (imports torch)."""
-    return {name: read() for name, read in CHOICES.items()}
-
-
-def write_registry_names() -> None:
-    """Read the registries and write what they hold into ``registry_names.json``."""
-    REGISTRY_NAMES.write_text(json.dumps(read_registries(), indent=2) + "\n")
 
 
 class _OptionsTable(Table):

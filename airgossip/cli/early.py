@@ -1,10 +1,11 @@
 """Flags checked before anything heavy is imported, so that a bad one is answered at once.
 
-The settings' own validation (``airgossip.scenario.config``) needs the registries, and they import
-torch: seconds before a typo is reported. What a setting can be checked against without them is
-checked here first: with the names ``registry_names.json`` holds and the keys a scenario may hold
-(``setting_keys.json``; both generated from the models and registries and checked against them), and
-with the torch-free rules the full validation itself asks (a codec spec:
+The settings' full validation (``airgossip.scenario.config``) builds what the settings name,
+and that imports torch: seconds before a typo is reported. What a setting can be checked against
+without it is checked here first: against the names the registries list (they import none of
+what they register: :mod:`airgossip.cli.choices`) and the keys a scenario may hold
+(``setting_keys.json``, generated from the models and checked against them), and with the
+torch-free rules the full validation itself asks (a codec spec:
 ``airgossip.edge.compression.forms``; what an algorithm asks of its graph:
 ``airgossip.edge.algorithms.graph_needs`` with the graph built by ``airgossip.common.topology``; a
 user's ``module:callable`` task:

@@ -3,47 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from airgossip.common.plugins import PluginRegistry
 
-from airgossip.edge.algorithms.adaptive_consensus import AdaptiveConsensusDPSGD
-from airgossip.edge.algorithms.base import GossipAlgorithm, parse_algorithm_options
-from airgossip.edge.algorithms.dpsgd import DPSGD
-from airgossip.edge.algorithms.ensemble import EnsembleCompression
-from airgossip.edge.algorithms.gradient_tracking import GradientTracking
-from airgossip.edge.algorithms.local_sgd import LocalSGD
-from airgossip.edge.algorithms.push_sum import PlainPushSum, PushSum
-from airgossip.edge.algorithms.robust import ClippedGossip, CSPlusGossip
-from airgossip.edge.algorithms.robust_push_sum import RobustPushSum
-from airgossip.edge.algorithms.shared_copy import Choco, QuantizedPushSum
-from airgossip.edge.compression import Codec
+if TYPE_CHECKING:
+    import torch
 
-#: Algorithms by the name users pick with ``--algorithm``.
-ALGORITHMS: dict[str, type[GossipAlgorithm]] = {
-    cls.name: cls
-    for cls in (
-        PushSum,
-        PlainPushSum,
-        DPSGD,
-        AdaptiveConsensusDPSGD,
-        QuantizedPushSum,
-        Choco,
-        GradientTracking,
-        LocalSGD,
-        EnsembleCompression,
-        ClippedGossip,
-        CSPlusGossip,
-        RobustPushSum,
-    )
-}
+    from airgossip.edge.algorithms.base import GossipAlgorithm
+    from airgossip.edge.compression import Codec
+
+#: Algorithms by the name users pick with ``--algorithm``, in the order help texts list them:
+#: one line each (the class declares the same ``name``); a class is imported when looked up.
+ALGORITHMS: PluginRegistry[type[GossipAlgorithm]] = PluginRegistry(
+    "algorithm",
+    {
+        "push-sum": "airgossip.edge.algorithms.push_sum:PushSum",
+        "push-sum-plain": "airgossip.edge.algorithms.push_sum:PlainPushSum",
+        "dpsgd": "airgossip.edge.algorithms.dpsgd:DPSGD",
+        "dpsgd-ac": "airgossip.edge.algorithms.adaptive_consensus:AdaptiveConsensusDPSGD",
+        "quantized-push-sum": "airgossip.edge.algorithms.shared_copy:QuantizedPushSum",
+        "choco": "airgossip.edge.algorithms.shared_copy:Choco",
+        "gradient-tracking": "airgossip.edge.algorithms.gradient_tracking:GradientTracking",
+        "local-sgd": "airgossip.edge.algorithms.local_sgd:LocalSGD",
+        "ensemble": "airgossip.edge.algorithms.ensemble:EnsembleCompression",
+        "clipped-gossip": "airgossip.edge.algorithms.robust:ClippedGossip",
+        "cs-plus-gossip": "airgossip.edge.algorithms.robust:CSPlusGossip",
+        "robust-push-sum": "airgossip.edge.algorithms.robust_push_sum:RobustPushSum",
+    },
+)
 
 
 def algorithm_class(name: str) -> type[GossipAlgorithm]:
     """The class of algorithm ``name``; ``ValueError`` naming the allowed ones."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm '{name}'; choose one of: {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name]
+    return ALGORITHMS.get_plugin(name)
 
 
 def create_algorithm(
@@ -65,6 +58,8 @@ def create_algorithm(
 
 def check_algorithm_settings(name: str, codec: Codec, options: Mapping[str, Any]) -> None:
     """Everything about an algorithm's settings that can be checked without a model."""
+    from airgossip.edge.algorithms.base import parse_algorithm_options
+
     cls = algorithm_class(name)
     cls.check_codec(codec)
     parse_algorithm_options(name, cls.options_model, options)

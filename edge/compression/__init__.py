@@ -20,8 +20,9 @@ if TYPE_CHECKING:
         encode_blocks,
         join_blocks,
     )
+    from airgossip.edge.compression.forms import CODEC_FORMS
     from airgossip.edge.compression.quantize import QSGD_BUCKET, QSGDCodec
-    from airgossip.edge.compression.registry import CODEC_FORMS, CODECS, get_codec, raw_codec_for
+    from airgossip.edge.compression.registry import CODECS, get_codec, raw_codec_for
     from airgossip.edge.compression.sparsify import (
         RandomKCodec,
         SlimCodec,
@@ -35,7 +36,8 @@ _HOMES = {
         ["Codec", "DecodeError", "Encoded", "RawCodec", "decode_blocks", "encode_blocks",
          "join_blocks"], "airgossip.edge.compression.codec"),
     **dict.fromkeys(["QSGD_BUCKET", "QSGDCodec"], "airgossip.edge.compression.quantize"),
-    **dict.fromkeys(["CODEC_FORMS", "CODECS", "get_codec", "raw_codec_for"],
+    "CODEC_FORMS": "airgossip.edge.compression.forms",  # torch-free: help texts read it
+    **dict.fromkeys(["CODECS", "get_codec", "raw_codec_for"],
                     "airgossip.edge.compression.registry"),
     **dict.fromkeys(["RandomKCodec", "SlimCodec", "TopKCodec", "random_indices"],
                     "airgossip.edge.compression.sparsify"),

@@ -3,33 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-import torch
+from airgossip.common.plugins import PluginRegistry
+from airgossip.edge.tasks.custom import TaskError, import_task_factory
 
-from airgossip.edge.tasks.base import Task, TaskContext, TaskError
-from airgossip.edge.tasks.consensus import ConsensusTask
-from airgossip.edge.tasks.custom import import_task_factory
-from airgossip.edge.tasks.digits import DigitsTask
-from airgossip.edge.tasks.separable import SeparableTask
+if TYPE_CHECKING:
+    from airgossip.edge.tasks.base import Task, TaskContext
 
-TaskFactory = Callable[[TaskContext], Task]
+TaskFactory = Callable[["TaskContext"], "Task"]
 
-
-def _flower_task(context: TaskContext) -> Task:
-    """A Flower ClientApp (``airgossip.edge.tasks.flower``; Flower is imported only for it)."""
-    from airgossip.edge.tasks.flower import FlowerTask
-
-    return FlowerTask(context)
-
-
-#: Tasks by the name users pick with ``--task`` (``flower``: with ``--flower-app``).
-BUILTIN_TASKS: dict[str, TaskFactory] = {
-    DigitsTask.name: DigitsTask,
-    ConsensusTask.name: ConsensusTask,
-    SeparableTask.name: SeparableTask,
-    "flower": _flower_task,
-}
+#: Tasks by the name users pick with ``--task`` (``flower``: with ``--flower-app``), one line
+#: each; a task's module (torch, Flower) is imported when it is looked up.
+BUILTIN_TASKS: PluginRegistry[TaskFactory] = PluginRegistry(
+    "task",
+    {
+        "digits": "airgossip.edge.tasks.digits:DigitsTask",
+        "consensus": "airgossip.edge.tasks.consensus:ConsensusTask",
+        "separable": "airgossip.edge.tasks.separable:SeparableTask",
+        "flower": "airgossip.edge.tasks.flower.task:FlowerTask",
+    },
+)
 
 
 def resolve_task_factory(spec: str) -> TaskFactory:
@@ -50,6 +44,8 @@ def load_task(spec: str, context: TaskContext) -> Task:
     The factory runs with torch's global RNG seeded by the fleet seed, so a user's model,
     initialised the ordinary way, starts identical on every agent.
     """
+    import torch
+
     factory = resolve_task_factory(spec)
     with torch.random.fork_rng(devices=[]):
         if context.device.type == "cuda":

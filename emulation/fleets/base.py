@@ -148,14 +148,12 @@ class Fleet(ABC):
     done, :meth:`stop` (from any thread) makes it return early. What fleets share is written
     once here: progress kept for the launcher (:attr:`keeper`), the scenario's wall clock, a
     :attr:`stopping` event that :meth:`stop` sets, no refusal and no runtime of their own. A
-    mode gives its ``mode``, ``summary``, :meth:`run` and :meth:`records`, and overrides
+    mode gives its ``mode``, :meth:`run` and :meth:`records`, and overrides
     what differs (a virtual clock, a runtime in this process).
     """
 
     #: Registry key, the value of ``--mode``.
     mode: ClassVar[str]
-    #: One line for help texts.
-    summary: ClassVar[str]
     #: Agents run inside this process (the launcher keeps torch to one thread).
     in_process: ClassVar[bool] = False
     #: Agents serve their own ``/metrics`` and an embedded coordinator can serve the

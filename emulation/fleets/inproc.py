@@ -40,7 +40,6 @@ class InProcessFleet(Fleet):
     """
 
     mode = "inproc"
-    summary = "all agents in this process in lock step, deterministic"
     in_process = True
 
     def __init__(

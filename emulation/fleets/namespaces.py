@@ -28,7 +28,6 @@ class NamespaceFleet(AgentProcessFleet):
     """Agents in network namespaces on one bridge, links applied by the kernel."""
 
     mode = "namespaces"
-    summary = "one network namespace per agent (root), links shaped by the kernel (tc, iptables)"
     # Every agent is wrapped in `ip netns exec`: a process of its own, no fork server.
     fork_server = False
 

@@ -14,7 +14,6 @@ class ProcessFleet(AgentProcessFleet):
     (``[switching]``) is switched by the coordinator, from the agents' round reports."""
 
     mode = "process"
-    summary = "one OS process per agent, real gRPC, an embedded coordinator"
     serves_metrics = True
 
     def start_agents(self) -> None:

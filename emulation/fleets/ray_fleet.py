@@ -73,7 +73,6 @@ class RayFleet(Fleet):
     """Agents forked by host actors on a Ray cluster (see the module docstring)."""
 
     mode = "ray"
-    summary = "agents forked by host actors across a Ray cluster, real gRPC (the ray extra)"
     serves_metrics = True
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:

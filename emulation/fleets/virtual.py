@@ -169,7 +169,6 @@ class VirtualFleet(Fleet):
     True: insist (``ValueError`` naming why not); False: always the agents themselves."""
 
     mode: ClassVar[str] = "virtual"
-    summary: ClassVar[str] = "all agents in this process as discrete events on a virtual clock"
     in_process: ClassVar[bool] = True
 
     def __init__(

@@ -18,7 +18,7 @@ import typer.main
 from rich.console import Console
 
 from airgossip.cli import app
-from airgossip.cli.choices import CHOICES, fill, read_registries, registry_names
+from airgossip.cli.choices import CHOICES, fill, registry_names
 from airgossip.cli.display import summary_table
 from airgossip.common.topology import TOPOLOGIES
 from airgossip.coordinator.policy import POLICIES
@@ -94,14 +94,40 @@ def test_help_lists_every_mode_and_topology_a_command_accepts(command: str) -> N
         assert all(value in shown for value in accepted), (command, name)
 
 
-def test_the_help_names_are_what_the_registries_hold() -> None:
-    """Help reads the registries' names from a generated file (they import torch, which
-    --help must not): the file is what the registries hold now."""
-    assert registry_names() == read_registries(), (
-        "a registry changed: regenerate airgossip/cli/registry_names.json with "
-        'python -c "from airgossip.cli.choices import write_registry_names; '
-        'write_registry_names()"'
+def test_the_help_names_come_from_the_registries_without_torch() -> None:
+    """Help reads the registries themselves, which list their names without importing what
+    they register: a fresh interpreter fills every placeholder, and neither torch nor any
+    fleet, algorithm or task module is imported for it."""
+    probe = (
+        "import sys, json; from airgossip.cli.choices import registry_names; "
+        "names = registry_names(); "
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith(("
+        "'airgossip.emulation.fleets.', 'airgossip.edge.algorithms.', 'airgossip.edge.tasks.'))); "
+        "print(json.dumps([names, loaded]))"
     )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    names, loaded = json.loads(done.stdout)
+    assert names == registry_names()
+    assert loaded == [
+        "airgossip.edge.algorithms.registry",
+        "airgossip.edge.tasks.custom",
+        "airgossip.edge.tasks.registry",
+        "airgossip.emulation.fleets.registry",
+    ]
+    assert names["mode_names"] == ", ".join(FLEETS) and names["tasks"] == ", ".join(BUILTIN_TASKS)
+
+
+def test_every_registry_line_loads_the_plugin_it_names() -> None:
+    """A registry line is a name and where its plugin lives: each one loads, and the plugin
+    declares the name it is registered under."""
+    for registry in (ALGORITHMS, BUILTIN_TASKS, FLEETS):
+        for name in registry:
+            plugin = registry[name]
+            declared = getattr(plugin, registry.declares or "", name)
+            assert declared == name, (registry.kind, name, registry.target(name))
+    assert all(FLEETS.summary(mode) for mode in FLEETS)
 
 
 @pytest.mark.parametrize("path", command_paths(COMMAND), ids=" ".join)
