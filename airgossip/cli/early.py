@@ -3,19 +3,17 @@
 The settings' full validation (``airgossip.scenario.config``) builds what the settings name,
 and that imports torch: seconds before a typo is reported. What a setting can be checked against
 without it is checked here first: against the names the registries list (they import none of
-what they register: :mod:`airgossip.cli.choices`) and the keys a scenario may hold
-(``setting_keys.json``, generated from the models and checked against them), and with the
-torch-free rules the full validation itself asks (a codec spec:
-``airgossip.edge.compression.forms``; what an algorithm asks of its graph:
-``airgossip.edge.algorithms.graph_needs`` with the graph built by ``airgossip.common.topology``; a
-user's ``module:callable`` task:
+what they register: :mod:`airgossip.cli.choices`) and the keys a scenario may hold (read from
+the settings' models, which import neither torch nor SciPy), and with the torch-free rules the
+full validation itself asks (a codec spec: ``airgossip.edge.compression.forms``; what an
+algorithm asks of its graph: ``airgossip.edge.algorithms.graph_needs`` with the graph built by
+``airgossip.common.topology``; a user's ``module:callable`` task:
 ``airgossip.edge.tasks.custom``), in the same words as the full validation:
 ``tests/system/test_cli_early.py`` holds the two to the same message for every bad value.
 """
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
@@ -31,10 +29,6 @@ from airgossip.scenario.files import Settings, merge, read_scenario
 if TYPE_CHECKING:
     from airgossip.scenario.config import KeyTree
 
-#: The keys a scenario may hold and the defaults of the settings that make its graph, as generated
-#: (:func:`write_setting_keys`) from ``airgossip.scenario.config``: the file is read where
-#: importing that module would import torch.
-SETTING_KEYS = Path(__file__).with_name("setting_keys.json")
 #: The settings the first graph of a run is built from.
 _GRAPH_SETTINGS = ("algorithm", "topology", "agents", "seed", "edges", "edge_probability")
 #: The most agents whose graph is built here too (a 16 MB dense graph): beyond, building it
@@ -101,7 +95,7 @@ def check_scenario_file(path: Path) -> Settings:
 
 
 class SettingKeys(TypedDict):
-    """What ``setting_keys.json`` holds."""
+    """What a scenario may hold, as the early checks read it."""
 
     #: The keys a scenario may hold.
     keys: KeyTree
@@ -111,29 +105,14 @@ class SettingKeys(TypedDict):
 
 @cache
 def setting_keys() -> SettingKeys:
-    """What ``setting_keys.json`` holds: ``keys`` (a
-    :data:`~airgossip.scenario.config.KeyTree`) and ``defaults`` (of the settings a run's graph
-    is built from)."""
-    data: SettingKeys = json.loads(SETTING_KEYS.read_text())
-    return data
-
-
-def read_setting_keys() -> SettingKeys:
-    """What ``setting_keys.json`` should hold, read from ``airgossip.scenario.config``
-    (imports torch)."""
+    """The keys a scenario may hold (a :data:`~airgossip.scenario.config.KeyTree`) and the
+    defaults of the settings a run's graph is built from, read from the settings' models
+    (which import no torch)."""
     from airgossip.scenario.config import RunConfig
     from airgossip.scenario.config import setting_keys as model_keys
 
     defaults = {name: RunConfig.model_fields[name].default for name in _GRAPH_SETTINGS}
     return {"keys": model_keys(), "defaults": defaults}
-
-
-def write_setting_keys() -> None:
-    """Generate ``setting_keys.json`` from ``airgossip.scenario.config``::
-
-    python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"
-    """
-    SETTING_KEYS.write_text(json.dumps(read_setting_keys(), indent=2) + "\n")
 
 
 def unknown_settings(data: Any, keys: KeyTree, where: tuple[str | int, ...] = ()) -> list[str]:

@@ -269,8 +269,8 @@ KeyTree = dict[str, "KeyTree | None"]
 def setting_keys(model: type[BaseModel] = RunConfig) -> KeyTree:
     """The keys ``model`` accepts, its closed tables (``extra="forbid"``) walked down.
 
-    Generated into ``airgossip/cli/setting_keys.json`` for the CLI, which refuses a
-    misspelled key with it before torch is imported (and a test holds the two equal)."""
+    The CLI refuses a misspelled key with it before torch is imported (this module imports
+    neither torch nor SciPy)."""
     return {name: _field_keys(field.annotation) for name, field in model.model_fields.items()}
 
 

@@ -4,6 +4,7 @@ columns with no option name cut."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,12 +23,10 @@ from typer.testing import CliRunner
 from airgossip.cli import app
 from airgossip.cli.choices import registry_names
 from airgossip.cli.early import (
-    SETTING_KEYS,
     _Flags,
     _Network,
     check_flags,
     check_run,
-    read_setting_keys,
     setting_keys,
 )
 from airgossip.coordinator.policy import POLICIES
@@ -251,10 +250,20 @@ def test_every_registry_name_passes_the_early_check() -> None:
         check_flags(flag)  # exits (typer.Exit) if refused
 
 
-def test_the_setting_keys_are_the_models() -> None:
-    """``setting_keys.json`` is what ``airgossip.scenario.config`` accepts now; regenerate it with
-    ``python -c "from airgossip.cli.early import write_setting_keys; write_setting_keys()"``."""
-    assert setting_keys() == read_setting_keys(), f"{SETTING_KEYS.name} is stale"
+def test_the_setting_keys_come_from_the_models_without_torch() -> None:
+    """The early checks read what a scenario may hold from the settings' models themselves,
+    and a fresh interpreter does so without importing torch."""
+    probe = (
+        "import sys, json; from airgossip.cli.early import setting_keys; "
+        "keys = setting_keys(); print(json.dumps(['torch' in sys.modules, keys['keys']]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    torch_loaded, keys = json.loads(done.stdout)
+    assert not torch_loaded
+    assert keys == setting_keys()["keys"]
+    assert {"agents", "rounds", "network", "wireless", "privacy", "transport"} <= set(keys)
 
 
 def test_what_a_run_accepts_passes_the_early_run_check(monkeypatch: pytest.MonkeyPatch) -> None:

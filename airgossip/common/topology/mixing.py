@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.sparse import csc_array, csr_array
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigs
 
 from airgossip.common.topology.graphs import Adjacency, Graph, adjacency_edges
+
+if TYPE_CHECKING:  # SciPy is imported where a sparse matrix is made (settings checks need none)
+    from scipy.sparse import csc_array, csr_array
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ def metropolis_hastings(adjacency: np.ndarray) -> np.ndarray:
 def mixing_matrices(graph: Graph, scheme: str = "column-stochastic") -> tuple[np.ndarray, ...]:
     """The mixing matrix of every phase of ``graph`` under a weighting scheme (dense, even
     for a graph held sparse)."""
+    from scipy.sparse import csr_array
+
     phases = [csr_array(a).toarray() if graph.sparse else a for a in graph.phases]
     if scheme == "column-stochastic":
         return tuple(column_stochastic(a) for a in phases)
@@ -106,6 +110,8 @@ def sparse_mixing_matrices(
 
 
 def _sparse_mixing(adjacency: Adjacency, scheme: str) -> csc_array:
+    from scipy.sparse import csc_array
+
     n = adjacency.shape[0]
     senders, receivers = adjacency_edges(adjacency)  # edge i -> j: W[j, i]
     diagonal = np.arange(n)
@@ -154,6 +160,8 @@ def second_largest_eigenvalue(
     mats = (matrices,) if isinstance(matrices, np.ndarray) else matrices
     n = mats[0].shape[0]
     if n > DENSE_LIMIT or not isinstance(mats[0], np.ndarray):
+        from scipy.sparse import csr_array
+
         return _iterative_lambda2([csr_array(w) for w in mats])
     product = np.eye(mats[0].shape[0])
     for w in mats:
@@ -165,6 +173,8 @@ def second_largest_eigenvalue(
 
 
 def _iterative_lambda2(mats: list[csr_array]) -> float:
+    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigs
+
     n = mats[0].shape[0]
     if n == 1:
         return 0.0
