@@ -159,6 +159,9 @@ class Fleet(ABC):
     #: Agents serve their own ``/metrics`` and an embedded coordinator can serve the
     #: fleet's (``--metrics-port``).
     serves_metrics: ClassVar[bool] = False
+    #: The kernel shapes the agents' links (tc, iptables): loss drops packets, which TCP
+    #: resends, so agents wait longer for their sends by default.
+    kernel_links: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
         self.config = config

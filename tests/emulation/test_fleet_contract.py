@@ -170,3 +170,9 @@ def test_an_in_process_fleet_stops_when_asked(tmp_path: Path) -> None:
 
     results = run_fleet(config, tmp_path, on_progress=stop_at_round_5, on_start=fleets.append)
     assert 5 <= results.final.round < 100 and not results.final.complete
+
+
+def test_a_mode_says_itself_whether_the_kernel_shapes_its_links() -> None:
+    """What sets a mode apart is declared on its class (no list of modes elsewhere)."""
+    assert {m for m in FLEETS if FLEETS[m].kernel_links} == {"namespaces", "containers"}
+    assert {m for m in FLEETS if FLEETS[m].in_process} == {"inproc", "virtual"}
