@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,13 @@ from airgossip.cli.metrics_access import (
     MetricsTlsOption,
     MetricsUserOption,
 )
+
+if TYPE_CHECKING:
+    from airgossip.edge.observability.metrics import AgentMetrics
+    from airgossip.node.links import KernelShaping, Links
+    from airgossip.node.network import Network
+    from airgossip.node.options import AgentProcessOptions
+    from airgossip.scenario.config import RunConfig
 
 
 def agent(
@@ -180,11 +187,34 @@ def agent(
         check_scenario_file(config)
     if device is not None:
         check_flags({"device": device})
-    from airgossip.emulation.agent import EMULATED_LINKS
     from airgossip.node.process import AgentProcessError, run_agent_command
 
     try:
-        code = run_agent_command(command, EMULATED_LINKS)
+        code = run_agent_command(command, device_links())
     except AgentProcessError as err:
         fail(str(err))
     raise typer.Exit(code)
+
+
+def device_links() -> Links:
+    """The links of an agent on a device: as they are (the scenario's topology, the emulation
+    layer not loaded), or emulated where its scenario asks for an emulated loss, rate or
+    radio (the emulation layer's networks and kernel link applier, loaded then)."""
+    from airgossip.node.links import Links
+    from airgossip.node.topology_network import TopologyNetwork
+
+    def network_for(config: RunConfig) -> Network:
+        if not config.emulates_links:
+            return TopologyNetwork(config)
+        from airgossip.emulation.networks import network_for as emulated
+
+        return emulated(config)
+
+    def kernel_links(
+        network: Network, ids: list[str], options: AgentProcessOptions, metrics: AgentMetrics | None
+    ) -> KernelShaping | None:
+        from airgossip.emulation.networks.kernel.agent import agent_kernel_links
+
+        return agent_kernel_links(network, ids, options, metrics)
+
+    return Links(network_for, kernel_links)

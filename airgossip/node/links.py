@@ -4,8 +4,9 @@ The node runtime runs one agent whatever its links are; what they are is a
 :class:`~airgossip.node.network.Network` (the graph its scenario describes, and the
 emulated impairments on it), made by the emulation layer. The node never imports that
 layer: its callers hand in a :class:`Links` (``python -m airgossip.emulation.agent``, which
-the fleets start, and the CLI's ``airgossip agent``), as the agent is handed a transport and
-a link shaper.
+the fleets start, and the CLI's ``airgossip agent``, whose links are as they are
+(:class:`~airgossip.node.topology_network.TopologyNetwork`) unless its scenario emulates
+some), as the agent is handed a transport and a link shaper.
 """
 
 from __future__ import annotations

@@ -9,31 +9,15 @@ a kernel, the loss becomes a per-packet drop probability and the bandwidth a rat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from airgossip.common.seeds import hash64
-from airgossip.common.topology import (
-    Assignment,
-    Graph,
-    TopologyError,
-    TopologySwitcher,
-    assignments_for_graph,
-    build_graph,
-    fleet_figures,
-    mixing_lambda2,
-    switched_assignments,
-)
-from airgossip.coordinator.policy import TopologySpec
-from airgossip.edge.algorithms import algorithm_class
-from airgossip.edge.observability.stats import RoundRecord
 from airgossip.edge.transport.base import LinkVerdict
 from airgossip.emulation.networks.link_draws import BernoulliDrops
-from airgossip.node.network import Clock, KernelLinkState, LinkRuntime, Network
-from airgossip.scenario.config import ConfigError
-from airgossip.scenario.results import ResolvedFigures
+from airgossip.node.network import Clock, KernelLinkState
+from airgossip.node.topology_network import TopologyLinks, TopologyNetwork
 
 
 def link_rng(seed: int, sender: str, receiver: str, *keys: int) -> np.random.Generator:
@@ -110,44 +94,10 @@ class BernoulliLinkShaper:
         return LinkVerdict(drop=drop, delay_s=delay)
 
 
-class StaticLinks(LinkRuntime):
-    """A static network in one process: one shaper, and one graph for ever or the graphs of
-    its ``[switching]`` schedule, round after round."""
+class StaticLinks(TopologyLinks):
+    """A static network in one process: the topology's links, shaped by one shaper."""
 
-    def __init__(
-        self,
-        network: StaticNetwork,
-        shaper: BernoulliLinkShaper,
-        switcher: TopologySwitcher | None = None,
-    ) -> None:
-        self.network = network
-        self.shaper = shaper
-        self.switcher = switcher
-        self._graph: Graph | None = None
-        self._current: dict[str, Assignment] = {}
-
-    @property
-    def switched_at(self) -> list[int]:
-        """The first round on each graph after the first."""
-        return list(self.switcher.switched_at) if self.switcher is not None else []
-
-    def assignments(self, time_s: float, addresses: dict[str, str]) -> dict[str, Assignment]:
-        if self._graph is None:
-            self._graph = self.network.first_graph()
-        self._current = assignments_for_graph(self._graph, addresses, scheme=self.network.scheme)
-        return self._current
-
-    def after_round(
-        self, round_index: int, records: Sequence[RoundRecord], addresses: dict[str, str]
-    ) -> dict[str, Assignment] | None:
-        if self.switcher is None or self.switcher.finished:
-            return None
-        graph = self.switcher.observe(fleet_figures(round_index, records, len(addresses)))
-        if graph is None:
-            return None
-        scheme = self.network.scheme
-        self._current = switched_assignments(self._current, graph, addresses, scheme=scheme)
-        return self._current
+    shaper: BernoulliLinkShaper
 
 
 @dataclass(frozen=True)
@@ -180,66 +130,14 @@ class StaticKernelLinks:
         )
 
 
-class StaticNetwork(Network):
-    """``[network]`` on the scenario's named topology: loss, latency, jitter and bandwidth,
-    the same on every directed link."""
+class StaticNetwork(TopologyNetwork):
+    """``[network]`` on the scenario's named topology (or ``[switching]`` schedule): loss,
+    latency, jitter and bandwidth, the same on every directed link."""
 
     kind = "static"
-    time_varying = False
-
-    @property
-    def round_driven(self) -> bool:
-        return self.config.switching is not None
-
-    def switcher(self) -> TopologySwitcher | None:
-        """A fresh decider of the run's ``[switching]`` schedule (None without one);
-        :class:`ConfigError` when one of its graphs cannot be built or cannot serve the
-        algorithm."""
-        config = self.config
-        if config.switching is None:
-            return None
-        try:
-            switcher = TopologySwitcher(config.switching, config.agents, seed=config.seed)
-        except TopologyError as err:
-            raise ConfigError(f"switching: {err}") from None
-        directed = [g.name for g in switcher.graphs if not g.is_undirected]
-        if directed and not algorithm_class(config.algorithm).supports_directed:
-            raise ConfigError(
-                f"algorithm '{config.algorithm}' needs undirected graphs; [switching] goes "
-                f"through {', '.join(directed)} (directed)"
-            )
-        return switcher
-
-    def topology(self) -> TopologySpec:
-        config = self.config
-        return TopologySpec(
-            name=config.topology,
-            seed=config.seed,
-            edges=tuple(tuple(e) for e in config.edges or ()),  # type: ignore[misc]
-            p=config.edge_probability,
-            scheme=self.scheme,
-        )
-
-    def first_graph(self) -> Graph:
-        config = self.config
-        try:
-            graph = build_graph(
-                config.topology,
-                config.agents,
-                seed=config.seed,
-                edges=config.edges,
-                p=config.edge_probability,
-            )
-        except TopologyError as err:
-            raise ConfigError(str(err)) from None
-        self.check_algorithm(graph)
-        self.switcher()  # every graph of a schedule is checked before anything starts
-        return graph
 
     def describe(self) -> str:
-        switching = self.config.switching
-        graphs = " → ".join(switching.topologies) if switching else self.config.topology
-        return f"{graphs} · loss {self.config.network.loss:g}"
+        return f"{self.graphs()} · loss {self.config.network.loss:g}"
 
     def shaper(self) -> BernoulliLinkShaper:
         """The in-agent shaper of these links."""
@@ -273,13 +171,3 @@ class StaticNetwork(Network):
             settings.bandwidth_mbps * 1e6,
             settings.latency_ms / 1000,
         )
-
-    def resolved(self, graph: Graph, runtime: LinkRuntime | None = None) -> ResolvedFigures:
-        figures = ResolvedFigures(
-            lambda2=mixing_lambda2(graph, self.scheme),
-            topology_period=graph.period,
-            edges_per_round=graph.edge_count() / graph.period,
-        )
-        if isinstance(runtime, StaticLinks) and runtime.switcher is not None:
-            figures = figures.model_copy(update={"switched_at": list(runtime.switched_at)})
-        return figures

@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from airgossip.cli.agent import device_links
 from airgossip.common.security.tls import COORDINATOR_IDENTITY, dial
-from airgossip.emulation.agent import EMULATED_LINKS
 from airgossip.emulation.networks import network_for
 from airgossip.node.command import AgentCommand
 from airgossip.node.devices import DeviceRun, DeviceRunError, DeviceRunSettings
@@ -89,7 +89,7 @@ def test_an_early_registration_leaves_the_run_complete(
                 linger_s=60.0, ready_timeout_s=60.0, metrics_listen="off",
             )  # fmt: skip
             try:
-                codes[i] = run_agent_command(command, EMULATED_LINKS)
+                codes[i] = run_agent_command(command, device_links())
             except Exception as err:  # what the agent said, for the assertion below
                 codes[i] = f"{type(err).__name__}: {err}"
 
