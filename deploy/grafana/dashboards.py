@@ -398,6 +398,20 @@ def insider_row() -> list[Panel]:
             ),
         ).min(0),
         series(
+            "Drift score per in-neighbour",
+            "How persistently each in-neighbour's offers pull the agent one way: its mean "
+            "displacement over about 20 rounds in multiples of the other in-neighbours' "
+            "typical one (edge/algorithms/drift.py). At most about 3 for honest in-neighbours; "
+            "10 or more is an accusation (AirgossipDriftingInsider). 0: the algorithm keeps no "
+            "drift score (robust-push-sum does).",
+            "short",
+            query(
+                f"max by (agent, peer) (airgossip_agent_in_neighbour_drift_score{{{LINK}}}) "
+                f"or sum by (agent, peer) (0 * {absorbed})",
+                "{{agent}} ← {{peer}}",
+            ),
+        ).min(0),
+        series(
             "Refusals and clips per in-neighbour",
             "Messages of each in-neighbour the agent refused, and those its robust algorithm "
             "clipped, per second.",

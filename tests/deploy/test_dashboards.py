@@ -95,7 +95,8 @@ def test_the_panels_and_variables_operators_need() -> None:
     assert titles["airgossip-agent.json"] >= {
         "Push latency", "Push latency histogram", "Refused messages by reason",
         "Local step time", "Relative increment per in-neighbour",
-        "Refusals and clips per in-neighbour", "Insider alerts firing",
+        "Drift score per in-neighbour", "Refusals and clips per in-neighbour",
+        "Insider alerts firing",
     }  # fmt: skip
     for name, data in dashboards().items():
         variables = {v["name"]: v for v in data["templating"]["list"]}
