@@ -83,7 +83,15 @@ def flat(net: nn.Module) -> torch.Tensor:
 
 
 def load(net: nn.Module, vector: torch.Tensor) -> None:
-    nn.utils.vector_to_parameters(vector, net.parameters())
+    """Copy ``vector`` into ``net``'s parameters. (``vector_to_parameters`` would make them
+    views of ``vector``: training would then change the vector itself, and the next model
+    loaded from it would start where this one ended.)"""
+    with torch.no_grad():
+        offset = 0
+        for parameter in net.parameters():
+            size = parameter.numel()
+            parameter.copy_(vector[offset : offset + size].view_as(parameter))
+            offset += size
 
 
 class Events:
