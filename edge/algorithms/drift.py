@@ -38,8 +38,9 @@ the median ``|| d_k ||`` over the other senders heard (at least two), floored at
 
 Directions that change cancel in the numerator; sizes of the order of the other senders'
 give about 1. An honest in-neighbour scores at most its distance in multiples of the
-typical one (1 to 3 measured); the drifter of issue 33 scores ``0.1 || z ||`` over a typical
-displacement that falls as the fleet agrees, tens within some tens of rounds. The score is
+typical one (1 to 3 measured); a drifter that adds 0.1 of the estimate's norm each round
+scores ``0.1 || z ||`` over a typical displacement that falls as the fleet agrees, tens within
+some tens of rounds. The score is
 exported as ``airgossip_agent_in_neighbour_drift_score`` and read by the alert rules
 (deploy/prometheus/alerts.yml), which also ask that the peer be the top-scored in-neighbour
 of two credible agents.
