@@ -40,7 +40,9 @@ from pydantic import JsonValue
 from airgossip.common.identity import agent_ids
 from airgossip.common.security.private_files import open_private, private_folder
 from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials
+from airgossip.edge.algorithms.registry import ALGORITHMS
 from airgossip.edge.observability.stats import RoundRecord, read_records
+from airgossip.edge.tasks.registry import BUILTIN_TASKS
 from airgossip.emulation.fleets.base import (
     AgentProgress,
     FleetError,
@@ -57,12 +59,17 @@ from airgossip.scenario.config import RunConfig
 AGENT_MODULE = "airgossip.emulation.agent"
 
 #: What the fork server imports before it forks agents: everything an agent process imports
-#: before it serves (the CLI, torch, gRPC, the agent and its tasks), none of which starts a
-#: thread, a gRPC channel or torch's thread pool on import.
+#: before it serves (torch, gRPC, the agent, its links, every registered algorithm and the
+#: built-in tasks but Flower's, whose registries import them only when looked up), none of
+#: which starts a thread, a gRPC channel or torch's thread pool on import.
 AGENT_PRELOAD = (
     "airgossip.node.process",
     "airgossip.emulation.networks",
     "airgossip.emulation.networks.kernel.agent",
+    *dict.fromkeys(ALGORITHMS.target(name).partition(":")[0] for name in ALGORITHMS),
+    *dict.fromkeys(
+        BUILTIN_TASKS.target(name).partition(":")[0] for name in BUILTIN_TASKS if name != "flower"
+    ),
 )
 
 #: Seconds without any agent progress after which a process fleet is declared stuck.
