@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from airgossip.cli.choices import read_registries
+from airgossip.cli.choices import registry_names
 from tests.support.cli import ROOT
 
 
@@ -85,6 +85,6 @@ def test_the_readme_flag_table_names_everything_its_registry_holds(flag: str) ->
     """The table is written by hand: a name added to a registry fails here until the README
     says what it is."""
     row = next(line for line in README.splitlines() if line.startswith(f"| `{flag}` |"))
-    names = read_registries()[LISTED[flag]].split(", ")
+    names = registry_names()[LISTED[flag]].split(", ")
     missing = [n for n in names if f"`{n.partition(':')[0]}" not in row]
     assert not missing, f"README's {flag} row does not name {missing}"
