@@ -161,7 +161,7 @@ class Fleet(ABC):
     serves_metrics: ClassVar[bool] = False
     #: The kernel shapes the agents' links (tc, iptables): loss drops packets, which TCP
     #: resends, so agents wait longer for their sends by default.
-    kernel_links: ClassVar[bool] = False
+    links_in_kernel: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
         self.config = config

@@ -136,7 +136,7 @@ class ContainerFleet(AgentProcessFleet):
     its gateway; each agent shapes its own links in the kernel (NET_ADMIN)."""
 
     mode = "containers"
-    kernel_links = True
+    links_in_kernel = True
     serves_metrics = True
     # The image's Python runs the agent module; the run's folder and each agent's own
     # credentials are mounted where it sees them.

@@ -28,7 +28,7 @@ class NamespaceFleet(AgentProcessFleet):
     """Agents in network namespaces on one bridge, links applied by the kernel."""
 
     mode = "namespaces"
-    kernel_links = True
+    links_in_kernel = True
     # Every agent is wrapped in `ip netns exec`: a process of its own, no fork server.
     fork_server = False
 

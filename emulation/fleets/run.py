@@ -25,7 +25,7 @@ from airgossip.scenario.results import KernelFigures, RunResults
 
 log = logging.getLogger(__name__)
 
-#: How long an agent on kernel-shaped links (a mode whose ``kernel_links`` is set: loss is a
+#: How long an agent on kernel-shaped links (a mode whose ``links_in_kernel`` is set: loss is a
 #: packet drop rate there, and TCP resends) waits for its sends before its next round (the
 #: default ``wait_timeout_s`` there; 0.25 s elsewhere). TCP resends a dropped packet after
 #: 0.2 s at the least, doubling each time, so with loss most rounds have a send still in
@@ -118,7 +118,7 @@ def run_fleet(
     config = network.launch(time.time())
     if plan.privacy is not None:  # the noise resolved once, for every agent and the figures
         config = config.model_copy(update={"privacy": plan.privacy})
-    if plan.fleet.kernel_links and "wait_timeout_s" not in config.model_fields_set:
+    if plan.fleet.links_in_kernel and "wait_timeout_s" not in config.model_fields_set:
         config = config.model_copy(update={"wait_timeout_s": KERNEL_WAIT_TIMEOUT_S})
     launch = Launch(
         out_dir, folder.write_config(config), on_progress, coordinator_listen,

@@ -174,5 +174,5 @@ def test_an_in_process_fleet_stops_when_asked(tmp_path: Path) -> None:
 
 def test_a_mode_says_itself_whether_the_kernel_shapes_its_links() -> None:
     """What sets a mode apart is declared on its class (no list of modes elsewhere)."""
-    assert {m for m in FLEETS if FLEETS[m].kernel_links} == {"namespaces", "containers"}
+    assert {m for m in FLEETS if FLEETS[m].links_in_kernel} == {"namespaces", "containers"}
     assert {m for m in FLEETS if FLEETS[m].in_process} == {"inproc", "virtual"}
