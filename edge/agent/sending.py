@@ -15,6 +15,7 @@ import torch
 
 from airgossip.common.topology import Phase
 from airgossip.edge.algorithms import Payload
+from airgossip.edge.algorithms.push_sum_rules import hold_back_weights
 from airgossip.edge.compression import Codec
 from airgossip.edge.observability.telemetry import SendEvent
 from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, SendOutcome
@@ -31,13 +32,10 @@ def hold_back(phase: Phase, peers: Collection[str], *, probe: bool) -> Phase:
     The weights still sum to one, so push-sum conserves mass. With ``probe`` the peers stay in
     the phase with weight 0: the algorithm then sends them what their edge already holds.
     """
-    held = {p: w for p, w in phase.out_weights.items() if p in peers}
-    if not held:
+    kept = hold_back_weights(phase.self_weight, phase.out_weights, peers, probe=probe)
+    if kept is None:
         return phase
-    out = {
-        p: 0.0 if p in held else w for p, w in phase.out_weights.items() if probe or p not in held
-    }
-    return Phase(phase.self_weight + sum(held.values()), out, phase.in_neighbours)
+    return Phase(*kept, phase.in_neighbours)
 
 
 class ReadyPeers(Collection[str]):

@@ -32,27 +32,28 @@ import torch
 
 from airgossip.common.topology.mixing import Phase
 from airgossip.edge.algorithms.base import (
-    SEQ_SLACK,
     Ack,
     GossipAlgorithm,
     InvalidPayload,
     Payload,
-    ProtocolError,
     check_absorption,
     check_message,
     check_sequence,
     check_weight,
     refuse_amplifying_codec,
 )
+from airgossip.edge.algorithms.push_sum_rules import (
+    Placement,
+    absorbs,
+    flushes,
+    numbered,
+    pending_weight,
+    placement,
+    rebases,
+    starved,
+)
 from airgossip.edge.algorithms.state import AlgorithmState, state_float, state_tensor
 from airgossip.edge.compression import Codec
-
-#: Weight below which an agent gives no share away (an agent starts with 1, a fleet's
-#: weights sum to its size). An agent that runs far faster than its in-neighbours (it
-#: restarted behind them, or they stalled) gives a share away every round and gets little
-#: back; without a floor its weight sinks until its float32 state underflows. Keeping a
-#: share at home is a valid push-sum step (a self-weight of 1), so mass stays conserved.
-STARVED_WEIGHT = 1e-6
 
 
 def _weight_of(sender: str, payload: Payload, *, positive: bool) -> float:
@@ -114,7 +115,7 @@ class PushSumCore(GossipAlgorithm):
         return {"weight": self._y}
 
     def starved(self) -> bool:
-        return self._y < STARVED_WEIGHT
+        return starved(self._y)
 
     def join_late(self, weight: float) -> None:
         self._x.mul_(weight / self._y)
@@ -213,17 +214,13 @@ class PushSum(PushSumCore):
         for peer, edge in self._out.items():
             if peer not in ready:
                 continue  # its share waits in the running sum for the next message
-            if peer not in phase.out_weights and edge.sigma_y == 0.0:
+            if not flushes(peer in phase.out_weights, edge.sigma_y):
                 continue  # off this phase and nothing undelivered: no message
-            # An edge off this phase (the graph changed, or a periodic graph) that still holds
-            # undelivered weight flushes it as soon as it can, instead of stranding it.
             encoded, decoded = self.encode(edge.sigma_x, peer)
             edge.sent.clear()  # only the latest message can be the receiver's last
-            if edge.seq - edge.acked < SEQ_SLACK:
+            if numbered(edge.seq, edge.acked):
                 edge.seq += 1
                 edge.sent[edge.seq] = (decoded, edge.sigma_y)
-            # else: far past anything acknowledged (a dead peer, probed): the number is
-            # reused, and the receiver may hold either content under it.
             payloads[peer] = Payload(
                 decoded, {"y": edge.sigma_y}, edge.seq, edge.base_seq, encoded=encoded
             )
@@ -235,7 +232,7 @@ class PushSum(PushSumCore):
             return
         edge.acked = max(edge.acked, ack.last_seq)
         sent = edge.sent.pop(ack.last_seq, None)
-        if sent is None or ack.last_seq <= edge.base_seq:
+        if sent is None or not rebases(ack.last_seq, edge.base_seq):
             return  # nothing we can measure from
         # The receiver's sum is now exactly what it decoded: measure from there on both sides.
         x, y = sent
@@ -261,29 +258,20 @@ class PushSum(PushSumCore):
         y = _weight_of(sender, payload, positive=True)
         edge = self._in.get(sender)
         last_seq, base_seq = (edge.last_seq, edge.base_seq) if edge else (0, 0)
-        if payload.seq <= last_seq:
+        check_sequence(sender, payload.seq, last_seq if edge else None)  # (a stale one passes)
+        where = placement(sender, payload.seq, payload.base_seq, held=edge is not None,
+                          last_seq=last_seq, held_base=base_seq)  # fmt: skip
+        if where is Placement.STALE:
             return Ack(last_seq, base_seq, absorbed=False)
-        check_sequence(sender, payload.seq, last_seq if edge else None)
-        if payload.base_seq != base_seq and (edge is None or payload.base_seq != last_seq):
-            raise ProtocolError(
-                f"message seq {payload.seq} from '{sender}' is measured from seq "
-                f"{payload.base_seq}, but this edge is at base {base_seq} after seq {last_seq}",
-                reason="cannot_place",
-            )
         vector = self._received_vector(sender, payload)
         check_message(vector, y, sender)
         # The pending mass after this message, computed before anything changes (in the order
         # the in-place update always used, so that results do not move by a bit).
-        if payload.base_seq == base_seq:
-            pending_x = self._pending_x + vector
-            if edge is not None:
-                pending_x.sub_(edge.rho_x)
-            pending_y = self._pending_y + (y - (edge.rho_y if edge else 0.0))
-        else:  # measured from our last message: all of it is new
-            pending_x, pending_y = self._pending_x + vector, self._pending_y + y
-        if pending_y < self._pending_y:
-            # A running sum never shrinks within a lineage; a sender whose would is not
-            # absorbed (taking back weight could sink ours below zero).
+        pending_x = self._pending_x + vector
+        if where is Placement.REPLACES and edge is not None:
+            pending_x.sub_(edge.rho_x)
+        pending_y = pending_weight(self._pending_y, y, edge.rho_y if edge else 0.0, where)
+        if not absorbs(pending_y, self._pending_y):
             return Ack(last_seq, base_seq, absorbed=False)
         self._check_pending(sender, pending_x, pending_y)
         self._pending_x, self._pending_y = pending_x, pending_y

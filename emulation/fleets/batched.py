@@ -9,14 +9,18 @@ as rows of one array and every edge's running sum as rows of another, and decide
 message's fate with its network's own verdicts in batch (:meth:`Network.message_drops`;
 the static network's are its shaper's draws, :mod:`airgossip.emulation.networks.link_draws`).
 
-It is the per-agent code's arithmetic, not an approximation of it. With acknowledgements
-inline, as the in-memory transport gives them, a delivered message hands over its edge's
-whole running sum and the edge starts again from zero; a dropped one leaves the sum to grow
-until the next message lands (:class:`~airgossip.edge.algorithms.push_sum.PushSum`). Receivers add
-what arrives in the order the agents push (by index), so the estimates equal the per-agent
-path's to the last bits of a fused multiply-add; drops and counts are exactly the same
-(tests/emulation/test_batched_fleet.py). Each agent's round records are written as its
-agent would write them: counters, weight, estimate.
+It is the per-agent code's arithmetic, not an approximation of it: starvation, which edges
+carry a message, sequence numbers and rebasing are push-sum's rules
+(:mod:`airgossip.edge.algorithms.push_sum_rules`) applied to every edge at once. With
+acknowledgements inline, as the in-memory transport gives them, a delivered message hands
+over its edge's whole running sum and the edge starts again from zero; a dropped one leaves
+the sum to grow until the next message lands
+(:class:`~airgossip.edge.algorithms.push_sum.PushSum`). Receivers add what arrives in the
+order the agents push (by index), so the estimates equal the per-agent path's to the last
+bits of a fused multiply-add; drops and counts are exactly the same
+(tests/emulation/test_batched_fleet.py, tests/emulation/test_push_sum_conformance.py).
+Each agent's round records are written as its agent would write them: counters, weight,
+estimate.
 
 :func:`batched_refusal` says when it applies; the in-process fleet picks it by itself.
 """
@@ -36,7 +40,13 @@ from airgossip.edge.agent.build import fleet_digest
 from airgossip.edge.agent.sending import Sender, gossip_message
 from airgossip.edge.algorithms import Payload
 from airgossip.edge.algorithms.base import SEQ_SLACK
-from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
+from airgossip.edge.algorithms.push_sum_rules import (
+    flushes,
+    kept_weight,
+    numbered,
+    rebases,
+    starved,
+)
 from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
 from airgossip.edge.settings import resolve_codec
 from airgossip.edge.tasks import TaskContext, load_task
@@ -91,8 +101,8 @@ class _Phase:
 
     on: np.ndarray  # which edges (of _Edges) the phase has
     share: np.ndarray  # each node's share per out-edge, and its self weight
-    #: What a starved node keeps: its self weight plus its shares, summed as the agent's
-    #: hold_back sums them (self weight + (0 + share + share ...)).
+    #: What a starved node keeps: its self weight plus its shares (``kept_weight``, the sum
+    #: the agent's hold-back makes).
     keep: np.ndarray
 
 
@@ -103,7 +113,8 @@ def _phase(graph: Graph, round_index: int, n: int, union_keys: np.ndarray) -> _P
     degree = np.bincount(src, minlength=n)
     # Column-stochastic weights, as the dense and sparse mixing matrices both give them.
     share = 1.0 / (degree + 1.0)
-    kept = {int(d): _kept(1.0 / (d + 1.0), int(d)) for d in np.unique(degree)}
+    kept = {int(d): kept_weight(1.0 / (d + 1.0), [1.0 / (d + 1.0)] * int(d))
+            for d in np.unique(degree)}  # fmt: skip
     keep = np.array([kept[int(d)] for d in degree]) if n else np.ones(0)
     return _Phase(on, share, keep)
 
@@ -183,8 +194,8 @@ class BatchedPushSum:
         """Every agent's push, then every agent's mix."""
         e = self.edges
         phase = self.phases[round_index % len(self.phases)]
-        starved = self.y < STARVED_WEIGHT
-        giving = phase.on & ~starved[e.src]
+        starving = starved(self.y)
+        giving = phase.on & ~starving[e.src]
         weight = np.where(giving, phase.share[e.src], 0.0)
         # share: every edge of the phase takes its share of the sender's (x, y)
         for lo in range(0, e.src.shape[0], BLOCK_EDGES):
@@ -193,15 +204,15 @@ class BatchedPushSum:
             block = self.sigma_x[lo:hi]
             block += self.x[senders] * w[:, None]
             self.sigma_y[lo:hi] += w * self.y[senders]
-        kept = np.where(starved, phase.keep, phase.share)
+        kept = np.where(starving, phase.keep, phase.share)
         self.x *= kept[:, None]
         self.y *= kept
         # messages: every edge of the phase, and any edge that still owes weight (off this
         # phase, or its sender starved)
-        active = np.flatnonzero(giving | (self.sigma_y != 0.0))
+        active = np.flatnonzero(flushes(giving, self.sigma_y))
         index = self.sent[active]
         self.sent[active] += 1
-        self.seq[active] += 1
+        self.seq[active] += numbered(self.seq[active], self.base[active])
         dropped = self.drops.dropped(e.keys[active], round_index, index)
         src = e.src[active]
         nbytes = self.sizes.of(src, e.dst[active], round_index, self.seq[active],
@@ -222,6 +233,7 @@ class BatchedPushSum:
                           shape=e.inbox.shape)  # fmt: skip
         pending_x = inbox @ self.sigma_x
         pending_y = inbox @ self.sigma_y
+        assert rebases(self.seq[delivered], self.base[delivered]).all()  # acks are inline
         self.sigma_x[delivered] = 0.0
         self.sigma_y[delivered] = 0.0
         self.base[delivered] = self.seq[delivered]
@@ -250,13 +262,6 @@ class BatchedPushSum:
                 self.sink.record(record)
             records.append(record)
         return records
-
-
-def _kept(self_weight: float, degree: int) -> float:
-    held = 0.0
-    for _ in range(degree):
-        held += self_weight
-    return self_weight + held
 
 
 class WireSizes:

@@ -10,9 +10,11 @@ pending mass as rows of arrays and every edge's running sum, sequence numbers an
 receiver's view of it in lists by edge, and runs the same events in the same order at the
 same virtual times: the link shaper is asked the same questions (sender, receiver, round,
 message index, wire bytes as the encoded message would take), so every verdict, delay and
-virtual time is the per-agent path's. What an agent decides (ready peers, shares held back
-for refusing peers and when starved, who it still hears after a graph change, when its wait
-is over) follows the agent's code rule by rule on the same Python floats; only the vector
+virtual time is the per-agent path's. What an agent decides (shares held back for refusing
+peers and when starved, which edges carry a message, where a message stands on its edge and
+whether it is absorbed, who it still hears after a graph change, when its wait is over) is
+decided by the agent's own rules (:mod:`airgossip.edge.algorithms.push_sum_rules`,
+:func:`~airgossip.edge.agent.pacing.wait_over`) on the same Python floats; only the vector
 arithmetic is numpy's instead of torch's (a running sum's ``+= x * w`` may differ in the
 last bit where torch fuses the multiply-add). tests/emulation/test_virtual_fast.py checks
 drops, counters and times exactly, estimates within 1e-9.
@@ -29,8 +31,17 @@ import numpy as np
 from airgossip.common.topology import Assignment
 from airgossip.edge.agent.admission import FORMER_ROUNDS
 from airgossip.edge.agent.pacing import wait_over
-from airgossip.edge.algorithms.base import SEQ_SLACK
-from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
+from airgossip.edge.algorithms.push_sum_rules import (
+    Placement,
+    absorbs,
+    flushes,
+    hold_back_weights,
+    numbered,
+    pending_weight,
+    placement,
+    rebases,
+    starved,
+)
 from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
 from airgossip.edge.tasks.consensus import ConsensusOptions, consensus_vector
 from airgossip.edge.tasks.options import parse_options
@@ -119,8 +130,7 @@ class _Agent:
         "pending_y",
         "refusing",
         "round",
-        "self_w",
-        "weights",
+        "schedule",
         "x",
         "y",
     )  # fmt: skip
@@ -133,8 +143,9 @@ class _Agent:
         self.x = self.pending_x = np.zeros(0)
         self.out: dict[int, _Edge] = {}  # in the order the agent's out-edges were made
         self.epoch = 0
-        self.self_w = 1.0
-        self.weights: dict[int, float] = {}
+        #: Per phase: self weight, out weights and in-neighbours, by agent index.
+        self.schedule: list[tuple[float, dict[int, float], tuple[int, ...]]] = [(1.0, {}, ())]
+        #: The in-neighbours of its round's phase (the round it pushes or waits in).
         self.incoming: tuple[int, ...] = ()
         self.hears: frozenset[int] = frozenset()
         self.former: dict[int, int] = {}
@@ -186,15 +197,19 @@ class VirtualPushSum:
         index = self.index
         for a in self.agents:
             assignment = assignments[a.agent_id]
-            phase = assignment.phase(0)
-            incoming = frozenset(index[p] for p in phase.in_neighbours)
+            # one entry per phase of a periodic graph; round r uses phase r % period
+            a.schedule = [
+                (phase.self_weight, {index[p]: w for p, w in phase.out_weights.items()},
+                 tuple(index[p] for p in phase.in_neighbours))
+                for phase in assignment.schedule
+            ]  # fmt: skip
+            incoming = frozenset(p for _, _, heard in a.schedule for p in heard)
             for p in a.hears - incoming:
                 a.former[p] = a.round
             for p in incoming:
                 a.former.pop(p, None)
-            a.hears, a.incoming = incoming, tuple(incoming)
-            a.epoch, a.self_w = assignment.epoch, phase.self_weight
-            a.weights = {index[p]: w for p, w in phase.out_weights.items()}
+            a.hears, a.epoch = incoming, assignment.epoch
+            a.incoming = a.schedule[a.round % len(a.schedule)][2]
 
     def begin(self) -> None:
         for a in self.agents:
@@ -208,15 +223,15 @@ class VirtualPushSum:
     def _push(self, a: _Agent, round_index: int) -> None:
         a.round = round_index
         i, loop, ids = a.index, self.loop, self.ids
-        weights, self_w = a.weights, a.self_w
-        if a.refusing:  # hold_back(probe=True): their shares stay home, they stay in the phase
-            held = [w for p, w in weights.items() if p in a.refusing]
-            if held:
-                weights = {p: 0.0 if p in a.refusing else w for p, w in weights.items()}
-                self_w = self_w + sum(held)
-        if a.y < STARVED_WEIGHT and weights:  # every share stays home
-            self_w = self_w + sum(weights.values())
-            weights = {}
+        self_w, weights, a.incoming = a.schedule[round_index % len(a.schedule)]
+        if a.refusing:  # refusing peers' shares stay home, they stay in the phase
+            kept = hold_back_weights(self_w, weights, a.refusing, probe=True)
+            if kept is not None:
+                self_w, weights = kept
+        if starved(a.y):  # every share stays home
+            kept = hold_back_weights(self_w, weights, weights, probe=False)
+            if kept is not None:
+                self_w, weights = kept
         # share
         x, y = a.x, a.y
         for p, w in weights.items():
@@ -231,11 +246,11 @@ class VirtualPushSum:
         for p, edge in a.out.items():
             if edge.inflight:
                 continue
-            if p not in weights and edge.sigma_y == 0.0:
+            if not flushes(p in weights, edge.sigma_y):
                 continue
             decoded = edge.sigma_x.copy()
             edge.sent = None
-            if edge.seq - edge.acked < SEQ_SLACK:
+            if numbered(edge.seq, edge.acked):
                 edge.seq += 1
                 edge.sent = (edge.seq, decoded, edge.sigma_y)
             sending.append((edge, decoded, edge.sigma_y, edge.seq, edge.base))
@@ -311,20 +326,15 @@ class VirtualPushSum:
         held = edge.rho_x is not None
         last, held_base = (edge.last_seq, edge.in_base) if held else (0, 0)
         ack_last = last
-        if seq > last:
-            if base != held_base and (not held or base != last):
-                raise RuntimeError(f"message {seq} on {sender.agent_id}->{edge.peer} cannot be "
-                                   "placed: the batched bookkeeping went astray")  # fmt: skip
+        where = placement(sender.agent_id, seq, base, held=held, last_seq=last,
+                          held_base=held_base)  # fmt: skip
+        if where is not Placement.STALE:
             # Whether the message is taken depends on the weights alone: the vector is
             # updated in place only then, with the agent's operations in its order.
-            replaces = base == held_base
-            if replaces:
-                pending_y = receiver.pending_y + (y - (edge.rho_y if held else 0.0))
-            else:
-                pending_y = receiver.pending_y + y
-            if not pending_y < receiver.pending_y:
+            pending_y = pending_weight(receiver.pending_y, y, edge.rho_y, where)
+            if absorbs(pending_y, receiver.pending_y):
                 receiver.pending_x += vector
-                if replaces and edge.rho_x is not None:
+                if where is Placement.REPLACES and edge.rho_x is not None:
                     receiver.pending_x -= edge.rho_x
                 receiver.pending_y = pending_y
                 edge.rho_x, edge.rho_y = vector, y
@@ -343,7 +353,7 @@ class VirtualPushSum:
         sent = edge.sent
         if sent is not None and sent[0] == ack_last:
             edge.sent = None
-            if ack_last > edge.base:  # measure from what the receiver now holds
+            if rebases(ack_last, edge.base):  # measure from what the receiver now holds
                 edge.sigma_x -= sent[1]
                 edge.sigma_y -= sent[2]
                 edge.base = ack_last

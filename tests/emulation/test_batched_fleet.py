@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from airgossip.common.identity import agent_ids
-from airgossip.edge.algorithms.push_sum import STARVED_WEIGHT
+from airgossip.edge.algorithms.push_sum_rules import STARVED_WEIGHT
 from airgossip.edge.observability.stats import RoundRecord
 from airgossip.emulation.fleets import reference_answer
 from airgossip.emulation.fleets.inproc import InProcessFleet, run_in_process
