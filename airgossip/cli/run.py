@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
@@ -47,6 +48,35 @@ def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
     if address is None:
         return cfg
     return cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": address})})
+
+
+def _warm_agents(flags: Mapping[str, object], config: Path | None, scenario: str | None,
+                 out_dir: Path) -> None:  # fmt: skip
+    """Start the agents' fork server now where the run will be a process fleet on this
+    machine: its imports (torch) then run beside this process's own checks instead of after
+    them (:mod:`airgossip.emulation.fleets.agent_server`). Reads the settings as the early
+    checks do (no torch); the full check may still refuse the run (the server stops then)."""
+    from airgossip.cli.early import check_scenario_file
+
+    mode = flags.get("mode")
+    for source in (config, scenario):
+        if mode is None and source is not None:
+            found = (check_scenario_file(source) if isinstance(source, Path)
+                     else scenario_base(source)).get("mode")  # fmt: skip
+            mode = found
+    if (mode or "process") != "process":
+        return
+    from airgossip.emulation.fleets.agent_server import warm_fork_server
+
+    warm_fork_server(label=str(out_dir))
+
+
+def _out_in(config: Path | None) -> Path | None:
+    """The ``out`` a scenario file names, as read before it is checked."""
+    from airgossip.cli.early import check_scenario_file
+
+    found = check_scenario_file(config).get("out") if config is not None else None
+    return Path(found) if isinstance(found, str) else None
 
 
 def run(
@@ -176,6 +206,8 @@ def run(
             fail(f"--ray-address: {problem}")
     check_scenario(scenario)
     check_run(overrides, config, wireless=scenario is not None, app=flower_app is not None)
+    planned_out = out or _out_in(config) or default_out()
+    _warm_agents(overrides, config, scenario, planned_out)
 
     from airgossip.scenario.config import ConfigError, load_config
 
@@ -201,7 +233,7 @@ def run(
 
     try:
         plan = preflight(cfg)
-        out_dir = out or cfg.out or default_out()
+        out_dir = out or cfg.out or planned_out
         refuse_used_out_dir(out_dir)
     except ConfigError as err:
         fail(str(err))

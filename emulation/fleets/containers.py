@@ -32,8 +32,9 @@ from airgossip.common.identity import agent_ids
 from airgossip.common.security.private_files import private_folder
 from airgossip.common.security.tls import CA_CERT
 from airgossip.emulation.fleets.agent_fleet import AgentProcessFleet
+from airgossip.emulation.fleets.agent_server import AGENT_MODULE
 from airgossip.emulation.fleets.base import FleetError, Launch
-from airgossip.emulation.fleets.processes import AGENT_MODULE, AgentHost
+from airgossip.emulation.fleets.processes import AgentHost
 from airgossip.emulation.networks import Network
 from airgossip.emulation.networks.kernel import AgentKernelReport, ContainerKernelReport
 from airgossip.node.command import AgentCommand

@@ -12,7 +12,9 @@ group tails the records for progress and reads them back at the end.
 Agents without a command prefix are forked by a
 :class:`~airgossip.emulation.fleets.forkserver.ForkServer` (on Linux): one process imports torch and
 the agent's modules once and forks every agent, instead of every agent paying those imports on its
-own (three quarters of an agent's start-up). An agent whose command is wrapped (``ip netns exec``)
+own (three quarters of an agent's start-up); the command line starts that server ahead of the
+run, so that its imports run beside the launcher's own checks
+(:mod:`~airgossip.emulation.fleets.agent_server`). An agent whose command is wrapped (``ip netns exec``)
 is started as a process of its own, as is every agent where ``fork`` is not available.
 
 Unless the run is ``insecure``, the group issues the run's throwaway credentials
@@ -40,9 +42,14 @@ from pydantic import JsonValue
 from airgossip.common.identity import agent_ids
 from airgossip.common.security.private_files import open_private, private_folder
 from airgossip.common.security.tls import COORDINATOR_IDENTITY, TlsCredentials
-from airgossip.edge.algorithms.registry import ALGORITHMS
 from airgossip.edge.observability.stats import RoundRecord, read_records
-from airgossip.edge.tasks.registry import BUILTIN_TASKS
+from airgossip.emulation.fleets.agent_server import (
+    AGENT_MODULE,
+    LOG_NAME,
+    agent_environment,
+    start_fork_server,
+    take_warm_fork_server,
+)
 from airgossip.emulation.fleets.base import (
     AgentProgress,
     FleetError,
@@ -55,31 +62,8 @@ from airgossip.node.command import AgentCommand
 from airgossip.node.folder import RunFolder
 from airgossip.scenario.config import RunConfig
 
-#: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
-AGENT_MODULE = "airgossip.emulation.agent"
-
-#: What the fork server imports before it forks agents: everything an agent process imports
-#: before it serves (torch, gRPC, the agent, its links, every registered algorithm and the
-#: built-in tasks but Flower's, whose registries import them only when looked up), none of
-#: which starts a thread, a gRPC channel or torch's thread pool on import.
-AGENT_PRELOAD = (
-    "airgossip.node.process",
-    "airgossip.emulation.networks",
-    "airgossip.emulation.networks.kernel.agent",
-    *dict.fromkeys(ALGORITHMS.target(name).partition(":")[0] for name in ALGORITHMS),
-    *dict.fromkeys(
-        BUILTIN_TASKS.target(name).partition(":")[0] for name in BUILTIN_TASKS if name != "flower"
-    ),
-)
-
 #: Seconds without any agent progress after which a process fleet is declared stuck.
 STALL_TIMEOUT_S = 180.0
-
-
-def agent_environment() -> dict[str, str]:
-    """The environment of every agent process: one torch thread each (read when torch is
-    imported, so the fork server is started with it too), unbuffered output to its log."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 class JsonLinesTail:
@@ -156,7 +140,7 @@ class AgentHost:
     Attributes
     ----------
     command:
-        What runs :data:`~airgossip.node.command.AGENT_MODULE` (this Python by
+        What runs :data:`~airgossip.emulation.fleets.agent_server.AGENT_MODULE` (this Python by
         default).
     run_dir:
         The run's output folder as the agent sees it (None: the launcher's own path).
@@ -297,13 +281,9 @@ class AgentProcesses:
 
     def _start_fork_server(self) -> ForkServer:
         private_folder(self.folder.path)
-        return ForkServer(
-            AGENT_PRELOAD,
-            env=agent_environment(),
-            log_path=self.folder.path / "forkserver.log",
-            cwd=Path.cwd(),
-            label=str(self.folder.path),
-        )
+        log_path = self.folder.path / LOG_NAME
+        warm = take_warm_fork_server(log_path)  # started by the command line, ahead of the run
+        return warm if warm is not None else start_fork_server(log_path, str(self.folder.path))
 
     def _poll(self) -> None:
         for agent in self.agents:

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from airgossip.common.security.private_files import private_folder, write_private
+from airgossip.emulation.fleets.agent_server import AGENT_MODULE, AGENT_PRELOAD, agent_environment
 from airgossip.emulation.fleets.forkserver import ForkedChild, ForkServer
-from airgossip.emulation.fleets.processes import AGENT_MODULE, AGENT_PRELOAD, agent_environment
 from airgossip.node.command import AgentCommand
 from airgossip.node.ray_agent import (
     HOME_PREFIX,

@@ -118,3 +118,20 @@ def test_assignments_give_each_agent_its_column() -> None:
     assert phase.out_weights == {f"a{j}": pytest.approx(w[j, 3]) for j in (4, 5, 7)}
     assert set(phase.in_neighbours) == {"a2", "a1", "a7"}
     assert set(a3.peers) == {"a1", "a2", "a4", "a5", "a7"}
+
+
+def test_strong_connectivity_walked_in_numpy_agrees_with_scipy() -> None:
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(0)
+    connected = 0
+    for _ in range(600):
+        n = int(rng.integers(2, 40))
+        a = rng.random((n, n)) < rng.random() * 0.3
+        np.fill_diagonal(a, False)
+        count, _ = connected_components(csr_array(a), directed=True, connection="strong")
+        assert is_strongly_connected(a) == (count == 1)
+        assert is_strongly_connected(csr_array(a)) == (count == 1)  # the sparse path
+        connected += count == 1
+    assert 100 < connected < 500  # both answers are exercised

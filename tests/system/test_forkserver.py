@@ -12,15 +12,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from airgossip.emulation.fleets.agent_server import agent_environment
 from airgossip.emulation.fleets.base import FleetError, ProgressKeeper
 from airgossip.emulation.fleets.forkserver import ForkServer
-from airgossip.emulation.fleets.processes import AgentProcesses, agent_environment
+from airgossip.emulation.fleets.processes import AgentProcesses
 from airgossip.node.command import AgentCommand
 from airgossip.node.folder import RunFolder
 from airgossip.scenario.config import load_config
@@ -175,3 +177,69 @@ def test_an_agent_that_fails_is_reported_with_its_error(tmp_path: Path) -> None:
         assert str(missing) in message and "agent-0.log" in message
     finally:
         group.terminate()
+
+
+def test_a_warm_server_is_taken_over_with_its_log(tmp_path: Path) -> None:
+    from airgossip.emulation.fleets import agent_server
+
+    agent_server.warm_fork_server(label=str(tmp_path))
+    warm = agent_server._Warm.server
+    assert warm is not None and warm.process.poll() is None
+    temporary = warm.log_path.parent
+    assert temporary.name.startswith("airgossip-forkserver-")
+    assert temporary.stat().st_mode & 0o777 == 0o700
+    agent_server.warm_fork_server(label=str(tmp_path))  # one is warm: no second
+    assert agent_server._Warm.server is warm
+    log = tmp_path / "forkserver.log"
+    taken = agent_server.take_warm_fork_server(log)
+    try:
+        assert taken is warm and taken.log_path == log
+        assert not temporary.exists()
+        assert agent_server.take_warm_fork_server(log) is None  # taken once
+        child = taken.spawn("json.tool", ["--help"], log_path=tmp_path / "child.log", cwd=tmp_path)
+        assert child.wait(timeout=120) == 0
+        assert "imported" in log.read_text()  # the server's line, in the moved log
+    finally:
+        if taken is not None:
+            taken.close()
+    wait_until_gone(str(tmp_path))
+
+
+def watch_for_warm_server(folder: Path, seen: list[str], stop: threading.Event) -> None:
+    while not stop.is_set():
+        seen += [p.name for p in folder.glob("airgossip-forkserver-*") if p.name not in seen]
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_the_command_line_starts_the_fork_server_ahead_and_leaves_nothing(
+    tmp_path: Path, refused: bool
+) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    out = tmp_path / "run"
+    args = ["run", "--task", "consensus", "--agents", "3", "--rounds", "3", "--out", str(out)]
+    if refused:
+        args += ["--device", "cuda"]  # passes the early checks, refused by the run's preflight
+    seen: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_for_warm_server, args=(temporary, seen, stop))
+    watcher.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "airgossip", *args], capture_output=True, text=True,
+            timeout=180, cwd=ROOT, env={**os.environ, "TMPDIR": str(temporary)},
+        )  # fmt: skip
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(seen) == 1, seen  # the server was started ahead of the run, once
+    assert list(temporary.iterdir()) == []  # and its temporary folder is gone
+    assert wait_until_gone(str(out)) == []
+    if refused:
+        assert result.returncode == 2 and "CUDA" in result.stderr
+        assert not out.exists()
+    else:
+        assert result.returncode == 0, result.stderr
+        assert "imported" in (out / "forkserver.log").read_text()
+        assert (out / "forkserver.log").stat().st_mode & 0o777 == 0o600

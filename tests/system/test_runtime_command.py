@@ -14,9 +14,9 @@ import typer.main
 
 from airgossip.cli import app
 from airgossip.emulation.agent import main as agent_main
+from airgossip.emulation.fleets.agent_server import AGENT_MODULE
 from airgossip.emulation.fleets.base import Launch
 from airgossip.emulation.fleets.containers import ContainerFleet
-from airgossip.emulation.fleets.processes import AGENT_MODULE
 from airgossip.emulation.networks import network_for
 from airgossip.node.command import (
     AgentCommand,

@@ -179,16 +179,36 @@ def sparse_adjacency(n: int, senders: np.ndarray, receivers: np.ndarray) -> csr_
     return a
 
 
-def is_strongly_connected(adjacency: np.ndarray) -> bool:
-    """Whether every node can reach every other along directed edges."""
-    from scipy.sparse import csr_array
-    from scipy.sparse.csgraph import connected_components
+#: Largest dense graph whose connectivity is walked in numpy (a breadth-first search each
+#: way, O(n^2) at most: milliseconds); larger or sparse ones go to SciPy's strong components,
+#: whose import alone (about 0.3 s) would otherwise sit on every run's start-up.
+DENSE_WALK_LIMIT = 4096
 
+
+def is_strongly_connected(adjacency: Adjacency) -> bool:
+    """Whether every node can reach every other along directed edges."""
     n = adjacency.shape[0]
     if n == 1:
         return True
+    if not issparse(adjacency) and n <= DENSE_WALK_LIMIT:
+        dense = np.asarray(adjacency, dtype=bool)
+        return _reaches_all(dense) and _reaches_all(dense.T)
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import connected_components
+
     count, _ = connected_components(csr_array(adjacency), directed=True, connection="strong")
     return bool(count == 1)
+
+
+def _reaches_all(adjacency: np.ndarray) -> bool:
+    """Whether node 0 reaches every node along the edges of a dense adjacency."""
+    seen = np.zeros(adjacency.shape[0], dtype=bool)
+    seen[0] = True
+    frontier = seen.copy()
+    while frontier.any():
+        frontier = adjacency[frontier].any(axis=0) & ~seen
+        seen |= frontier
+    return bool(seen.all())
 
 
 def _empty(n: int) -> np.ndarray:

@@ -93,6 +93,8 @@ class ForkServer:
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops agents
             )
         self.log_path = log_path
+        self.cwd = cwd
+        self._copy_log_to: Path | None = None
         #: The server's CPU seconds for its imports, once it said it is ready.
         self.preload_cpu_s: float | None = None
         self._lock = threading.Lock()
@@ -108,6 +110,19 @@ class ForkServer:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def move_log(self, path: Path) -> bool:
+        """Move the server's log to ``path``: renamed where both are on one file system (the
+        server goes on writing to it; True), else copied there now and again when the server
+        closes (False)."""
+        try:
+            os.replace(self.log_path, path)
+        except OSError:
+            _copy_private(self.log_path, path)
+            self._copy_log_to = path
+            return False
+        self.log_path = path
+        return True
 
     def spawn(self, module: str, args: Sequence[str], *, log_path: Path, cwd: Path) -> ForkedChild:
         """Fork a child that runs ``python -m module args`` with stdout and stderr to
@@ -199,6 +214,14 @@ class ForkServer:
                 self.process.kill()
                 self.process.wait()
         self._reader.join(timeout=CHILD_GRACE_S + 10.0)
+        if self._copy_log_to is not None:
+            with contextlib.suppress(OSError):
+                _copy_private(self.log_path, self._copy_log_to)
+
+
+def _copy_private(source: Path, target: Path) -> None:
+    with open_private(target, "wb") as out:
+        out.write(source.read_bytes())
 
 
 def _wait_gone(pid: int, timeout: float) -> None:

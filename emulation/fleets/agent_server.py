@@ -1,0 +1,113 @@
+"""The agent processes' fork server: what it preloads, and starting it before the run is
+checked.
+
+Most of a small process fleet's start-up is two imports of torch: the launcher's, which checks
+the settings (codecs, algorithms, the task), and the fork server's, which every agent is
+forked from (:mod:`airgossip.emulation.fleets.forkserver`). Nothing makes the second wait for
+the first: :func:`warm_fork_server` starts the server as soon as the command line knows the
+run is a process fleet on this machine, before the launcher's own imports and checks, and the
+fleet takes it over when it starts its agents (:func:`take_warm_fork_server`), moving its log
+into the run's folder. A run refused in between stops the server at exit; a server that died
+is not taken (the fleet starts its own).
+
+This module imports neither torch nor the fleets: the command line calls it first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from airgossip.edge.algorithms.registry import ALGORITHMS
+from airgossip.edge.tasks.registry import BUILTIN_TASKS
+from airgossip.emulation.fleets.forkserver import ForkServer
+
+#: What a fleet runs as ``python -m`` for one agent process (no module of the CLI).
+AGENT_MODULE = "airgossip.emulation.agent"
+
+#: What the fork server imports before it forks agents: everything an agent process imports
+#: before it serves (torch, gRPC, the agent, its links, every registered algorithm and the
+#: built-in tasks but Flower's, whose registries import them only when looked up), none of
+#: which starts a thread, a gRPC channel or torch's thread pool on import.
+AGENT_PRELOAD = (
+    "airgossip.node.process",
+    "airgossip.emulation.networks.static",
+    "airgossip.emulation.networks.wireless",
+    "airgossip.emulation.networks.kernel.agent",
+    *dict.fromkeys(ALGORITHMS.target(name).partition(":")[0] for name in ALGORITHMS),
+    *dict.fromkeys(
+        BUILTIN_TASKS.target(name).partition(":")[0] for name in BUILTIN_TASKS if name != "flower"
+    ),
+)
+
+#: The file a fork server's log has in a run's folder.
+LOG_NAME = "forkserver.log"
+
+
+def agent_environment() -> dict[str, str]:
+    """The environment of every agent process: one torch thread each (read when torch is
+    imported, so the fork server is started with it too), unbuffered output to its log."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def start_fork_server(log_path: Path, label: str) -> ForkServer:
+    """A fork server for agent processes on this machine, its log at ``log_path``, ``label``
+    (the run's folder) on its command line."""
+    return ForkServer(
+        AGENT_PRELOAD, env=agent_environment(), log_path=log_path, cwd=Path.cwd(), label=label
+    )
+
+
+class _Warm:
+    """The one fork server started ahead of its run, and the private folder of its log."""
+
+    server: ForkServer | None = None
+    folder: Path | None = None
+
+
+def warm_fork_server(label: str) -> None:
+    """Start the fork server of a process fleet about to run here (``label``: its run's
+    folder), unless one is already warm; its log waits in a private temporary folder."""
+    server = _Warm.server
+    if server is not None and server.process.poll() is None:
+        return
+    _discard()
+    folder = Path(tempfile.mkdtemp(prefix="airgossip-forkserver-"))  # 0700
+    _Warm.folder = folder
+    _Warm.server = start_fork_server(folder / LOG_NAME, label)
+    atexit.register(_discard)
+
+
+def take_warm_fork_server(log_path: Path) -> ForkServer | None:
+    """The warm fork server, now the caller's, its log moved to ``log_path``; None where none
+    was started or it is gone (the caller starts its own)."""
+    server, folder = _Warm.server, _Warm.folder
+    _Warm.server = _Warm.folder = None
+    if server is None:
+        return None
+    if server.process.poll() is not None or server.cwd != Path.cwd():
+        server.close()
+        _remove(folder)
+        return None
+    if server.move_log(log_path):
+        _remove(folder)
+    else:  # copied when the server closes, then removed
+        atexit.register(_remove, folder)
+    return server
+
+
+def _discard() -> None:
+    """Stop a warm fork server nobody took (a run refused after it started)."""
+    server, folder = _Warm.server, _Warm.folder
+    _Warm.server = _Warm.folder = None
+    if server is not None:
+        server.close()
+    _remove(folder)
+
+
+def _remove(folder: Path | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
