@@ -58,17 +58,18 @@ def _warm_agents(flags: Mapping[str, object], config: Path | None, scenario: str
     checks do (no torch); the full check may still refuse the run (the server stops then)."""
     from airgossip.cli.early import check_scenario_file
 
-    mode = flags.get("mode")
-    for source in (config, scenario):
-        if mode is None and source is not None:
-            found = (check_scenario_file(source) if isinstance(source, Path)
-                     else scenario_base(source)).get("mode")  # fmt: skip
-            mode = found
-    if (mode or "process") != "process":
+    settings: list[Mapping[str, object]] = [flags]
+    if config is not None:
+        settings.append(check_scenario_file(config))
+    if scenario is not None:
+        settings.append(scenario_base(scenario))
+    mode = next((s["mode"] for s in settings if "mode" in s), "process")
+    if mode != "process":
         return
     from airgossip.emulation.fleets.agent_server import warm_fork_server
 
-    warm_fork_server(label=str(out_dir))
+    wireless = any("wireless" in s for s in settings)
+    warm_fork_server(label=str(out_dir), wireless=wireless)
 
 
 def _out_in(config: Path | None) -> Path | None:
@@ -190,6 +191,8 @@ def run(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
         loss=loss, seed=seed, mode=mode, device=device, compression=compression,
     )  # fmt: skip
+    planned_out = out or _out_in(config) or default_out()
+    _warm_agents(overrides, config, scenario, planned_out)
     # Everything the flags alone can say is wrong is said before torch is imported.
     from airgossip.cli.early import check_flags, check_port, check_run, check_scenario
 
@@ -206,8 +209,6 @@ def run(
             fail(f"--ray-address: {problem}")
     check_scenario(scenario)
     check_run(overrides, config, wireless=scenario is not None, app=flower_app is not None)
-    planned_out = out or _out_in(config) or default_out()
-    _warm_agents(overrides, config, scenario, planned_out)
 
     from airgossip.scenario.config import ConfigError, load_config
 

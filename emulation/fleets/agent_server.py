@@ -35,13 +35,21 @@ AGENT_MODULE = "airgossip.emulation.agent"
 AGENT_PRELOAD = (
     "airgossip.node.process",
     "airgossip.emulation.networks.static",
-    "airgossip.emulation.networks.wireless",
     "airgossip.emulation.networks.kernel.agent",
     *dict.fromkeys(ALGORITHMS.target(name).partition(":")[0] for name in ALGORITHMS),
     *dict.fromkeys(
         BUILTIN_TASKS.target(name).partition(":")[0] for name in BUILTIN_TASKS if name != "flower"
     ),
 )
+#: What the agents of a wireless run import besides (the channel model and SciPy: about
+#: 0.3 s of the server's start, which a static run does without).
+WIRELESS_PRELOAD = ("airgossip.emulation.networks.wireless",)
+
+
+def agent_preload(*, wireless: bool) -> tuple[str, ...]:
+    """The fork server's imports for agents of a wireless run, or of a static one."""
+    return (*AGENT_PRELOAD, *WIRELESS_PRELOAD) if wireless else AGENT_PRELOAD
+
 
 #: The file a fork server's log has in a run's folder.
 LOG_NAME = "forkserver.log"
@@ -53,12 +61,13 @@ def agent_environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def start_fork_server(log_path: Path, label: str) -> ForkServer:
-    """A fork server for agent processes on this machine, its log at ``log_path``, ``label``
-    (the run's folder) on its command line."""
+def start_fork_server(log_path: Path, label: str, *, wireless: bool) -> ForkServer:
+    """A fork server for agent processes on this machine (of a ``wireless`` run or not), its
+    log at ``log_path``, ``label`` (the run's folder) on its command line."""
     return ForkServer(
-        AGENT_PRELOAD, env=agent_environment(), log_path=log_path, cwd=Path.cwd(), label=label
-    )
+        agent_preload(wireless=wireless), env=agent_environment(), log_path=log_path,
+        cwd=Path.cwd(), label=label,
+    )  # fmt: skip
 
 
 class _Warm:
@@ -66,29 +75,33 @@ class _Warm:
 
     server: ForkServer | None = None
     folder: Path | None = None
+    wireless = False
 
 
-def warm_fork_server(label: str) -> None:
+def warm_fork_server(label: str, *, wireless: bool) -> None:
     """Start the fork server of a process fleet about to run here (``label``: its run's
-    folder), unless one is already warm; its log waits in a private temporary folder."""
+    folder; ``wireless``: its links are), unless one is already warm; its log waits in a
+    private temporary folder."""
     server = _Warm.server
-    if server is not None and server.process.poll() is None:
+    if server is not None and server.process.poll() is None and _Warm.wireless == wireless:
         return
     _discard()
     folder = Path(tempfile.mkdtemp(prefix="airgossip-forkserver-"))  # 0700
-    _Warm.folder = folder
-    _Warm.server = start_fork_server(folder / LOG_NAME, label)
+    _Warm.folder, _Warm.wireless = folder, wireless
+    _Warm.server = start_fork_server(folder / LOG_NAME, label, wireless=wireless)
     atexit.register(_discard)
 
 
-def take_warm_fork_server(log_path: Path) -> ForkServer | None:
+def take_warm_fork_server(log_path: Path, *, wireless: bool) -> ForkServer | None:
     """The warm fork server, now the caller's, its log moved to ``log_path``; None where none
-    was started or it is gone (the caller starts its own)."""
+    was started, it is gone, or it did not preload a ``wireless`` run's modules (the caller
+    starts its own)."""
     server, folder = _Warm.server, _Warm.folder
     _Warm.server = _Warm.folder = None
     if server is None:
         return None
-    if server.process.poll() is not None or server.cwd != Path.cwd():
+    if (server.process.poll() is not None or server.cwd != Path.cwd()
+            or (wireless and not _Warm.wireless)):  # fmt: skip
         server.close()
         _remove(folder)
         return None

@@ -14,8 +14,9 @@ Agents without a command prefix are forked by a
 the agent's modules once and forks every agent, instead of every agent paying those imports on its
 own (three quarters of an agent's start-up); the command line starts that server ahead of the
 run, so that its imports run beside the launcher's own checks
-(:mod:`~airgossip.emulation.fleets.agent_server`). An agent whose command is wrapped (``ip netns exec``)
-is started as a process of its own, as is every agent where ``fork`` is not available.
+(:mod:`~airgossip.emulation.fleets.agent_server`). An agent whose command is wrapped
+(``ip netns exec``) is started as a process of its own, as is every agent where ``fork`` is
+not available.
 
 Unless the run is ``insecure``, the group issues the run's throwaway credentials
 (:meth:`~airgossip.node.folder.RunFolder.issue_credentials`: the authority's key never
@@ -282,8 +283,12 @@ class AgentProcesses:
     def _start_fork_server(self) -> ForkServer:
         private_folder(self.folder.path)
         log_path = self.folder.path / LOG_NAME
-        warm = take_warm_fork_server(log_path)  # started by the command line, ahead of the run
-        return warm if warm is not None else start_fork_server(log_path, str(self.folder.path))
+        wireless = self.config.network_kind == "wireless"
+        # started by the command line, ahead of the run
+        warm = take_warm_fork_server(log_path, wireless=wireless)
+        if warm is not None:
+            return warm
+        return start_fork_server(log_path, str(self.folder.path), wireless=wireless)
 
     def _poll(self) -> None:
         for agent in self.agents:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from airgossip.common.security.private_files import private_folder, write_private
-from airgossip.emulation.fleets.agent_server import AGENT_MODULE, AGENT_PRELOAD, agent_environment
+from airgossip.emulation.fleets.agent_server import AGENT_MODULE, agent_environment, agent_preload
 from airgossip.emulation.fleets.forkserver import ForkedChild, ForkServer
 from airgossip.node.command import AgentCommand
 from airgossip.node.ray_agent import (
@@ -167,7 +167,8 @@ class RayAgentHost:
         threads = self.spec.agents[0].threads
         try:
             self.server = ForkServer(
-                AGENT_PRELOAD, env={**agent_environment(), "OMP_NUM_THREADS": str(threads)},
+                agent_preload(wireless=True),
+                env={**agent_environment(), "OMP_NUM_THREADS": str(threads)},
                 log_path=self.home / "forkserver.log", cwd=self.home, label=self.spec.host_id,
             )  # fmt: skip
             for hosted in self.agents.values():

@@ -182,23 +182,24 @@ def test_an_agent_that_fails_is_reported_with_its_error(tmp_path: Path) -> None:
 def test_a_warm_server_is_taken_over_with_its_log(tmp_path: Path) -> None:
     from airgossip.emulation.fleets import agent_server
 
-    agent_server.warm_fork_server(label=str(tmp_path))
+    agent_server.warm_fork_server(label=str(tmp_path), wireless=False)
     warm = agent_server._Warm.server
     assert warm is not None and warm.process.poll() is None
     temporary = warm.log_path.parent
     assert temporary.name.startswith("airgossip-forkserver-")
     assert temporary.stat().st_mode & 0o777 == 0o700
-    agent_server.warm_fork_server(label=str(tmp_path))  # one is warm: no second
+    agent_server.warm_fork_server(label=str(tmp_path), wireless=False)  # one is warm: no second
     assert agent_server._Warm.server is warm
     log = tmp_path / "forkserver.log"
-    taken = agent_server.take_warm_fork_server(log)
+    taken = agent_server.take_warm_fork_server(log, wireless=False)
     try:
         assert taken is warm and taken.log_path == log
         assert not temporary.exists()
-        assert agent_server.take_warm_fork_server(log) is None  # taken once
+        assert agent_server.take_warm_fork_server(log, wireless=False) is None  # taken once
         child = taken.spawn("json.tool", ["--help"], log_path=tmp_path / "child.log", cwd=tmp_path)
         assert child.wait(timeout=120) == 0
-        assert "imported" in log.read_text()  # the server's line, in the moved log
+        line = log.read_text()  # the server's own line, in the moved log
+        assert "imported" in line and "networks.wireless" not in line  # a static run's
     finally:
         if taken is not None:
             taken.close()
@@ -243,3 +244,14 @@ def test_the_command_line_starts_the_fork_server_ahead_and_leaves_nothing(
         assert result.returncode == 0, result.stderr
         assert "imported" in (out / "forkserver.log").read_text()
         assert (out / "forkserver.log").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_static_runs_warm_server_is_not_taken_for_a_wireless_run(tmp_path: Path) -> None:
+    from airgossip.emulation.fleets import agent_server
+
+    agent_server.warm_fork_server(label=str(tmp_path), wireless=False)
+    warm = agent_server._Warm.server
+    assert warm is not None
+    assert agent_server.take_warm_fork_server(tmp_path / "f.log", wireless=True) is None
+    assert warm.process.poll() is not None  # stopped, not left behind
+    assert agent_server._Warm.server is None
