@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +75,12 @@ def python_of(root: Path, name: str) -> Path:
 def works(python: Path, recipe: Recipe) -> bool:
     if not python.exists():
         return False
-    done = subprocess.run(
-        [str(python), "-c", recipe.check], capture_output=True, timeout=300, check=False
-    )
+    # in a folder of its own: importing p2pfl writes logs/run-N.log into the working folder
+    with tempfile.TemporaryDirectory(prefix="airgossip-venv-check-") as folder:
+        done = subprocess.run(
+            [str(python), "-c", recipe.check], capture_output=True, timeout=300, check=False,
+            cwd=folder,
+        )  # fmt: skip
     return done.returncode == 0
 
 
