@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -55,6 +56,11 @@ def agent_preload(*, wireless: bool) -> tuple[str, ...]:
 LOG_NAME = "forkserver.log"
 
 
+def can_fork() -> bool:
+    """Whether agents here are forked from a fork server (Linux, where ``fork`` exists)."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
 def agent_environment() -> dict[str, str]:
     """The environment of every agent process: one torch thread each (read when torch is
     imported, so the fork server is started with it too), unbuffered output to its log."""
@@ -81,7 +87,9 @@ class _Warm:
 def warm_fork_server(label: str, *, wireless: bool) -> None:
     """Start the fork server of a process fleet about to run here (``label``: its run's
     folder; ``wireless``: its links are), unless one is already warm; its log waits in a
-    private temporary folder."""
+    private temporary folder. Nothing where agents are not forked (:func:`can_fork`)."""
+    if not can_fork():
+        return
     server = _Warm.server
     if server is not None and server.process.poll() is None and _Warm.wireless == wireless:
         return

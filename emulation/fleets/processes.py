@@ -48,6 +48,7 @@ from airgossip.emulation.fleets.agent_server import (
     AGENT_MODULE,
     LOG_NAME,
     agent_environment,
+    can_fork,
     start_fork_server,
     take_warm_fork_server,
 )
@@ -196,7 +197,7 @@ class AgentProcesses:
         self.host = host or AgentHost()
         self.fork_server: ForkServer | None = None
         if fork_server is None:  # agents on this machine, where it can fork
-            fork_server = host is None and sys.platform.startswith("linux") and hasattr(os, "fork")
+            fork_server = host is None and can_fork()
         if fork_server:
             # Started first: its imports run while this process makes the certificates and
             # the fleet starts its coordinator.
