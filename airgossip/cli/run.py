@@ -21,6 +21,7 @@ from airgossip.cli.display import (
 )
 from airgossip.cli.flower import contain_flower, flower_overrides, with_flower_rounds
 from airgossip.cli.scenario import default_out, flag_overrides, scenario_base
+from airgossip.scenario.modes.ray import RaySettings, ray_address_problem
 
 if TYPE_CHECKING:
     from airgossip.scenario.config import RunConfig
@@ -36,18 +37,17 @@ def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
     if flag is not None and cfg.mode != "ray":
         fail(f"--ray-address needs --mode ray, not {cfg.mode}")
     address = flag
-    if address is None and cfg.mode == "ray" and cfg.ray.address is None:
+    settings = cfg.mode_settings(RaySettings)
+    if address is None and cfg.mode == "ray" and settings.address is None:
         from_env = os.environ.get("RAY_ADDRESS", "").strip()
         if from_env:
-            from airgossip.scenario.config import ray_address_problem
-
             problem = ray_address_problem(from_env)
             if problem is not None:
                 fail(f"RAY_ADDRESS: {problem}")
             address = from_env
     if address is None:
         return cfg
-    return cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": address})})
+    return cfg.with_mode_settings(settings.model_copy(update={"address": address}))
 
 
 def _warm_agents(flags: Mapping[str, object], config: Path | None, scenario: str | None,
@@ -202,8 +202,6 @@ def run(
         fail("give either --task or --flower-app, not both")
     check_flags(overrides, config)
     if ray_address is not None:
-        from airgossip.scenario.config import ray_address_problem
-
         problem = ray_address_problem(ray_address)
         if problem is not None:
             fail(f"--ray-address: {problem}")

@@ -31,17 +31,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
+    SerializationInfo,
+    SerializeAsAny,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from airgossip.common.topology import TOPOLOGIES, SwitchingSettings
 from airgossip.edge.settings import AgentSettings, TaskSettings
@@ -50,7 +55,10 @@ from airgossip.scenario.errors import format_validation_error
 from airgossip.scenario.files import Settings as Settings
 from airgossip.scenario.files import merge as merge
 from airgossip.scenario.files import read_scenario as read_scenario
+from airgossip.scenario.modes import MODE_TABLES, ModeSettings
 from airgossip.scenario.wireless import WirelessSettings
+
+M = TypeVar("M", bound=ModeSettings)
 
 #: Message loss a run that emulates every link on one machine (``airgossip run``) applies when
 #: its scenario says nothing: a lossy network is what the emulator is for.
@@ -72,24 +80,6 @@ class NetworkSettings(BaseModel):
     bandwidth_mbps: float = Field(0.0, ge=0, description="0 means unlimited")
 
 
-class ContainerSettings(BaseModel):
-    """``[containers]``: how ``mode = "containers"`` runs its agents."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: str = Field(
-        "airgossip:latest",
-        min_length=1,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
-        description="the agent image (docker-compose build, or deploy/docker/build)",
-    )
-    net_admin: bool = Field(
-        True,
-        description="give agents NET_ADMIN so each shapes its links in the kernel (without "
-        "it they shape them in the agent)",
-    )
-
-
 class TransportSettings(BaseModel):
     """``[transport]``: how agents with real gRPC (every mode but inproc and virtual) move
     their payloads."""
@@ -106,73 +96,6 @@ class TransportSettings(BaseModel):
         "over mutual TLS: where the bulk path pays); 0: every payload over the call, no data "
         "port",
     )
-
-
-def ray_address_problem(address: str) -> str | None:
-    """What is wrong with a Ray address (``[ray] address``, ``--ray-address``,
-    ``RAY_ADDRESS``), in one line, or None: ``auto``, ``local``, ``host:port`` or
-    ``ray://host:port`` (torch-free: the CLI asks before anything heavy is imported)."""
-    if address in ("auto", "local"):
-        return None
-    rest = address.removeprefix("ray://")
-    host, colon, port = rest.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")  # [::1]:6379
-    if (
-        colon
-        and host
-        and not any(c.isspace() or c in "/@?#" for c in host)
-        and port.isdigit()
-        and 1 <= int(port) <= 65535
-    ):
-        return None
-    return (
-        f"bad Ray address '{address}': give auto, local, host:port or ray://host:port "
-        "(port 1..65535)"
-    )
-
-
-class RaySettings(BaseModel):
-    """``[ray]``: where and how ``mode = "ray"`` runs its agents as Ray actors."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    address: str | None = Field(
-        None,
-        min_length=1,
-        description="the cluster to join: 'auto', 'ray://host:port' or 'host:port' ('local' "
-        "or none: start a local Ray on loopback); --ray-address and RAY_ADDRESS set it too",
-    )
-    num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs Ray reserves per agent")
-    num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs Ray reserves per agent")
-    agents_per_host: int | None = Field(
-        None,
-        ge=1,
-        le=100_000,
-        description="agents one host actor forks from its one import of torch (none: the "
-        "fleet split evenly over the cluster's nodes, one host each)",
-    )
-    placement: Literal["spread", "strict-spread", "pack"] = Field(
-        "spread",
-        description="spread the agents over the nodes, one agent per node (strict-spread), "
-        "or pack them onto few",
-    )
-    max_restarts: int = Field(
-        3, ge=-1, description="restarts of an agent's actor whose node died (-1: no limit)"
-    )
-    checkpoints: Path | None = Field(
-        None,
-        description="a folder on storage every node shares for the agents' checkpoints "
-        "(none: shipped to a checkpoint store actor beside the driver)",
-    )
-    checkpoint_interval_s: float = Field(5.0, gt=0, le=3600)
-
-    @field_validator("address")
-    @classmethod
-    def _known_address(cls, address: str | None) -> str | None:
-        problem = ray_address_problem(address) if address is not None else None
-        if problem is not None:
-            raise ValueError(problem)
-        return address
 
 
 class RunConfig(AgentSettings):
@@ -194,10 +117,69 @@ class RunConfig(AgentSettings):
     switching: SwitchingSettings | None = Field(
         None, description="change the gossip graph during the run (its first graph is the topology)"
     )
-    containers: ContainerSettings = Field(default_factory=ContainerSettings)
-    ray: RaySettings = Field(default_factory=RaySettings)
+    #: The fleet modes' own tables (``[ray]``, ``[containers]``: :mod:`airgossip.scenario.modes`)
+    #: by name; written at the top level, as a scenario has them.
+    modes: dict[str, SerializeAsAny[ModeSettings]] = Field(
+        default_factory=lambda: {name: MODE_TABLES[name]() for name in MODE_TABLES}
+    )
     transport: TransportSettings = Field(default_factory=TransportSettings)
     out: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_mode_tables(cls, data: Any) -> Any:
+        """A scenario's mode tables (``[ray]``) into ``modes``, where they are validated."""
+        if not isinstance(data, dict) or not any(key in MODE_TABLES for key in data):
+            return data
+        tables = {key: value for key, value in data.items() if key in MODE_TABLES}
+        rest = {key: value for key, value in data.items() if key not in MODE_TABLES}
+        modes = rest.get("modes")
+        return {**rest, "modes": {**(modes if isinstance(modes, dict) else {}), **tables}}
+
+    @field_validator("modes", mode="before")
+    @classmethod
+    def _declared_tables(cls, value: Any) -> dict[str, ModeSettings]:
+        if not isinstance(value, dict):
+            raise ValueError("mode tables must be tables")
+        tables: dict[str, ModeSettings] = {}
+        for name, table in value.items():
+            if name not in MODE_TABLES:
+                raise ValueError(MODE_TABLES.unknown(name))
+            model = MODE_TABLES[name]
+            try:
+                tables[name] = table if isinstance(table, model) else model.model_validate(table)
+            except ValidationError as err:
+                raise PydanticCustomError(
+                    "mode_table",
+                    "{problems}",
+                    {"problems": format_validation_error(err, within=name)},
+                ) from None
+        # every declared table, its defaults where none was given: a run read back from its
+        # config.json equals the run
+        return {name: tables.get(name) or MODE_TABLES[name]() for name in MODE_TABLES}
+
+    @model_serializer(mode="wrap")
+    def _tables_at_top(self, handler: SerializerFunctionWrapHandler,
+                       info: SerializationInfo) -> dict[str, Any]:  # fmt: skip
+        """Each mode's table at the top level, as a scenario writes it (a table left empty by
+        leaving defaults out is not written)."""
+        data: dict[str, Any] = handler(self)
+        if "modes" not in data:  # left out (included fields, or defaults excluded)
+            return data
+        for name, table in data.pop("modes").items():
+            if table or not info.exclude_defaults:
+                data[name] = table
+        return data
+
+    def mode_settings(self, model: type[M]) -> M:
+        """The run's ``model`` table (a mode's settings), its defaults where the scenario has
+        none."""
+        table = self.modes.get(model.table)
+        return table if isinstance(table, model) else model()
+
+    def with_mode_settings(self, table: ModeSettings) -> RunConfig:
+        """This run with ``table`` in place of its mode table of that name."""
+        return self.model_copy(update={"modes": {**self.modes, table.table: table}})
 
     @field_validator("topology")
     @classmethod
@@ -267,11 +249,16 @@ KeyTree = dict[str, "KeyTree | None"]
 
 
 def setting_keys(model: type[BaseModel] = RunConfig) -> KeyTree:
-    """The keys ``model`` accepts, its closed tables (``extra="forbid"``) walked down.
+    """The keys ``model`` accepts, its closed tables (``extra="forbid"``) walked down; a
+    run's mode tables by their own names.
 
     The CLI refuses a misspelled key with it before torch is imported (this module imports
     neither torch nor SciPy)."""
-    return {name: _field_keys(field.annotation) for name, field in model.model_fields.items()}
+    keys = {name: _field_keys(field.annotation) for name, field in model.model_fields.items()}
+    if issubclass(model, RunConfig):
+        del keys["modes"]
+        keys.update({name: setting_keys(MODE_TABLES[name]) for name in MODE_TABLES})
+    return keys
 
 
 def _field_keys(annotation: Any) -> KeyTree | None:

@@ -17,13 +17,17 @@ def unknown_setting(where: str) -> str:
     return f"unknown setting '{where}'"
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """Every problem of ``err`` on one line: ``where: what`` joined by ``; ``."""
+def format_validation_error(err: ValidationError, *, within: str = "") -> str:
+    """Every problem of ``err`` on one line: ``where: what`` joined by ``; ``; ``within``: the
+    table ``err`` is of (its name leads every ``where``)."""
     problems = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "config"
+        where = ".".join(str(p) for p in ([within] if within else []) + list(e["loc"]))
+        where = where or "config"
         message = str(e["msg"]).removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "mode_table":  # a mode's table, already said table by table
+            problems.append(message)
+        elif e["type"] == "extra_forbidden":
             problems.append(unknown_setting(where))
         elif e["type"] in ("literal_error",):
             problems.append(f"{where}: {message}, got {e.get('input')!r}")

@@ -22,6 +22,7 @@ import numpy as np
 from airgossip.edge.observability.stats import Counters, RoundRecord
 from airgossip.emulation.networks import LinkRuntime, Network
 from airgossip.scenario.config import RunConfig
+from airgossip.scenario.modes import ModeSettings
 
 
 class FleetError(RuntimeError):
@@ -162,6 +163,10 @@ class Fleet(ABC):
     #: The kernel shapes the agents' links (tc, iptables): loss drops packets, which TCP
     #: resends, so agents wait longer for their sends by default.
     links_in_kernel: ClassVar[bool] = False
+    #: The mode's own settings table (:mod:`airgossip.scenario.modes`, the same model its
+    #: ``MODE_TABLES`` line names), which it reads with ``config.mode_settings(settings)``;
+    #: None: the mode has none.
+    settings_model: ClassVar[type[ModeSettings] | None] = None
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
         self.config = config

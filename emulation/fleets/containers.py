@@ -39,6 +39,7 @@ from airgossip.emulation.networks import Network
 from airgossip.emulation.networks.kernel import AgentKernelReport, ContainerKernelReport
 from airgossip.node.command import AgentCommand
 from airgossip.scenario.config import RunConfig
+from airgossip.scenario.modes.containers import ContainerSettings
 
 #: Where an agent container sees the run's folder, its own certificates, and its working
 #: directory (the image's).
@@ -139,6 +140,7 @@ class ContainerFleet(AgentProcessFleet):
     mode = "containers"
     links_in_kernel = True
     serves_metrics = True
+    settings_model = ContainerSettings
     # The image's Python runs the agent module; the run's folder and each agent's own
     # credentials are mounted where it sees them.
     host = AgentHost(
@@ -148,7 +150,7 @@ class ContainerFleet(AgentProcessFleet):
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
         super().__init__(config, network, launch)
-        self.settings = config.containers
+        self.settings = config.mode_settings(ContainerSettings)
         self.engine = DockerEngine()
         self.tag = uuid.uuid4().hex[:10]
         self._made_network = False
@@ -159,7 +161,7 @@ class ContainerFleet(AgentProcessFleet):
     def refuse(cls, config: RunConfig, network: Network) -> str | None:
         if not 1 <= config.agents <= 250:
             return f"mode 'containers' runs 1 to 250 agents, not {config.agents}"
-        reason = DockerEngine().unavailable(config.containers.image)
+        reason = DockerEngine().unavailable(config.mode_settings(ContainerSettings).image)
         return None if reason is None else f"mode 'containers': {reason}"
 
     def _mounts(self, agent_id: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from airgossip.emulation.fleets.base import FleetError
 from airgossip.emulation.fleets.ray_host import RayAgentHost, RayHostSpec
 from airgossip.node.ray_agent import CheckpointKeeper
-from airgossip.scenario.config import RaySettings
+from airgossip.scenario.modes.ray import RaySettings
 
 K = TypeVar("K")
 

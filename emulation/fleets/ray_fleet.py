@@ -52,6 +52,7 @@ from airgossip.emulation.networks import LinkRuntime, Network
 from airgossip.node.folder import RunFolder
 from airgossip.node.ray_agent import RayAgentSpec, RayAgentState
 from airgossip.scenario.config import RunConfig
+from airgossip.scenario.modes.ray import RaySettings
 
 #: What to install for this mode, said in one line where Ray is missing.
 INSTALL_HINT = "mode 'ray' needs Ray: pip install 'airgossip[ray]'"
@@ -74,12 +75,13 @@ class RayFleet(Fleet):
 
     mode = "ray"
     serves_metrics = True
+    settings_model = RaySettings
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
         super().__init__(config, network, launch)
         self.launch: Launch = launch
         self.folder = RunFolder(launch.out_dir.resolve())
-        self.settings = config.ray
+        self.settings = config.mode_settings(RaySettings)
         self.ids = agent_ids(config.agents)
         self.coordinator: CoordinatorServer | None = None
         self.cluster: RayCluster | None = None

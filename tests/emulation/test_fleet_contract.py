@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from pydantic import Field
 
 from airgossip.common.identity import agent_ids
 from airgossip.edge.agent import build_agent
@@ -19,7 +20,14 @@ from airgossip.emulation.fleets.base import Fleet, group_records, refuse_round_d
 from airgossip.emulation.fleets.namespaces import write_peers
 from airgossip.emulation.networks import LinkRuntime, Network
 from airgossip.node.command import AgentCommand
-from airgossip.scenario.config import ConfigError, RunConfig, load_config, read_scenario
+from airgossip.scenario.config import (
+    ConfigError,
+    RunConfig,
+    load_config,
+    read_scenario,
+    scenario_toml,
+)
+from airgossip.scenario.modes import MODE_TABLES, ModeSettings
 from airgossip.scenario.wireless import scenario_path
 from tests.support.processes import free_port
 
@@ -31,6 +39,8 @@ class ReversedLockStep(Fleet):
     mode = "reversed"
     summary = "lock step, agents in reverse order (a test mode)"
     in_process = True
+    #: The order agents run in within a round.
+    step = -1
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch) -> None:
         super().__init__(config, network, launch)
@@ -48,8 +58,8 @@ class ReversedLockStep(Fleet):
                         settings=config.agent_settings(), stats=links.sink(self.sink),
                         transport=InMemoryTransport(memory, agent_id, shaper=links.shaper))
             for i, agent_id in enumerate(agent_ids(config.agents))
-        ][::-1]  # fmt: skip
-        assignments = links.assignments(0.0, {a.agent_id: a.start() for a in agents[::-1]})
+        ][:: self.step]  # fmt: skip
+        assignments = links.assignments(0.0, {a.agent_id: a.start() for a in agents[:: self.step]})
         for agent in agents:
             agent.set_assignment(assignments[agent.agent_id])
             agent.begin()
@@ -75,6 +85,23 @@ class ReversedLockStep(Fleet):
     @property
     def runtime(self) -> LinkRuntime | None:
         return self._runtime
+
+
+class EveryOther(ModeSettings):
+    """A test mode's own table: ``[reversed]``."""
+
+    table: ClassVar[str] = "reversed"
+    forward: bool = Field(False, description="run the agents first to last after all")
+
+
+class ReversedWithSettings(ReversedLockStep):
+    """:class:`ReversedLockStep` with a settings table of its own."""
+
+    settings_model = EveryOther
+
+    def run(self) -> None:
+        self.step = 1 if self.config.mode_settings(EveryOther).forward else -1
+        super().run()
 
 
 class LoopbackPeers(AgentProcessFleet):
@@ -117,6 +144,34 @@ def test_a_new_mode_is_one_class_and_one_registry_line(
     # not change what lock step computes.
     inproc = run_fleet(load_config(None, {**settings, "mode": "inproc"}), tmp_path / "i")
     assert inproc.final.relative_error == pytest.approx(results["final"]["relative_error"])
+
+
+def test_a_mode_with_a_table_adds_its_model_and_one_line_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(FLEETS, "reversed", ReversedWithSettings)
+    monkeypatch.setitem(MODE_TABLES, "reversed", EveryOther)  # the table's line
+    settings: dict[str, Any] = {"agents": 4, "rounds": 5, "task": {"name": "consensus"},
+                                "mode": "reversed"}  # fmt: skip
+    scenario = tmp_path / "run.toml"
+    scenario.write_text('mode = "reversed"\n[reversed]\nforward = true\n')
+    config = load_config(scenario, {"agents": 4, "rounds": 5, "task": {"name": "consensus"}})
+    assert config.mode_settings(EveryOther).forward
+    assert not load_config(None, settings).mode_settings(EveryOther).forward  # its default
+    with pytest.raises(ConfigError, match=r"unknown setting 'reversed\.forwards'"):
+        load_config(None, {**settings, "reversed": {"forwards": True}})
+    results = run_fleet(config, tmp_path / "out").to_json()
+    assert results["config"]["reversed"] == {"forward": True}  # written as the scenario had it
+    assert results["final"]["complete"]
+    assert "[reversed]\nforward = true" in scenario_toml(config)
+
+
+def test_every_mode_table_is_its_modes_and_no_other_table_is_taken() -> None:
+    tables = {m: FLEETS[m].settings_model for m in FLEETS if FLEETS[m].settings_model}
+    assert tables == {name: MODE_TABLES[name] for name in MODE_TABLES}
+    assert set(tables) == {"containers", "ray"}
+    with pytest.raises(ConfigError, match=r"unknown setting 'netwrok'"):
+        load_config(None, {"netwrok": {"loss": 0.1}})
 
 
 @pytest.mark.parametrize(

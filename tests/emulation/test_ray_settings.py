@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from airgossip.cli import app
 from airgossip.emulation.fleets import FLEETS, preflight, ray_fleet
 from airgossip.scenario.config import ConfigError, load_config
+from airgossip.scenario.modes.ray import RaySettings
 
 
 def test_ray_table_is_read_with_defaults_for_what_it_omits(tmp_path: Path) -> None:
@@ -20,15 +21,15 @@ def test_ray_table_is_read_with_defaults_for_what_it_omits(tmp_path: Path) -> No
         'mode = "ray"\n[ray]\naddress = "auto"\nnum_cpus = 0.5\nplacement = "pack"\n'
         f'max_restarts = -1\ncheckpoints = "{tmp_path}"\n'
     )
-    settings = load_config(scenario).ray
+    settings = load_config(scenario).mode_settings(RaySettings)
     assert (settings.address, settings.num_cpus, settings.num_gpus) == ("auto", 0.5, 0.0)
     assert (settings.placement, settings.max_restarts) == ("pack", -1)
     assert settings.checkpoints == tmp_path
-    plain = load_config(None, {}).ray
+    plain = load_config(None, {}).mode_settings(RaySettings)
     assert (plain.address, plain.placement, plain.max_restarts, plain.checkpoints) == (
         None, "spread", 3, None,
     )  # fmt: skip
-    strict = load_config(None, {"ray": {"placement": "strict-spread"}}).ray
+    strict = load_config(None, {"ray": {"placement": "strict-spread"}}).mode_settings(RaySettings)
     assert strict.placement == "strict-spread"
     assert FLEETS["ray"] is ray_fleet.RayFleet and FLEETS["ray"].serves_metrics
 
@@ -67,7 +68,12 @@ def test_without_ray_the_mode_says_in_one_line_what_to_install(
     "address", ["auto", "local", "10.0.0.5:6379", "ray://head:10001", "[::1]:6379"]
 )
 def test_ray_addresses_ray_takes_are_taken(address: str) -> None:
-    assert load_config(None, {"mode": "ray", "ray": {"address": address}}).ray.address == address
+    assert (
+        load_config(None, {"mode": "ray", "ray": {"address": address}})
+        .mode_settings(RaySettings)
+        .address
+        == address
+    )
 
 
 @pytest.mark.parametrize("address", ["head", "head:0", "head:port", "http://head:80", ":6379"])
@@ -98,14 +104,18 @@ def test_the_ray_address_is_the_flag_then_the_scenario_then_ray_address(
     plain = load_config(None, {"mode": "ray"})
     scenario = load_config(None, {"mode": "ray", "ray": {"address": "ray://file:10001"}})
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert _with_ray_address(plain, None).ray.address is None  # a local Ray
+    assert _with_ray_address(plain, None).mode_settings(RaySettings).address is None  # a local Ray
     monkeypatch.setenv("RAY_ADDRESS", "env:6379")
-    assert _with_ray_address(plain, None).ray.address == "env:6379"
-    assert _with_ray_address(scenario, None).ray.address == "ray://file:10001"
-    assert _with_ray_address(scenario, "flag:6379").ray.address == "flag:6379"
-    assert _with_ray_address(plain, "local").ray.address == "local"
+    assert _with_ray_address(plain, None).mode_settings(RaySettings).address == "env:6379"
+    assert (
+        _with_ray_address(scenario, None).mode_settings(RaySettings).address == "ray://file:10001"
+    )
+    assert (
+        _with_ray_address(scenario, "flag:6379").mode_settings(RaySettings).address == "flag:6379"
+    )
+    assert _with_ray_address(plain, "local").mode_settings(RaySettings).address == "local"
     # Other modes leave Ray's variable alone.
-    assert _with_ray_address(load_config(None, {}), None).ray.address is None
+    assert _with_ray_address(load_config(None, {}), None).mode_settings(RaySettings).address is None
 
 
 def test_rays_pushed_messages_and_loggers_go_to_the_run_log(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pydantic import JsonValue
 from airgossip.emulation.fleets import FleetProgress, run_fleet
 from airgossip.emulation.fleets.ray_cluster import RayCluster
 from airgossip.scenario.config import ConfigError, load_config
+from airgossip.scenario.modes.ray import RaySettings
 from tests.system.ray_support import leftovers, ray_cluster
 
 AGENTS = 64
@@ -58,12 +59,12 @@ def test_hosts_split_the_fleet_as_evenly_as_whole_agents_go(
     agents: int, per_host: int, sizes: list[int]
 ) -> None:
     config = load_config(None, {"mode": "ray", "ray": {"agents_per_host": per_host}})
-    cluster = RayCluster(config.ray, agents, notice=print)
+    cluster = RayCluster(config.mode_settings(RaySettings), agents, notice=print)
     assert cluster.host_sizes() == sizes
     # A host reserves what its agents would: 0.05 CPU each, rounded as Ray rounds.
-    assert RayCluster(load_config(None, {"ray": {"num_cpus": 0.05}}).ray, 22, print).bundle(22) == {
-        "CPU": 1.1
-    }
+    assert RayCluster(
+        load_config(None, {"ray": {"num_cpus": 0.05}}).mode_settings(RaySettings), 22, print
+    ).bundle(22) == {"CPU": 1.1}
 
 
 @pytest.mark.slow

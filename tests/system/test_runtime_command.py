@@ -26,6 +26,7 @@ from airgossip.node.command import (
 from airgossip.node.folder import RunFolder
 from airgossip.node.options import agent_options
 from airgossip.scenario.config import ConfigError, load_config
+from airgossip.scenario.modes.containers import ContainerSettings
 
 
 def test_what_a_fleet_writes_is_what_the_agent_reads(tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_a_container_runs_the_agent_module_with_only_its_own_credentials(tmp_pat
     folder = RunFolder(tmp_path / "run")
     fleet = ContainerFleet(config, network_for(config), Launch(folder.path, folder.config_path))
     docker = fleet._docker_run("agent-1")
-    image = docker.index(config.containers.image)
+    image = docker.index(config.mode_settings(ContainerSettings).image)
     assert docker[image - 2 : image] == ["--entrypoint", ""] and docker[-1] == docker[image]
     mounts = [docker[i + 1] for i, arg in enumerate(docker) if arg == "--volume"]
     own = folder.credentials("agent-1")
