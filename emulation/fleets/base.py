@@ -164,8 +164,8 @@ class Fleet(ABC):
     #: resends, so agents wait longer for their sends by default.
     links_in_kernel: ClassVar[bool] = False
     #: The mode's own settings table (:mod:`airgossip.scenario.modes`, the same model its
-    #: ``MODE_TABLES`` line names), which it reads with ``config.mode_settings(settings)``;
-    #: None: the mode has none.
+    #: ``MODE_TABLES`` line names), which it reads with
+    #: ``config.mode_settings(settings_model)``; None: the mode has none.
     settings_model: ClassVar[type[ModeSettings] | None] = None
 
     def __init__(self, config: RunConfig, network: Network, launch: Launch | None = None) -> None:
