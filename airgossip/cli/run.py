@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
@@ -50,19 +50,13 @@ def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
     return cfg.with_mode_settings(settings.model_copy(update={"address": address}))
 
 
-def _warm_agents(flags: Mapping[str, object], config: Path | None, scenario: str | None,
-                 out_dir: Path) -> None:  # fmt: skip
+def _warm_agents(settings: Sequence[Mapping[str, object]], out_dir: Path) -> None:
     """Start the agents' fork server now where the run will be a process fleet on this
     machine: its imports (torch) then run beside this process's own checks instead of after
-    them (:mod:`airgossip.emulation.fleets.agent_server`). Reads the settings as the early
-    checks do (no torch); the full check may still refuse the run (the server stops then)."""
-    from airgossip.cli.early import check_scenario_file
-
-    settings: list[Mapping[str, object]] = [flags]
-    if config is not None:
-        settings.append(check_scenario_file(config))
-    if scenario is not None:
-        settings.append(scenario_base(scenario))
+    them (:mod:`airgossip.emulation.fleets.agent_server`). ``settings``: the flags, the
+    scenario file and the ``--scenario`` base as read before they are checked (no torch),
+    the first that names a mode winning; the full check may still refuse the run (the server
+    stops then)."""
     mode = next((s["mode"] for s in settings if "mode" in s), "process")
     if mode != "process":
         return
@@ -70,14 +64,6 @@ def _warm_agents(flags: Mapping[str, object], config: Path | None, scenario: str
 
     wireless = any("wireless" in s for s in settings)
     warm_fork_server(label=str(out_dir), wireless=wireless)
-
-
-def _out_in(config: Path | None) -> Path | None:
-    """The ``out`` a scenario file names, as read before it is checked."""
-    from airgossip.cli.early import check_scenario_file
-
-    found = check_scenario_file(config).get("out") if config is not None else None
-    return Path(found) if isinstance(found, str) else None
 
 
 def run(
@@ -191,11 +177,21 @@ def run(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
         loss=loss, seed=seed, mode=mode, device=device, compression=compression,
     )  # fmt: skip
-    planned_out = out or _out_in(config) or default_out()
-    _warm_agents(overrides, config, scenario, planned_out)
     # Everything the flags alone can say is wrong is said before torch is imported.
-    from airgossip.cli.early import check_flags, check_port, check_run, check_scenario
+    from airgossip.cli.early import (
+        check_flags,
+        check_port,
+        check_run,
+        check_scenario,
+        check_scenario_file,
+    )
 
+    check_scenario(scenario)
+    file_settings = check_scenario_file(config) if config is not None else {}
+    base = scenario_base(scenario) if scenario is not None else None
+    named_out = file_settings.get("out")
+    out_dir = out or (Path(named_out) if isinstance(named_out, str) else None) or default_out()
+    _warm_agents([overrides, file_settings, base or {}], out_dir)
     check_port("--coordinator-port", coordinator_port)
     check_port("--metrics-port", metrics_port, lowest=1)
     if flower_app is not None and task is not None:
@@ -205,7 +201,6 @@ def run(
         problem = ray_address_problem(ray_address)
         if problem is not None:
             fail(f"--ray-address: {problem}")
-    check_scenario(scenario)
     check_run(overrides, config, wireless=scenario is not None, app=flower_app is not None)
 
     from airgossip.scenario.config import ConfigError, load_config
@@ -216,7 +211,6 @@ def run(
     if flower:  # no --task with them (refused above)
         overrides["task"] = flower
     try:
-        base = scenario_base(scenario) if scenario is not None else None
         # A setting wrong on its own is refused here, before the fleets (and torch) load.
         cfg = with_flower_rounds(load_config(config, overrides, base=base), flower)
     except ConfigError as err:
@@ -232,7 +226,6 @@ def run(
 
     try:
         plan = preflight(cfg)
-        out_dir = out or cfg.out or planned_out
         refuse_used_out_dir(out_dir)
     except ConfigError as err:
         fail(str(err))
