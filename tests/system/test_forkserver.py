@@ -235,7 +235,8 @@ def test_the_command_line_starts_the_fork_server_ahead_and_leaves_nothing(
         stop.set()
         watcher.join()
     assert len(seen) == 1, seen  # the server was started ahead of the run, once
-    assert list(temporary.iterdir()) == []  # and its temporary folder is gone
+    # and its temporary folder is gone (other libraries may leave their own in TMPDIR)
+    assert list(temporary.glob("airgossip-forkserver-*")) == []
     assert wait_until_gone(str(out)) == []
     if refused:
         assert result.returncode == 2 and "CUDA" in result.stderr
