@@ -85,7 +85,9 @@ def flat(net: nn.Module) -> torch.Tensor:
 def load(net: nn.Module, vector: torch.Tensor) -> None:
     """Copy ``vector`` into ``net``'s parameters. (``vector_to_parameters`` would make them
     views of ``vector``: training would then change the vector itself, and the next model
-    loaded from it would start where this one ended.)"""
+    loaded from it would start where this one ended.) The agents' own is
+    ``airgossip.edge.tasks.base.load_flat``; this module runs in the peers' environments,
+    where airgossip is not installed."""
     with torch.no_grad():
         offset = 0
         for parameter in net.parameters():
