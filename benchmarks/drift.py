@@ -12,10 +12,10 @@ Per cell: the *bias*, the distance of the honest agents' average from the same a
 run without insiders, in units of the honest agents' initial spread (consensus: the largest
 distance of an honest starting vector from their exact average) or, on digits, the honest
 mean accuracy with the bias; the *bound* of docs/security.md computed from the run's drift
-guards (``drift_budget`` times each honest out-neighbour's reference, summed, over the honest
-agents); and the round at which the shipped drift rules would first name an insider
-(:func:`named`, on the scores of every round, lock step), with the count of honest agents
-they ever name (must be 0).
+guards (``drift_budget`` times each honest out-neighbour's reference, times the largest
+push-sum weight it held in the run, summed, over the honest agents); and the round at which
+the shipped drift rules would first name an insider (:func:`named`, on the scores of every
+round, lock step), with the count of honest agents they ever name (must be 0).
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ class Cell:
     honest_max_score: float
 
 
-def _watch(agents: list[Agent], trail: list[dict[tuple[str, str], float]]) -> None:
-    """Record every agent's drift scores after each of agent-0's mixes (lock step)."""
+def _watch(
+    agents: list[Agent], trail: list[dict[tuple[str, str], float]], weights: dict[str, float]
+) -> None:
+    """Record every agent's drift scores after each of agent-0's mixes (lock step), and in
+    ``weights`` the largest push-sum weight each agent held (from 1, the starting weight)."""
     first = agents[0].algorithm
     mix = first.mix
 
@@ -76,6 +79,9 @@ def _watch(agents: list[Agent], trail: list[dict[tuple[str, str], float]]) -> No
         mix()
         scores = {}
         for agent in agents:
+            y = getattr(agent.algorithm, "y", None)
+            if isinstance(y, float):
+                weights[agent.agent_id] = max(weights.get(agent.agent_id, 1.0), y)
             for peer, score in getattr(agent.algorithm, "drift_by_sender", {}).items():
                 scores[(agent.agent_id, peer)] = score
         trail.append(scores)
@@ -132,12 +138,13 @@ def run_cell(
         None if count == 0 else lambda g: place_insiders("slow-drift", count, g, SEED),
     )
     trail: list[dict[tuple[str, str], float]] = []
+    weights: dict[str, float] = {}
     armed = fleet.after_build
 
     def hook(agents: list[Agent]) -> None:
         if armed is not None:
             armed(agents)
-        _watch(agents, trail)
+        _watch(agents, trail, weights)
 
     fleet.after_build = hook
     fleet.run()
@@ -159,9 +166,10 @@ def run_cell(
             if guard is None:
                 continue
             norms = {s: float(c.norm()) for s, c in guard.net.items()}
+            weight = weights.get(fleet.agents[i].agent_id, 1.0)
             for liar in bad:
                 if liar in norms:
-                    total += guard.budget * guard.reference(liar, norms)
+                    total += weight * guard.budget * guard.reference(liar, norms)
         bound = total / len(honest) / (spread if task == "consensus" else 1.0)
     alert_round, honest_named, honest_max = None, set(), 0.0
     for r, scores in enumerate(trail, start=1):

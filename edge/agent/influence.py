@@ -30,9 +30,20 @@ increments apart until the mix, where it clips them) is measured by the payload 
 clip events (``clipped_by_sender``, counted at the mix) and, on algorithms with a drift
 budget, the sender's drift score (``drift_by_sender``, :mod:`airgossip.edge.algorithms.drift`) reach
 the observer with the sender's next message.
+
+Each message is also judged as it comes, against the receiver's other in-neighbours
+(:class:`OutlierOnsets`): when an in-neighbour's messages begin to move the agent over ten
+times as far as its other in-neighbours' typically do, the agent notes the time, by its own
+clock. A forgery reaches its victims first and honest agents that pass it on only later, so
+the onsets put a fleet's accusations in causal order (deploy/prometheus/alerts.yml).
 """
 
 from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -89,16 +100,88 @@ def _ratio(distance: float, own: torch.Tensor) -> float:
     return distance / max(float(torch.linalg.vector_norm(own)), TINY)
 
 
+#: A message is an outlier when its relative increment is over this many times the typical
+#: increment of the receiver's other in-neighbours (the median of their typical values)...
+ONSET_FACTOR = 10.0
+#: ... and over this much of the receiver's own norm (near consensus honest increments are
+#: tiny, and ten times tiny is no evidence).
+ONSET_FLOOR = 0.5
+#: Weight of each message in its sender's typical increment, a moving average of the
+#: logarithm: a forged message a thousand times the typical moves it by a factor of
+#: 1000 ** 0.1 = 2, and about twenty messages at a new level make that level the typical.
+TYPICAL_WEIGHT = 0.1
+#: Messages of an in-neighbour before its typical value judges the others' messages.
+TYPICAL_AFTER = 3
+#: Other in-neighbours with a typical value a judgement needs (with one, its typical value is
+#: the whole baseline).
+BASELINE_PEERS = 2
+#: An outlier episode ends this long after the last outlier message (seconds: the alert
+#: rules' one-minute window).
+EPISODE_S = 60.0
+#: Increments under this count as this much in the typical values (an exact consensus's zeros
+#: would otherwise pin the average at minus infinity).
+TYPICAL_FLOOR = 1e-12
+
+
+class OutlierOnsets:
+    """When each in-neighbour's current run of outlier messages began, by this agent's clock.
+
+    A message of ``sender`` is an outlier when its relative increment exceeds both
+    :data:`ONSET_FLOOR` and :data:`ONSET_FACTOR` times the median typical increment of the
+    agent's other in-neighbours (:data:`BASELINE_PEERS` of them or more, each with
+    :data:`TYPICAL_AFTER` messages or more). The first outlier starts an episode at the time of
+    ``clock``; it lasts until :data:`EPISODE_S` pass without one. The baseline is each peer's
+    moving average taken before the message, so the first forged message is judged against
+    honest values, before the forgery reaches the agent through anyone else.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._typical: dict[str, tuple[float, int]] = {}  # log typical increment, messages
+        self._onset: dict[str, float] = {}
+        self._last: dict[str, float] = {}  # time of the episode's latest outlier
+
+    def forget(self, peers: frozenset[str]) -> None:
+        """Keep the figures of ``peers`` only."""
+        for table in (self._typical, self._onset, self._last):
+            for peer in [p for p in table if p not in peers]:
+                del table[peer]
+
+    def observe(self, sender: str, increment: float) -> float:
+        """Judge one absorbed message of ``sender``; returns when its current episode began
+        (seconds of ``clock``), or 0.0 when it is in none."""
+        now = self.clock()
+        others = [v for p, (v, n) in self._typical.items() if p != sender and n >= TYPICAL_AFTER]
+        if len(others) >= BASELINE_PEERS:
+            baseline = math.exp(statistics.median(others))
+            if increment > ONSET_FLOOR and increment > ONSET_FACTOR * baseline:
+                self._onset.setdefault(sender, now)
+                self._last[sender] = now
+        if sender in self._onset and now - self._last[sender] > EPISODE_S:
+            del self._onset[sender], self._last[sender]
+        level = math.log(max(increment, TYPICAL_FLOOR))
+        typical, count = self._typical.get(sender, (level, 0))
+        self._typical[sender] = (typical + TYPICAL_WEIGHT * (level - typical), count + 1)
+        return self._onset.get(sender, 0.0)
+
+
 class InNeighbourWatch:
     """One agent's per-in-neighbour figures for its observer: the relative increment of each
-    absorbed message and the algorithm's clip events (``clipped_by_sender``, a counter per
-    sender, on algorithms that clip), for current in-neighbours only. Not thread-safe: the
+    absorbed message, when the sender's current run of outlier messages began
+    (:class:`OutlierOnsets`), and the algorithm's clip events (``clipped_by_sender``, a counter
+    per sender, on algorithms that clip), for current in-neighbours only. Not thread-safe: the
     agent calls it under its lock."""
 
-    def __init__(self, algorithm: GossipAlgorithm, observer: object | None) -> None:
+    def __init__(
+        self,
+        algorithm: GossipAlgorithm,
+        observer: object | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.algorithm = algorithm
         self.observer = observer
         self.in_neighbours: frozenset[str] = frozenset()
+        self.onsets = OutlierOnsets(clock)
         self._clips: dict[str, int] = {}  # clip events of each sender seen so far
 
     def set_in_neighbours(self, peers: frozenset[str]) -> None:
@@ -106,6 +189,7 @@ class InNeighbourWatch:
         observer with ``on_in_neighbours``)."""
         self.in_neighbours = peers
         self._clips = {p: n for p, n in self._clips.items() if p in peers}
+        self.onsets.forget(peers)
         forget = getattr(self.observer, "on_in_neighbours", None)
         if forget is not None:
             forget(peers)
@@ -122,9 +206,10 @@ class InNeighbourWatch:
         """The event of ``sender``'s accepted message (``absorbed``: it moved the state)."""
         if sender not in self.in_neighbours:
             return ReceiveEvent(True, sender, payload_bytes=payload_bytes)
-        increment = None
+        increment = onset = None
         if absorbed and (before is not None or not isinstance(self.algorithm, PushSumCore)):
             increment = relative_increment(self.algorithm, before, payload)
+            onset = self.onsets.observe(sender, increment)
         counts = getattr(self.algorithm, "clipped_by_sender", None)
         clipped = 0
         if counts is not None:
@@ -138,6 +223,7 @@ class InNeighbourWatch:
             sender,
             payload_bytes=payload_bytes,
             increment=increment,
+            onset=onset,
             clipped=clipped,
             drift=drift,
         )

@@ -138,6 +138,14 @@ class AgentMetrics:
             "(rate of _sum over rate of _count: the mean).",
             ["peer"], registry=r,
         )  # fmt: skip
+        self.in_onset = Gauge(
+            "airgossip_agent_in_neighbour_outlier_onset_seconds",
+            "When this agent began to find each in-neighbour's messages outliers (over ten "
+            "times its other in-neighbours' typical relative increment and over half its own "
+            "norm), in seconds since the epoch by its clock; present only while it does, and "
+            "for a minute after (airgossip.edge.agent.influence.OutlierOnsets).",
+            ["peer"], registry=r,
+        )  # fmt: skip
         self.in_refused = Counter(
             "airgossip_agent_in_neighbour_refused",
             "Messages of each in-neighbour refused, by reason.",
@@ -295,6 +303,11 @@ class AgentMetrics:
                 self._in_series.setdefault(peer, set())
                 self.in_absorbed.labels(peer).inc()
                 self.in_increment.labels(peer).observe(event.increment)
+            if event.onset:
+                self.in_onset.labels(peer).set(event.onset)
+            elif event.onset is not None:
+                with contextlib.suppress(KeyError):
+                    self.in_onset.remove(peer)
             if event.clipped:
                 self._in_series.setdefault(peer, set())
                 self.in_clipped.labels(peer).inc(event.clipped)
@@ -318,6 +331,7 @@ class AgentMetrics:
         for peer in [p for p in self._in_series if p not in peers]:
             for labels in self._in_series.pop(peer):
                 self.in_refused.remove(*labels)
-            for metric in (self.in_absorbed, self.in_increment, self.in_clipped, self.in_drift):
+            metrics = (self.in_absorbed, self.in_increment, self.in_onset, self.in_clipped)
+            for metric in (*metrics, self.in_drift):
                 with contextlib.suppress(KeyError):
                     metric.remove(peer)

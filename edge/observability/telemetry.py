@@ -126,6 +126,10 @@ class ReceiveEvent:
     #: For an absorbed message of a current in-neighbour: how far it moved the receiver
     #: (:mod:`airgossip.edge.agent.influence`); None otherwise.
     increment: float | None = None
+    #: With ``increment``: when the sender's current run of outlier messages began, in seconds
+    #: since the epoch by this agent's clock, 0.0 when it is in none
+    #: (:class:`~airgossip.edge.agent.influence.OutlierOnsets`); None otherwise.
+    onset: float | None = None
     #: Clip events of the sender's messages since its last event (algorithms that clip).
     clipped: int = 0
     #: The sender's drift score (:mod:`airgossip.edge.algorithms.drift`) on algorithms with a drift

@@ -1,5 +1,6 @@
-"""Per-in-neighbour statistics: the relative increment of absorbed messages, refusals charged
-to current in-neighbours only, clip events, and series forgotten when a peer departs."""
+"""Per-in-neighbour statistics: the relative increment of absorbed messages, the onset of an
+in-neighbour's outliers, refusals charged to current in-neighbours only, clip events, and
+series forgotten when a peer departs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from airgossip.edge.agent.influence import InNeighbourWatch, held, relative_increment
+from airgossip.edge.agent.influence import (
+    EPISODE_S,
+    TYPICAL_AFTER,
+    InNeighbourWatch,
+    OutlierOnsets,
+    held,
+    relative_increment,
+)
 from airgossip.edge.algorithms import DPSGD, PushSum
 from airgossip.edge.algorithms.base import Payload
 from airgossip.edge.algorithms.robust_push_sum import RobustPushSum
@@ -129,3 +137,81 @@ def test_robust_push_sum_is_measured_before_its_clipping_and_reports_its_clips()
     before = watch.before("c")
     event = watch.received("c", again, 32, algorithm.receive("c", again).absorbed, before)
     assert event.clipped == algorithm.clipped_by_sender["c"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_onsets_date_the_first_outlier_of_each_in_neighbour_and_end_a_minute_after_the_last() -> (
+    None
+):
+    clock = Clock()
+    onsets = OutlierOnsets(clock)
+    # Three in-neighbours moving the agent by 0.5 to 0.8 of its norm: no outlier, no onset.
+    for _ in range(TYPICAL_AFTER):
+        for peer, increment in (("a", 0.5), ("b", 0.6), ("c", 0.8)):
+            assert onsets.observe(peer, increment) == 0.0
+            clock.now += 0.1
+    # "a" forges: its first message is judged against b's and c's typical values (0.69).
+    forged_at = clock.now
+    assert onsets.observe("a", 1000.0) == forged_at
+    clock.now += 1
+    # "b" passes the forgery on a second later: judged against a's and c's typical values,
+    # which one forged message moved by a factor of 2 at most, it is an outlier from then.
+    assert onsets.observe("b", 300.0) == forged_at + 1
+    # The episode keeps its onset while the outliers go on, and for a minute after.
+    clock.now += 30
+    assert onsets.observe("a", 1000.0) == forged_at
+    clock.now += EPISODE_S - 1
+    assert onsets.observe("a", 0.5) == forged_at  # 59 s after its last outlier
+    clock.now += 2
+    assert onsets.observe("a", 0.5) == 0.0
+
+
+def test_onsets_need_two_other_in_neighbours_with_a_history_and_half_the_norm() -> None:
+    clock = Clock()
+    onsets = OutlierOnsets(clock)
+    for _ in range(TYPICAL_AFTER):
+        assert onsets.observe("b", 0.01) == 0.0
+    assert onsets.observe("a", 1000.0) == 0.0  # one other in-neighbour: no baseline
+    for _ in range(TYPICAL_AFTER - 1):
+        onsets.observe("c", 0.01)
+    assert onsets.observe("a", 1000.0) == 0.0  # c's history is too short yet
+    onsets.observe("c", 0.01)
+    assert onsets.observe("a", 0.4) == 0.0  # forty times the others, but under half the norm
+    assert onsets.observe("a", 0.6) == clock.now
+    onsets.forget(frozenset({"b", "c"}))  # "a" departed: its episode goes with it
+    assert onsets.observe("b", 0.01) == 0.0
+
+
+def test_the_watch_dates_outliers_and_metrics_keep_the_onset_while_it_lasts() -> None:
+    algorithm = DPSGD(X0.clone(), dtype=torch.float64)
+    clock = Clock()
+    watch = InNeighbourWatch(algorithm, object(), clock)
+    watch.set_in_neighbours(frozenset({"a", "b", "c"}))
+    metrics = AgentMetrics("agent-1")
+    events = []
+    for model in [X0 * 1.5] * TYPICAL_AFTER:
+        for peer in ("b", "c"):
+            events.append(watch.received(peer, Payload(model, {}, seq=1), 32, True, None))
+    forged = Payload(X0 * 1000, {}, seq=1)
+    events.append(watch.received("a", forged, 32, True, watch.before("a")))
+    assert events[-1].onset == clock.now and events[0].onset == 0.0
+    onset = "airgossip_agent_in_neighbour_outlier_onset_seconds"
+    for event in events:
+        metrics.on_receive(event)
+    assert sample(metrics, onset, peer="a") == clock.now
+    assert sample(metrics, onset, peer="b") is None
+    promtool_check(generate_latest(metrics.registry).decode())
+    clock.now += EPISODE_S + 1
+    honest = Payload(X0 * 1.5, {}, seq=1)
+    metrics.on_receive(watch.received("a", honest, 32, True, watch.before("a")))
+    assert sample(metrics, onset, peer="a") is None
+    metrics.on_receive(events[-1])
+    metrics.on_in_neighbours(frozenset({"b", "c"}))
+    assert sample(metrics, onset, peer="a") is None
