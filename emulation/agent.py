@@ -15,8 +15,10 @@ from airgossip.emulation.networks.kernel.agent import agent_kernel_links
 from airgossip.node import agent
 from airgossip.node.links import Links
 
-#: The links of an agent process whose network is emulated.
-EMULATED_LINKS = Links(network_for=network_for, kernel_links=agent_kernel_links)
+#: The links of an agent process whose network (and device class) is emulated.
+EMULATED_LINKS = Links(
+    network_for=network_for, kernel_links=agent_kernel_links, emulates_devices=True
+)
 
 
 def main(argv: list[str] | None = None) -> int:

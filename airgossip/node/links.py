@@ -60,10 +60,15 @@ class Links:
     kernel_links:
         Shapes the agent's links in the kernel (``--kernel-links``); None: this process
         cannot, and an agent asked to is refused with a line that says so.
+    emulates_devices:
+        The agent's ``[[device_classes]]`` class is emulated (its steps stretched to the
+        class's speed): True for an emulated fleet's agents, False on a real device, which
+        is what it is.
     """
 
     network_for: Callable[[RunConfig], Network]
     kernel_links: KernelLinksFactory | None = None
+    emulates_devices: bool = False
 
 
 def kernel_report_path(options: AgentProcessOptions) -> Path | None:

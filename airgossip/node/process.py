@@ -69,6 +69,7 @@ from airgossip.node.peers import (
 from airgossip.node.privacy import certificate_secrets, privacy_context
 from airgossip.node.threads import agent_threads, host_cores
 from airgossip.scenario.config import ConfigError, RunConfig
+from airgossip.scenario.devices import HOST
 
 log = logging.getLogger("airgossip.agent")
 
@@ -367,7 +368,7 @@ def _run_agent(
         settings.rounds,
         ", ".join(agent.assignment.phase(1).out_weights) or "none",
     )
-    runner = WallClockRunner(agent)
+    runner = WallClockRunner(agent, _stretch(config, options, source))
     if run is not None:
         runner.rejoin(run.fleet_round)  # a run under way: start where the fleet is
     try:
@@ -383,6 +384,32 @@ def _run_agent(
     finally:
         if following is not stop:
             following.set()
+
+
+def _stretch(config: RunConfig, options: AgentProcessOptions, source: Links) -> float:
+    """How many times its host's time each local step of this agent takes: its device
+    class's, in an emulated fleet (said in the log); 1 on a real device."""
+    device = config.device_class(options.index)
+    if device is HOST:
+        return 1.0
+    if not source.emulates_devices:
+        log.info(
+            "%s is of device class '%s' on a real device: its speed is not emulated",
+            options.agent_id, device.name,
+        )  # fmt: skip
+        return 1.0
+    if device.speed > 1.0:
+        log.warning(
+            "%s is of device class '%s' (speed %g): an agent process cannot compute faster "
+            "than its host, so it runs at the host's speed (a virtual clock can)",
+            options.agent_id, device.name, device.speed,
+        )  # fmt: skip
+        return 1.0
+    log.info(
+        "%s is of device class '%s': each local step stretched to %g times the host's",
+        options.agent_id, device.name, device.stretch,
+    )  # fmt: skip
+    return device.stretch
 
 
 def _serve_until_stopped(

@@ -24,6 +24,11 @@ Example scenario (every key optional)::
     [switching]            # optional: change the graph during the run
     topologies = ["complete", "ring"]
     at_rounds = [33]       # or: trigger = "loss-plateau", threshold = 0.05
+
+    [[device_classes]]     # optional: uneven devices (airgossip.scenario.devices)
+    name = "pi"
+    fraction = 0.25
+    speed = 0.25
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from pydantic_core import PydanticCustomError
 
 from airgossip.common.topology import TOPOLOGIES, SwitchingSettings
 from airgossip.edge.settings import AgentSettings, TaskSettings
+from airgossip.scenario.devices import HOST, DeviceClass, assign_classes, check_classes
 from airgossip.scenario.errors import ConfigError as ConfigError
 from airgossip.scenario.errors import format_validation_error
 from airgossip.scenario.files import Settings as Settings
@@ -123,6 +129,10 @@ class RunConfig(AgentSettings):
         default_factory=lambda: {name: MODE_TABLES[name]() for name in MODE_TABLES}
     )
     transport: TransportSettings = Field(default_factory=TransportSettings)
+    device_classes: list[DeviceClass] = Field(
+        default_factory=list,
+        description="agents' device classes: compute speed and power (airgossip.scenario.devices)",
+    )
     out: Path | None = None
 
     @model_validator(mode="before")
@@ -221,6 +231,22 @@ class RunConfig(AgentSettings):
                 f"says '{self.topology}'; leave topology out or make them agree"
             )
         return self
+
+    @model_validator(mode="after")
+    def _classes_fit(self) -> RunConfig:
+        check_classes(self.device_classes, self.agents)
+        return self
+
+    def device_class(self, index: int) -> DeviceClass:
+        """The device class of agent ``index`` (:data:`~airgossip.scenario.devices.HOST`
+        where the scenario has none)."""
+        if not self.device_classes:
+            return HOST
+        return assign_classes(self.device_classes, self.agents, self.seed)[index]
+
+    def device_assignment(self) -> list[DeviceClass]:
+        """Every agent's device class, by index."""
+        return assign_classes(self.device_classes, self.agents, self.seed)
 
     @property
     def network_kind(self) -> str:

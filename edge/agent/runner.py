@@ -25,10 +25,19 @@ log = logging.getLogger("airgossip.edge.agent.agent")
 
 
 class WallClockRunner:
-    """Runs one agent's remaining rounds on the wall clock."""
+    """Runs one agent's remaining rounds on the wall clock.
 
-    def __init__(self, agent: Agent) -> None:
+    ``stretch`` (1 or more) emulates a slower device: each local step is followed by a pause
+    of ``stretch - 1`` times what the step took, so that it takes ``stretch`` times as long
+    as on this machine (the agent still serves and absorbs messages meanwhile, as a slow
+    device's network stack does).
+    """
+
+    def __init__(self, agent: Agent, stretch: float = 1.0) -> None:
+        if not stretch >= 1.0:
+            raise ValueError(f"a step can be stretched, not shrunk: stretch {stretch} < 1")
         self.agent = agent
+        self.stretch = stretch
         self._rejoining = False
 
     def run(self) -> None:
@@ -51,7 +60,10 @@ class WallClockRunner:
 
     def run_round(self, round_index: int) -> None:
         agent = self.agent
+        began = agent.clock()
         agent.local_step(round_index)
+        if self.stretch > 1.0:
+            self._wait(lambda: False, (self.stretch - 1.0) * (agent.clock() - began))
         agent.push(round_index)
         self.wait_for_neighbours(round_index)
         agent.mix(round_index)

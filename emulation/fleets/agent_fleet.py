@@ -62,6 +62,7 @@ def start_embedded_coordinator(
 class AgentProcessFleet(Fleet):
     """A fleet of agent processes (see the module docstring)."""
 
+    emulates_devices = True
     #: Where the agents run and see the run's folder (None: this machine).
     host: ClassVar[AgentHost | None] = None
     #: Fork agents from a fork server (None: where the host allows; False: never).

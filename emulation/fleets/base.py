@@ -163,6 +163,9 @@ class Fleet(ABC):
     #: The kernel shapes the agents' links (tc, iptables): loss drops packets, which TCP
     #: resends, so agents wait longer for their sends by default.
     links_in_kernel: ClassVar[bool] = False
+    #: The agents' ``[[device_classes]]`` speeds are emulated (a virtual clock's step times,
+    #: or agent processes' stretched steps); False: the mode has no clock to emulate them on.
+    emulates_devices: ClassVar[bool] = False
     #: The mode's own settings table (:mod:`airgossip.scenario.modes`, the same model its
     #: ``MODE_TABLES`` line names), which it reads with
     #: ``config.mode_settings(settings_model)``; None: the mode has none.

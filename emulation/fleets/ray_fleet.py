@@ -74,6 +74,7 @@ class RayFleet(Fleet):
     """Agents forked by host actors on a Ray cluster (see the module docstring)."""
 
     mode = "ray"
+    emulates_devices = True
     serves_metrics = True
     settings_model = RaySettings
 

@@ -112,6 +112,11 @@ def run_fleet(
             "each partner: run without --insecure (mutual TLS), or in one process (--mode "
             "inproc or virtual)"
         )
+    if config.device_classes and not plan.fleet.emulates_devices and on_notice is not None:
+        on_notice(
+            f"mode '{config.mode}' has no clock to emulate [[device_classes]] on: every agent "
+            "computes at this machine's speed (--mode virtual or process emulate them)"
+        )
     folder = RunFolder(out_dir)
     folder.refuse_used()
     network = plan.network

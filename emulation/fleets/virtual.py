@@ -1,9 +1,10 @@
 """``virtual`` mode: every agent in this process, driven by discrete events on a virtual clock.
 
-The same :class:`~airgossip.edge.agent.Agent` phases as every other mode (``local_step``, ``push``,
-the wait, ``mix``, ``report``), scheduled on a virtual clock: a local step takes the
-scenario's ``compute_s``, a message arrives when the link model says it does, the wait
-ends when :meth:`~airgossip.edge.agent.Agent.neighbours_ready` says so or at its timeout. Nothing
+The same :class:`~airgossip.edge.agent.Agent` phases as every other mode (``local_step``,
+``push``, the wait, ``mix``, ``report``), scheduled on a virtual clock: a local step takes
+the scenario's ``compute_s`` (over the speed of the agent's ``[[device_classes]]`` class), a
+message arrives when the link model says it does, the wait ends when
+:meth:`~airgossip.edge.agent.Agent.neighbours_ready` says so or at its timeout. Nothing
 sleeps, so a slow network of 1,000 agents runs as fast as the agents' own work allows, and
 the run is deterministic for a seed (events at the same time run in the order they were
 scheduled).
@@ -170,6 +171,7 @@ class VirtualFleet(Fleet):
 
     mode: ClassVar[str] = "virtual"
     in_process: ClassVar[bool] = True
+    emulates_devices = True
 
     def __init__(
         self,
@@ -189,7 +191,10 @@ class VirtualFleet(Fleet):
         self.sink = MemoryStatsSink()
         self.ids = agent_ids(config.agents)
         self.links = network.runtime(self.ids, self.loop.clock, journal=network.record)
-        self.compute_s = network.compute_s
+        #: Each agent's local step on the virtual clock: the network's ``compute_s`` over its
+        #: device class's speed.
+        self.step_s = [network.compute_s * d.stretch for d in config.device_assignment()]
+        self._step_s = dict(zip(self.ids, self.step_s, strict=True))
         self.agents: list[Agent] = []
         self._waiting: dict[str, int] = {}
         self._by_id: dict[str, Agent] = {}
@@ -245,7 +250,7 @@ class VirtualFleet(Fleet):
     def _run_fast(self, sink: StatsSink | None) -> None:
         self._fast = fast = VirtualPushSum(
             self.config, self.ids, loop=self.loop, shaper=self.links.shaper,
-            compute_s=self.compute_s, sink=sink, round_done=self._round_done,
+            step_s=self.step_s, sink=sink, round_done=self._round_done,
         )  # fmt: skip
         self._peers = {agent_id: virtual_address(agent_id) for agent_id in self.ids}
         self._update_graph()
@@ -300,7 +305,8 @@ class VirtualFleet(Fleet):
 
     def _start_round(self, agent: Agent, round_index: int) -> None:
         agent.local_step(round_index)
-        self.loop.at(self.loop.now + self.compute_s, self._push, agent, round_index)
+        step_s = self._step_s[agent.agent_id]
+        self.loop.at(self.loop.now + step_s, self._push, agent, round_index)
 
     def _push(self, agent: Agent, round_index: int) -> None:
         agent.push(round_index)

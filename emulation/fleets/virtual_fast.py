@@ -23,7 +23,7 @@ drops, counters and times exactly, estimates within 1e-9.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -168,12 +168,12 @@ class VirtualPushSum:
         *,
         loop: _Loop,
         shaper: LinkShaper | None,
-        compute_s: float,
+        step_s: Sequence[float],
         sink: StatsSink | None,
         round_done: RoundDone,
     ) -> None:
         self.config, self.ids, self.loop, self.sink = config, ids, loop, sink
-        self.compute_s, self.round_done = compute_s, round_done
+        self.step_s, self.round_done = step_s, round_done
         self.index = {agent_id: i for i, agent_id in enumerate(self.ids)}
         n = len(self.ids)
         options = parse_options(ConsensusOptions, config.task.options, "consensus")
@@ -218,7 +218,7 @@ class VirtualPushSum:
 
     # -- phases as events -------------------------------------------------------------------------
     def _start_round(self, a: _Agent, round_index: int) -> None:
-        self.loop.at(self.loop.now + self.compute_s, self._push, a, round_index)
+        self.loop.at(self.loop.now + self.step_s[a.index], self._push, a, round_index)
 
     def _push(self, a: _Agent, round_index: int) -> None:
         a.round = round_index

@@ -1,0 +1,136 @@
+"""``[[device_classes]]``: fleets as uneven as real devices.
+
+A scenario may sort its agents into device classes, each with a compute speed relative to
+the machine that emulates it and the power it draws::
+
+    [[device_classes]]
+    name = "pi"
+    fraction = 0.2        # of the fleet, drawn by the run's seed (or: agents = [3, 7])
+    speed = 0.2           # a local step takes 5 times as long as the host's
+    compute_w = 4.0       # power drawn while computing
+    tx_w = 1.2            # ... while transmitting, and receiving
+    rx_w = 0.8
+
+Agents that no class takes are of the class :data:`HOST`: the machine's own speed, no power
+model. What a class means to a run is its mode's to say: a virtual clock runs a local step in
+``compute_s / speed`` (``[wireless]``), an emulated agent process stretches each step to
+``1 / speed`` times what it took; on a real device (``airgossip agent``) the device is what
+it is and the classes are not emulated.
+
+Data only: this module assigns classes to agents and checks the table; nothing here runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class DeviceClass(BaseModel):
+    """One ``[[device_classes]]`` entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    fraction: float | None = Field(
+        None, gt=0, le=1, description="share of the fleet in this class, drawn by the run's seed"
+    )
+    agents: list[int] | None = Field(
+        None, description="the agents (indexes from 0) in this class, instead of a fraction"
+    )
+    speed: float = Field(
+        1.0, gt=0, le=1_000,
+        description="compute speed relative to the host: a local step takes 1 / speed as long",
+    )  # fmt: skip
+    compute_w: float = Field(0.0, ge=0, le=10_000, description="power drawn while computing (W)")
+    tx_w: float = Field(0.0, ge=0, le=1_000, description="power drawn while transmitting (W)")
+    rx_w: float = Field(0.0, ge=0, le=1_000, description="power drawn while receiving (W)")
+
+    @model_validator(mode="after")
+    def _one_way_to_choose(self) -> DeviceClass:
+        if (self.fraction is None) == (self.agents is None):
+            raise ValueError(
+                f"device class '{self.name}': give either fraction (a share of the fleet) or "
+                "agents (their indexes), not both and not neither"
+            )
+        if self.agents is not None:
+            if not self.agents:
+                raise ValueError(f"device class '{self.name}': agents is empty")
+            if len(set(self.agents)) != len(self.agents):
+                raise ValueError(f"device class '{self.name}' lists an agent twice")
+            if min(self.agents) < 0:
+                raise ValueError(f"device class '{self.name}': agent indexes start at 0")
+        return self
+
+    @property
+    def stretch(self) -> float:
+        """How many times the host's time one local step of this class takes."""
+        return 1.0 / self.speed
+
+
+#: The class of agents no ``[[device_classes]]`` entry takes: the host's own speed, no power
+#: model.
+HOST = DeviceClass(name="host", fraction=1.0)
+
+
+def check_classes(classes: Sequence[DeviceClass], agents: int) -> None:
+    """Raise ValueError, saying what is wrong, unless ``classes`` can be assigned to a fleet
+    of ``agents``."""
+    names = [c.name for c in classes]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"device class '{name}' is declared twice")
+    if HOST.name in names:
+        raise ValueError(
+            f"device class '{HOST.name}' is the class of agents no entry takes; name yours "
+            "otherwise"
+        )
+    taken: dict[int, str] = {}
+    for device in classes:
+        for index in device.agents or ():
+            if index >= agents:
+                raise ValueError(
+                    f"device class '{device.name}' lists agent {index}, outside the fleet of "
+                    f"{agents} agents (0..{agents - 1})"
+                )
+            if index in taken:
+                raise ValueError(
+                    f"agent {index} is in two device classes, '{taken[index]}' and '{device.name}'"
+                )
+            taken[index] = device.name
+    share = sum(c.fraction or 0.0 for c in classes)
+    wanted = sum(_count(c.fraction, agents) for c in classes if c.fraction is not None)
+    if share > 1 + 1e-9 or wanted > agents - len(taken):
+        raise ValueError(
+            f"device classes take more agents than the fleet has: fractions {share:g} of "
+            f"{agents} agents ({wanted}) beside {len(taken)} listed by index"
+        )
+
+
+def assign_classes(classes: Sequence[DeviceClass], agents: int, seed: int) -> list[DeviceClass]:
+    """Each agent's class, by index: listed agents first, then each fraction class, in
+    order, takes ``round(fraction * agents)`` of the rest in an order drawn by ``seed``; the
+    others are :data:`HOST`. The same for every process that asks (a pure function)."""
+    check_classes(classes, agents)
+    assigned: list[DeviceClass] = [HOST] * agents
+    for device in classes:
+        for index in device.agents or ():
+            assigned[index] = device
+    free = [i for i in range(agents) if assigned[i] is HOST]
+    random.Random(f"device-classes/{seed}").shuffle(free)
+    cursor = 0
+    for device in classes:
+        if device.fraction is None:
+            continue
+        count = _count(device.fraction, agents)
+        for index in free[cursor : cursor + count]:
+            assigned[index] = device
+        cursor += count
+    return assigned
+
+
+def _count(fraction: float | None, agents: int) -> int:
+    """Agents a class of ``fraction`` takes: the nearest whole number, at least one."""
+    return max(1, math.floor((fraction or 0.0) * agents + 0.5))
