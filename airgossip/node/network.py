@@ -126,6 +126,11 @@ class LinkRuntime(ABC):
         figures), else None. Fleets that run agents in this process call it."""
         return None
 
+    def rate_bps(self, sender: str, receiver: str) -> float | None:
+        """The rate (bit/s) the network models for the link ``sender -> receiver`` now, for
+        an energy ledger's airtime (None: it models none, or the link is down)."""
+        return None
+
     def compute_ahead(self) -> None:  # noqa: B027 - optional hook
         """A fleet that asks the links' model for its steps in order (one on a virtual clock)
         may have them computed ahead, on another CPU, where the network can."""

@@ -45,6 +45,7 @@ from airgossip.edge.agent.checkpoints import (
 from airgossip.edge.agent.lineage import new_incarnation
 from airgossip.edge.agent.runner import WallClockRunner
 from airgossip.edge.agent.waiting import WaitReporter
+from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.edge.observability.stats import FileStatsSink
 from airgossip.edge.observability.telemetry import LatestStats, Telemetry
@@ -292,6 +293,9 @@ def _run_agent(
             config, network, ids, certificate_secrets(config, security, options.certs)
         ),
     )
+    power = config.device_class(options.index).power_model()
+    if power is not None:  # its device class draws power: what it spends is accounted
+        agent.energy = EnergyLedger(options.agent_id, power, links.rate_bps)
     if options.threads is None:  # not told: what the model's size and the host allow
         parameters = agent.algorithm.estimate().numel()
         threads = agent_threads(parameters, options.host_agents, host_cores())

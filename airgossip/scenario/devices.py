@@ -7,9 +7,11 @@ the machine that emulates it and the power it draws::
     name = "pi"
     fraction = 0.2        # of the fleet, drawn by the run's seed (or: agents = [3, 7])
     speed = 0.2           # a local step takes 5 times as long as the host's
-    compute_w = 4.0       # power drawn while computing
+    compute_w = 4.0       # power drawn while computing (W)
     tx_w = 1.2            # ... while transmitting, and receiving
     rx_w = 0.8
+    battery_j = 20000     # optional: it leaves the fleet when spent
+    radio_mbps = 20       # airtime where the network models no link rate
 
 Agents that no class takes are of the class :data:`HOST`: the machine's own speed, no power
 model. What a class means to a run is its mode's to say: a virtual clock runs a local step in
@@ -27,6 +29,8 @@ import random
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from airgossip.edge.energy import PowerModel
 
 
 class DeviceClass(BaseModel):
@@ -48,6 +52,13 @@ class DeviceClass(BaseModel):
     compute_w: float = Field(0.0, ge=0, le=10_000, description="power drawn while computing (W)")
     tx_w: float = Field(0.0, ge=0, le=1_000, description="power drawn while transmitting (W)")
     rx_w: float = Field(0.0, ge=0, le=1_000, description="power drawn while receiving (W)")
+    battery_j: float | None = Field(
+        None, gt=0, le=1e9, description="battery capacity (J); none: mains powered"
+    )
+    radio_mbps: float | None = Field(
+        None, gt=0, le=100_000,
+        description="nominal radio rate for airtime where the network models no link rate",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _one_way_to_choose(self) -> DeviceClass:
@@ -64,6 +75,14 @@ class DeviceClass(BaseModel):
             if min(self.agents) < 0:
                 raise ValueError(f"device class '{self.name}': agent indexes start at 0")
         return self
+
+    def power_model(self) -> PowerModel | None:
+        """What an energy ledger needs of this class (None: it draws nothing and has no
+        battery, so nothing is accounted)."""
+        if not (self.compute_w or self.tx_w or self.rx_w or self.battery_j is not None):
+            return None
+        radio = None if self.radio_mbps is None else self.radio_mbps * 1e6
+        return PowerModel(self.compute_w, self.tx_w, self.rx_w, self.battery_j, radio)
 
     @property
     def stretch(self) -> float:

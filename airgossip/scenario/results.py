@@ -57,6 +57,12 @@ class RoundFigures(_Figures):
     drop_rate: float | None = None
     #: Runs with ``[privacy]``: the most epsilon any agent has spent (at the run's delta).
     privacy_epsilon: float | None = None
+    #: Runs whose ``[[device_classes]]`` draw power: joules the agents had spent, on average
+    #: and at most (airgossip.edge.energy), those whose battery ran out included.
+    mean_energy_j: float | None = None
+    max_energy_j: float | None = None
+    #: ... and how many of them had spent their battery by then (they left the fleet).
+    agents_depleted: int | None = None
 
 
 class FinalFigures(RoundFigures):
@@ -268,7 +274,17 @@ def _figures(
         figures.privacy_epsilon = max(s.epsilon for s in spent)
     if reference is not None:
         figures.relative_error = relative_error(estimates, reference)
+    energy = [r.metrics["energy_j"] for r in records if "energy_j" in r.metrics]
+    if energy:
+        figures.mean_energy_j = float(np.mean(energy))
+        figures.max_energy_j = float(np.max(energy))
+        figures.agents_depleted = sum(1 for r in records if _depleted(r))
     return figures
+
+
+def _depleted(record: RoundRecord) -> bool:
+    """The agent had spent its battery (and left the fleet) when it made ``record``."""
+    return record.metrics.get("battery_left_j", 1.0) <= 0.0
 
 
 def summarise(
@@ -303,13 +319,17 @@ def summarise(
     complete = bool(last) and all(r.final for r in last.values())
     # The final figures are those of the agents that finished the run (of all, where none
     # did): one that died or was left out at round 3 is not the fleet's final accuracy. It
-    # is counted in ``complete`` (false) and in its rounds' figures.
-    finished = [r for r in last.values() if r.final] or list(last.values())
+    # is counted in ``complete`` (false) and in its rounds' figures. One whose battery ran
+    # out made its last record final as it left: it counts in ``agents_depleted``, not in
+    # the final figures.
+    finished = [r for r in last.values() if r.final and not _depleted(r)] or list(last.values())
     if last:
         final = _figures(finished, reference, FinalFigures, round=final_round,
                          complete=complete)  # fmt: skip
     else:  # nothing reported: a final row with the round and nothing else
         final = FinalFigures(round=final_round, complete=complete)
+    if final.mean_energy_j is not None:  # counted over every agent, not the finishers only
+        final.agents_depleted = sum(1 for r in last.values() if _depleted(r))
     return RunResults(config=config or {}, rounds=rounds, final=final)
 
 

@@ -44,6 +44,7 @@ from airgossip.edge.agent.resuming import CheckpointSide
 from airgossip.edge.agent.sending import Outbox, Sender, gossip_message, send_event
 from airgossip.edge.algorithms import Ack, GossipAlgorithm
 from airgossip.edge.compression import Codec
+from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters, RoundRecord, StatsSink, probe_estimate
 from airgossip.edge.observability.telemetry import AgentObserver, StepEvent
 from airgossip.edge.settings import AgentSettings
@@ -144,6 +145,9 @@ class Agent(InboundSide, CheckpointSide):
             agent_id, algorithm, fleet=fleet, digest=digest, refuse=self.refused
         )
         self.watch = InNeighbourWatch(algorithm, observer)
+        #: What it spends (a driver that emulates its device attaches one and passes on its
+        #: seconds computing: :meth:`EnergyLedger.computed`); None: not accounted.
+        self.energy: EnergyLedger | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -265,6 +269,8 @@ class Agent(InboundSide, CheckpointSide):
             c = self._counters
             c.messages_sent += 1
             c.bytes_sent += outcome.wire_bytes
+            if self.energy is not None:
+                self.energy.sent(peer, outcome.wire_bytes)
             self._progress.notify_all()
             if outcome.delivered and outcome.ack is not None:
                 self._acknowledged(peer, outcome.ack)
@@ -350,6 +356,8 @@ class Agent(InboundSide, CheckpointSide):
             counters = self._counters.copy()
         evaluation = self.task.evaluate(estimate.to(torch.float32))
         metrics = {**self._last_metrics, **evaluation.metrics}
+        if self.energy is not None:
+            metrics.update(self.energy.figures())
         record = RoundRecord(
             agent_id=self.agent_id,
             round=round_index,

@@ -11,10 +11,12 @@ from airgossip.edge.agent.admission import Admission
 from airgossip.edge.agent.influence import InNeighbourWatch
 from airgossip.edge.agent.lineage import EdgeLineages
 from airgossip.edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
+from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters
 from airgossip.edge.observability.telemetry import AgentObserver, ReceiveEvent
 from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
 from airgossip.edge.transport.guard import RefusalLog
+from airgossip.edge.transport.wire import wire_bytes
 
 
 class InboundSide:
@@ -29,6 +31,7 @@ class InboundSide:
     admission: Admission
     watch: InNeighbourWatch
     lineages: EdgeLineages
+    energy: EnergyLedger | None
     _assignment: Assignment | None
     _lock: threading.RLock
     _progress: threading.Condition
@@ -69,6 +72,8 @@ class InboundSide:
                 self._refusals.note("start_over", f"{self.agent_id}: from {sender}: {why}")
                 return Ack(0, 0, False, self.round, self.lineages.incoming(sender), start_over=True)
             self._counters.messages_received += 1
+            if self.energy is not None:
+                self.energy.received(sender, wire_bytes(message))
             if self.observer is not None:
                 size = header.payload_bytes
                 event = self.watch.received(sender, payload, size, ack.absorbed, before)

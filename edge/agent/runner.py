@@ -53,6 +53,14 @@ class WallClockRunner:
         self._rejoining = True
         while agent.round < agent.settings.rounds and not agent.stopped:
             self.run_round(agent.round + 1)
+            if agent.energy is not None and agent.energy.depleted:
+                log.info(
+                    "%s: battery spent (%.1f J) in round %d: it leaves the fleet",
+                    agent.agent_id, agent.energy.total_j, agent.round,
+                )  # fmt: skip
+                if not agent.report_due(agent.round):
+                    agent.report(agent.round, final=True)
+                break
             if self._rejoining:
                 self.catch_up(wait_s=REJOIN_WAIT_S)
         if agent.checkpointer is not None:
@@ -64,6 +72,8 @@ class WallClockRunner:
         agent.local_step(round_index)
         if self.stretch > 1.0:
             self._wait(lambda: False, (self.stretch - 1.0) * (agent.clock() - began))
+        if agent.energy is not None:
+            agent.energy.computed(agent.clock() - began)
         agent.push(round_index)
         self.wait_for_neighbours(round_index)
         agent.mix(round_index)

@@ -81,6 +81,17 @@ class AgentMetrics:
             "Relative change of the estimate through the last mix (0 at consensus).",
             registry=r,
         )
+        self.energy = Gauge(
+            "airgossip_agent_energy_joules",
+            "Energy the agent has spent since its start, by kind (compute, radio), at its "
+            "device class's power (airgossip.edge.energy); only agents whose class draws power.",
+            ["kind"], registry=r,
+        )  # fmt: skip
+        self.battery_left = Gauge(
+            "airgossip_agent_battery_left_joules",
+            "Energy left in the agent's battery (agents whose device class has one).",
+            registry=r,
+        )
         self.sent_bytes = Counter(
             "airgossip_agent_sent_bytes",
             "Bytes pushed to each out-neighbour (on the wire; lost messages included).",
@@ -253,6 +264,11 @@ class AgentMetrics:
             self.weight.set(record.scalars["weight"])
         if "disagreement" in record.scalars:
             self.disagreement.set(record.scalars["disagreement"])
+        if "energy_j" in record.metrics:
+            self.energy.labels("compute").set(record.metrics.get("compute_j", 0.0))
+            self.energy.labels("radio").set(record.metrics.get("radio_j", 0.0))
+        if "battery_left_j" in record.metrics:
+            self.battery_left.set(record.metrics["battery_left_j"])
         if STEPS in record.metrics:  # a privacy mechanism's figures (no epsilon: unbounded)
             self.privacy_epsilon.set(record.metrics.get(EPSILON, float("inf")))
             self.privacy_exhausted.set(record.metrics.get(EXHAUSTED, 0.0))

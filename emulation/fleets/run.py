@@ -115,7 +115,8 @@ def run_fleet(
     if config.device_classes and not plan.fleet.emulates_devices and on_notice is not None:
         on_notice(
             f"mode '{config.mode}' has no clock to emulate [[device_classes]] on: every agent "
-            "computes at this machine's speed (--mode virtual or process emulate them)"
+            "computes at this machine's speed and no energy is accounted (--mode virtual or "
+            "process emulate them)"
         )
     folder = RunFolder(out_dir)
     folder.refuse_used()

@@ -25,6 +25,7 @@ import torch
 from airgossip.common.identity import agent_ids
 from airgossip.common.topology import Assignment
 from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord, StatsSink
 from airgossip.edge.transport.base import (
     GossipMessage,
@@ -193,7 +194,8 @@ class VirtualFleet(Fleet):
         self.links = network.runtime(self.ids, self.loop.clock, journal=network.record)
         #: Each agent's local step on the virtual clock: the network's ``compute_s`` over its
         #: device class's speed.
-        self.step_s = [network.compute_s * d.stretch for d in config.device_assignment()]
+        self.devices = config.device_assignment()
+        self.step_s = [network.compute_s * d.stretch for d in self.devices]
         self._step_s = dict(zip(self.ids, self.step_s, strict=True))
         self.agents: list[Agent] = []
         self._waiting: dict[str, int] = {}
@@ -238,6 +240,9 @@ class VirtualFleet(Fleet):
                 transport=transport, stats=sink, clock=loop.clock,
                 privacy=privacy_context(config, self.network, self.ids, keys.get(agent_id)),
             )  # fmt: skip
+            power = self.devices[i].power_model()
+            if power is not None:
+                agent.energy = EnergyLedger(agent_id, power, self.links.rate_bps)
             self.agents.append(agent)
             self._by_id[agent_id] = agent
         self._peers = {a.agent_id: a.start() for a in self.agents}
@@ -306,6 +311,8 @@ class VirtualFleet(Fleet):
     def _start_round(self, agent: Agent, round_index: int) -> None:
         agent.local_step(round_index)
         step_s = self._step_s[agent.agent_id]
+        if agent.energy is not None:
+            agent.energy.computed(step_s)
         self.loop.at(self.loop.now + step_s, self._push, agent, round_index)
 
     def _push(self, agent: Agent, round_index: int) -> None:
@@ -333,10 +340,24 @@ class VirtualFleet(Fleet):
     def _finish_round(self, agent: Agent, round_index: int) -> None:
         self._waiting.pop(agent.agent_id, None)
         agent.mix(round_index)
-        record = agent.report(round_index) if agent.report_due(round_index) else None
+        depleted = agent.energy is not None and agent.energy.depleted
+        due = agent.report_due(round_index) or depleted
+        record = agent.report(round_index, final=depleted) if due else None
+        if depleted and round_index < self.config.rounds:
+            self._leave(agent, round_index, record)
+            return
         if round_index < self.config.rounds:
             self.loop.at(self.loop.now, self._start_round, agent, round_index + 1)
         self._round_done(round_index, record)
+
+    def _leave(self, agent: Agent, round_index: int, record: RoundRecord | None) -> None:
+        """``agent``'s battery ran out in ``round_index``: it leaves as a dead device does
+        (its messages refused as unavailable from now on), counted as done with every round
+        the others still run."""
+        agent.close()
+        self._round_done(round_index, record)
+        for later in range(round_index + 1, self.config.rounds + 1):
+            self._round_done(later, None)
 
     def _round_done(self, round_index: int, record: RoundRecord | None) -> None:
         """An agent finished ``round_index`` (``record``: its report, if the round is

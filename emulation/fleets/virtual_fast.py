@@ -72,6 +72,8 @@ def fast_refusal(config: RunConfig, network: Network) -> str | None:
     reasons = workload_refusals(config, network)
     if network.round_driven:
         reasons.append("the graph switches by round")
+    if any(d.power_model() is not None for d in config.device_classes):
+        reasons.append("device classes draw power (the agents keep the energy ledger)")
     return "; ".join(reasons) or None
 
 

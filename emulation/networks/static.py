@@ -99,6 +99,10 @@ class StaticLinks(TopologyLinks):
 
     shaper: BernoulliLinkShaper
 
+    def rate_bps(self, sender: str, receiver: str) -> float | None:
+        """``[network] bandwidth_mbps`` on every link (None where it sets none)."""
+        return self.shaper.spec(sender, receiver).bandwidth_bps or None
+
 
 @dataclass(frozen=True)
 class StaticKernelLinks:

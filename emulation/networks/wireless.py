@@ -115,6 +115,16 @@ class WirelessLinks(LinkRuntime):
     def compute_ahead(self) -> None:
         self.run.model.compute_ahead()
 
+    def rate_bps(self, sender: str, receiver: str) -> float | None:
+        """The channel model's rate of the link now (None: out of range)."""
+        index = self.run.shaper.index_of
+        i, j = index.get(sender), index.get(receiver)
+        if i is None or j is None:
+            return None
+        state = self.run.model.at(self.clock())
+        exists, _, rate, *_ = state.figures(state.link(i, j))
+        return float(rate) if exists and rate > 0 else None
+
     def next_change_s(self, time_s: float) -> float | None:
         topology = self.run.topology
         return topology.graph(time_s).time_s + topology.interval_s

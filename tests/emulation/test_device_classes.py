@@ -1,6 +1,8 @@
 """``[[device_classes]]``: agents sorted into classes by the run's seed, checked with clear
 errors, and emulated on the virtual clock (each agent's local step takes ``compute_s`` over its
-class's speed, on the fast path and with the agents themselves alike)."""
+class's speed, on the fast path and with the agents themselves alike); the energy ledger of
+each agent (compute time and airtime at its class's power), and an agent whose battery is
+spent leaving the fleet."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ from typing import Any
 
 import pytest
 import tomllib
+from prometheus_client import generate_latest
 
+from airgossip.edge.energy import EnergyLedger, PowerModel
+from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.emulation.fleets.virtual import VirtualFleet
 from airgossip.emulation.networks import network_for
 from airgossip.scenario.config import (
@@ -19,7 +24,9 @@ from airgossip.scenario.config import (
     scenario_toml,
 )
 from airgossip.scenario.devices import HOST
+from airgossip.scenario.results import summarise
 from airgossip.scenario.wireless import scenario_path
+from tests.support.prometheus import promtool_check
 
 PI = {"name": "pi", "fraction": 0.2, "speed": 0.2, "compute_w": 4.0}
 PHONE = {"name": "phone", "agents": [0, 3], "speed": 0.5}
@@ -81,7 +88,7 @@ def test_the_classes_survive_the_run_folder_s_scenario() -> None:
     assert RunConfig.model_validate_json(run.model_dump_json()) == run
 
 
-def virtual(fast: bool, classes: list[dict[str, Any]]) -> VirtualFleet:
+def virtual(fast: bool | None, classes: list[dict[str, Any]]) -> VirtualFleet:
     base: dict[str, Any] = read_scenario(scenario_path("lte-urban"))
     base["wireless"]["mobility"]["area_m"] = [300.0, 300.0]
     values = {"mode": "virtual", "agents": 6, "rounds": 12, "seed": 3,
@@ -105,3 +112,97 @@ def test_a_slow_class_takes_its_steps_longer_on_the_virtual_clock(fast: bool) ->
     assert finished["agent-2"] >= 12 * 4 * compute_s
     even = virtual(fast, [])
     assert max(r[-1].wall_s for r in even.records().values()) < 12 * 4 * compute_s
+
+
+def test_the_ledger_charges_compute_time_and_airtime_at_the_link_s_rate() -> None:
+    rates = {("a", "b"): 1e6, ("b", "a"): 2e6}
+    ledger = EnergyLedger(
+        "a", PowerModel(compute_w=4.0, tx_w=2.0, rx_w=1.0, battery_j=10.0),
+        lambda s, r: rates.get((s, r)),
+    )  # fmt: skip
+    ledger.computed(0.5)
+    ledger.sent("b", 125_000)  # 1 Mbit at 1 Mb/s: 1 s on the air
+    ledger.received("b", 250_000)  # 2 Mbit at 2 Mb/s
+    assert ledger.figures() == pytest.approx(
+        {"energy_j": 5.0, "compute_j": 2.0, "radio_j": 3.0, "battery_left_j": 5.0}
+    )
+    assert ledger.radio_known and not ledger.depleted
+    ledger.sent("c", 125_000)  # no rate known for a->c, and no nominal one
+    assert not ledger.radio_known and ledger.total_j == pytest.approx(5.0)
+    ledger.computed(2.0)
+    assert ledger.depleted and ledger.battery_left_j == 0.0
+    nominal = EnergyLedger("a", PowerModel(tx_w=1.0, radio_bps=8e6))
+    nominal.sent("b", 1_000_000)
+    assert nominal.figures() == pytest.approx({"energy_j": 1.0, "compute_j": 0.0, "radio_j": 1.0})
+
+
+@pytest.mark.parametrize(
+    "bad", [{"compute_w": -1.0}, {"tx_w": float("nan")}, {"battery_j": 0.0}, {"radio_bps": -5.0}]
+)
+def test_a_power_model_refuses_what_no_device_draws(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        PowerModel(**bad)
+
+
+def test_classes_without_power_account_nothing() -> None:
+    assert config(10, [PHONE]).device_class(0).power_model() is None
+    power = config(10, [{**PHONE, "radio_mbps": 5.0, "rx_w": 0.5}]).device_class(0).power_model()
+    assert power == PowerModel(rx_w=0.5, radio_bps=5e6)
+
+
+def test_the_virtual_clock_accounts_each_agent_s_energy_and_a_spent_battery_leaves() -> None:
+    watts = {"compute_w": 3.0, "tx_w": 1.5, "rx_w": 0.5}
+    classes = [
+        {"name": "pi", "agents": [2], "speed": 0.25, **watts},
+        {"name": "phone", "agents": [4], **watts, "battery_j": 1.0},
+        {"name": "box", "agents": [0, 1, 3, 5], **watts},
+    ]
+    fleet = virtual(None, classes)
+    assert not fleet.fast  # the agents keep the ledger
+    compute_s = fleet.network.compute_s
+    records = fleet.records()
+    last = {agent_id: rs[-1] for agent_id, rs in records.items()}
+    box = last["agent-0"]
+    assert box.round == 12
+    assert box.metrics["compute_j"] == pytest.approx(3.0 * 12 * compute_s)
+    assert box.metrics["radio_j"] > 0  # airtime at the channel model's rates
+    assert box.metrics["energy_j"] == pytest.approx(
+        box.metrics["compute_j"] + box.metrics["radio_j"]
+    )
+    assert "battery_left_j" not in box.metrics
+    # the slow class computes four times as long at the same power
+    assert last["agent-2"].metrics["compute_j"] == pytest.approx(4 * box.metrics["compute_j"])
+    # the phone's battery ran out: it left with a final record, the others finished
+    phone = last["agent-4"]
+    assert phone.final and phone.round < 12 and phone.metrics["battery_left_j"] == 0.0
+    assert phone.metrics["energy_j"] >= 1.0
+    assert all(r.round == 12 for a, r in last.items() if a != "agent-4")
+
+
+def test_results_carry_the_fleet_s_energy_and_leave_a_spent_agent_out_of_the_final() -> None:
+    watts = {"compute_w": 3.0, "tx_w": 1.5, "rx_w": 0.5}
+    fleet = virtual(None, [{"name": "phone", "agents": [4], **watts, "battery_j": 1.0},
+                           {"name": "box", "agents": [0, 1, 2, 3, 5], **watts}])  # fmt: skip
+    results = summarise(fleet.records())
+    final, rounds = results.final, results.rounds
+    assert final.agents_depleted == 1 and final.agents_reporting == 5
+    assert final.mean_energy_j is not None and final.max_energy_j is not None
+    assert rounds[0].mean_energy_j == 0.0  # round 0: nothing spent yet
+    spent = [r.mean_energy_j or 0.0 for r in rounds]
+    assert spent == sorted(spent) and spent[-1] > 0
+    assert "mean_energy_j" in results.to_json()["final"]  # type: ignore[operator]
+    plain = summarise(virtual(None, []).records())
+    assert plain.final.mean_energy_j is None and "mean_energy_j" not in plain.to_json()["final"]  # type: ignore[operator]
+
+
+def test_an_agent_s_metrics_carry_its_energy_and_battery() -> None:
+    metrics = AgentMetrics("agent-4")
+    fleet = virtual(None, [{"name": "phone", "agents": [4], "compute_w": 3.0, "tx_w": 1.5,
+                            "battery_j": 1.0}])  # fmt: skip
+    last = fleet.records()["agent-4"][-1]
+    metrics.record(last)
+    get = metrics.registry.get_sample_value
+    assert get("airgossip_agent_energy_joules", {"kind": "compute"}) == last.metrics["compute_j"]
+    assert get("airgossip_agent_energy_joules", {"kind": "radio"}) == last.metrics["radio_j"]
+    assert get("airgossip_agent_battery_left_joules") == 0.0
+    promtool_check(generate_latest(metrics.registry).decode())
