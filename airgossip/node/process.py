@@ -372,7 +372,8 @@ def _run_agent(
         settings.rounds,
         ", ".join(agent.assignment.phase(1).out_weights) or "none",
     )
-    runner = WallClockRunner(agent, _stretch(config, options, source))
+    online = config.online_schedule(options.index) if source.emulates_devices else None
+    runner = WallClockRunner(agent, _stretch(config, options, source), online)
     if run is not None:
         runner.rejoin(run.fleet_round)  # a run under way: start where the fleet is
     try:

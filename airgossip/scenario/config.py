@@ -54,6 +54,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from airgossip.common.topology import TOPOLOGIES, SwitchingSettings
+from airgossip.edge.availability import OnlineSchedule
 from airgossip.edge.settings import AgentSettings, TaskSettings
 from airgossip.scenario.devices import HOST, DeviceClass, assign_classes, check_classes
 from airgossip.scenario.errors import ConfigError as ConfigError
@@ -243,6 +244,10 @@ class RunConfig(AgentSettings):
         if not self.device_classes:
             return HOST
         return assign_classes(self.device_classes, self.agents, self.seed)[index]
+
+    def online_schedule(self, index: int) -> OnlineSchedule | None:
+        """When agent ``index`` is on, by its device class (None: always)."""
+        return self.device_class(index).availability.schedule(self.seed, index)
 
     def device_assignment(self) -> list[DeviceClass]:
         """Every agent's device class, by index."""

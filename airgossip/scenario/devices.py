@@ -11,6 +11,7 @@ the machine that emulates it and the power it draws::
     tx_w = 1.2            # ... while transmitting, and receiving
     rx_w = 0.8
     battery_j = 20000     # optional: it leaves the fleet when spent
+    availability = { kind = "random", on_s = 60, off_s = 60 }   # or periodic; default always
     radio_mbps = 20       # airtime where the network models no link rate
 
 Agents that no class takes are of the class :data:`HOST`: the machine's own speed, no power
@@ -27,10 +28,39 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from airgossip.edge.availability import OnlineSchedule
 from airgossip.edge.energy import PowerModel
+
+
+class Availability(BaseModel):
+    """When a class's devices are on (:mod:`airgossip.edge.availability`): ``always``;
+    ``periodic``, ``on_s`` on then ``off_s`` off, each device at its own phase; ``random``,
+    on and off for exponential times of means ``on_s`` and ``off_s``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["always", "periodic", "random"] = "always"
+    on_s: float | None = Field(None, gt=0, le=1e7, description="seconds on (a mean, for random)")
+    off_s: float | None = Field(None, gt=0, le=1e7, description="seconds off (a mean, for random)")
+
+    @model_validator(mode="after")
+    def _times_for_the_kind(self) -> Availability:
+        timed = self.on_s is not None and self.off_s is not None
+        if self.kind != "always" and not timed:
+            raise ValueError(f"availability '{self.kind}' needs on_s and off_s (seconds)")
+        if self.kind == "always" and (self.on_s is not None or self.off_s is not None):
+            raise ValueError("availability 'always' takes no on_s or off_s")
+        return self
+
+    def schedule(self, seed: int, index: int) -> OnlineSchedule | None:
+        """Agent ``index``'s schedule in a run of ``seed`` (None: always on)."""
+        if self.kind == "always" or self.on_s is None or self.off_s is None:
+            return None
+        return OnlineSchedule(self.kind, self.on_s, self.off_s, seed=seed * 1_000_003 + index)
 
 
 class DeviceClass(BaseModel):
@@ -52,6 +82,9 @@ class DeviceClass(BaseModel):
     compute_w: float = Field(0.0, ge=0, le=10_000, description="power drawn while computing (W)")
     tx_w: float = Field(0.0, ge=0, le=1_000, description="power drawn while transmitting (W)")
     rx_w: float = Field(0.0, ge=0, le=1_000, description="power drawn while receiving (W)")
+    availability: Availability = Field(
+        default_factory=Availability, description="when the devices are on: always by default"
+    )
     battery_j: float | None = Field(
         None, gt=0, le=1e9, description="battery capacity (J); none: mains powered"
     )

@@ -148,6 +148,9 @@ class Agent(InboundSide, CheckpointSide):
         #: What it spends (a driver that emulates its device attaches one and passes on its
         #: seconds computing: :meth:`EnergyLedger.computed`); None: not accounted.
         self.energy: EnergyLedger | None = None
+        #: An emulated device that is off (its driver says when): messages are refused as
+        #: unavailable, and push-sum's senders keep their mass for a later try.
+        self.offline = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:

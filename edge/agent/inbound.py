@@ -32,6 +32,7 @@ class InboundSide:
     watch: InNeighbourWatch
     lineages: EdgeLineages
     energy: EnergyLedger | None
+    offline: bool
     _assignment: Assignment | None
     _lock: threading.RLock
     _progress: threading.Condition
@@ -52,6 +53,11 @@ class InboundSide:
         self.admission.check_sender(sender, self.round, assigned=self._assignment is not None)
 
     def admit(self, header: MessageHeader) -> None:
+        if self.offline:  # an emulated device that is off takes nothing in (nor counts it)
+            raise Rejected(
+                RejectCode.UNAVAILABLE, f"{self.agent_id} is off (its device's availability)",
+                kind="offline",
+            )  # fmt: skip
         assignment = self._assignment
         epoch = assignment.epoch if assignment is not None else None
         self.admission.check_header(header, self.round, epoch)

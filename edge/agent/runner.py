@@ -20,6 +20,7 @@ from airgossip.edge.agent.rejoin import (
     fleet_round,
     rejoin_round,
 )
+from airgossip.edge.availability import OnlineSchedule
 
 log = logging.getLogger("airgossip.edge.agent.agent")
 
@@ -30,14 +31,20 @@ class WallClockRunner:
     ``stretch`` (1 or more) emulates a slower device: each local step is followed by a pause
     of ``stretch - 1`` times what the step took, so that it takes ``stretch`` times as long
     as on this machine (the agent still serves and absorbs messages meanwhile, as a slow
-    device's network stack does).
+    device's network stack does). ``online`` emulates a device that is sometimes off
+    (:mod:`airgossip.edge.availability`, times from the runner's start): before each round
+    an agent that is off waits until it is on, refusing messages meanwhile.
     """
 
-    def __init__(self, agent: Agent, stretch: float = 1.0) -> None:
+    def __init__(
+        self, agent: Agent, stretch: float = 1.0, online: OnlineSchedule | None = None
+    ) -> None:
         if not stretch >= 1.0:
             raise ValueError(f"a step can be stretched, not shrunk: stretch {stretch} < 1")
         self.agent = agent
         self.stretch = stretch
+        self.online = online
+        self._began = agent.clock()
         self._rejoining = False
 
     def run(self) -> None:
@@ -68,6 +75,7 @@ class WallClockRunner:
 
     def run_round(self, round_index: int) -> None:
         agent = self.agent
+        self.wait_while_off()
         began = agent.clock()
         agent.local_step(round_index)
         if self.stretch > 1.0:
@@ -81,6 +89,22 @@ class WallClockRunner:
             agent.report(round_index)
         if agent.checkpointer is not None and agent.checkpointer.due():
             agent.checkpoint()
+
+    def wait_while_off(self) -> None:
+        """An emulated device that is off now: wait until it is on, refusing messages."""
+        online, agent = self.online, self.agent
+        if online is None:
+            return
+        now = agent.clock() - self._began
+        back = online.next_online(now)
+        if back <= now:
+            return
+        log.info("%s: off for %.1f s (its device's availability)", agent.agent_id, back - now)
+        agent.offline = True
+        try:
+            self._wait(lambda: False, back - now)
+        finally:
+            agent.offline = False
 
     def wait_for_neighbours(self, round_index: int) -> None:
         """Wait (at most ``wait_timeout_s``) until this round's sends are done and

@@ -197,6 +197,12 @@ class VirtualFleet(Fleet):
         self.devices = config.device_assignment()
         self.step_s = [network.compute_s * d.stretch for d in self.devices]
         self._step_s = dict(zip(self.ids, self.step_s, strict=True))
+        #: When each agent whose device is sometimes off is on (virtual seconds).
+        self._online = {
+            agent_id: schedule
+            for i, agent_id in enumerate(self.ids)
+            if (schedule := config.online_schedule(i)) is not None
+        }
         self.agents: list[Agent] = []
         self._waiting: dict[str, int] = {}
         self._by_id: dict[str, Agent] = {}
@@ -309,6 +315,13 @@ class VirtualFleet(Fleet):
             self.loop.at(change, self._update_graph)
 
     def _start_round(self, agent: Agent, round_index: int) -> None:
+        online = self._online.get(agent.agent_id)
+        if online is not None:
+            back = online.next_online(self.loop.now)
+            agent.offline = back > self.loop.now
+            if agent.offline:  # off: nothing until it is on again
+                self.loop.at(back, self._start_round, agent, round_index)
+                return
         agent.local_step(round_index)
         step_s = self._step_s[agent.agent_id]
         if agent.energy is not None:

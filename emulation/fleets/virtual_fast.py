@@ -74,6 +74,8 @@ def fast_refusal(config: RunConfig, network: Network) -> str | None:
         reasons.append("the graph switches by round")
     if any(d.power_model() is not None for d in config.device_classes):
         reasons.append("device classes draw power (the agents keep the energy ledger)")
+    if any(d.availability.kind != "always" for d in config.device_classes):
+        reasons.append("devices are sometimes off (the agents refuse messages then)")
     return "; ".join(reasons) or None
 
 

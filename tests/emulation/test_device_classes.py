@@ -12,6 +12,7 @@ import pytest
 import tomllib
 from prometheus_client import generate_latest
 
+from airgossip.edge.availability import OnlineSchedule
 from airgossip.edge.energy import EnergyLedger, PowerModel
 from airgossip.edge.observability.metrics import AgentMetrics
 from airgossip.emulation.fleets.virtual import VirtualFleet
@@ -206,3 +207,42 @@ def test_an_agent_s_metrics_carry_its_energy_and_battery() -> None:
     assert get("airgossip_agent_energy_joules", {"kind": "radio"}) == last.metrics["radio_j"]
     assert get("airgossip_agent_battery_left_joules") == 0.0
     promtool_check(generate_latest(metrics.registry).decode())
+
+
+@pytest.mark.parametrize("kind", ["periodic", "random"])
+def test_a_schedule_is_on_its_share_of_the_time_and_the_same_for_its_seed(kind: str) -> None:
+    schedule = OnlineSchedule(kind, 30.0, 10.0, seed=4)  # type: ignore[arg-type]
+    assert schedule.online_fraction(200_000.0) == pytest.approx(0.75, abs=0.02)
+    again = OnlineSchedule(kind, 30.0, 10.0, seed=4)  # type: ignore[arg-type]
+    times = [t * 0.7 for t in range(2000)]
+    assert [schedule.online(t) for t in times] == [again.online(t) for t in times]
+    for t in times[::37]:
+        back = schedule.next_online(t)
+        assert back >= t and schedule.online(back)
+        assert back == t or not schedule.online((t + back) / 2)
+
+
+def test_availability_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="needs on_s and off_s"):
+        config(10, [{**PI, "availability": {"kind": "periodic", "on_s": 5}}])
+    with pytest.raises(ConfigError, match="takes no on_s"):
+        config(10, [{**PI, "availability": {"on_s": 5}}])
+    with pytest.raises(ConfigError, match="kind"):
+        config(10, [{**PI, "availability": {"kind": "sometimes"}}])
+    run = config(10, [{**PHONE, "availability": {"kind": "random", "on_s": 5, "off_s": 5}}])
+    assert run.online_schedule(0) is not None and run.online_schedule(1) is None
+
+
+def test_a_device_that_is_off_holds_its_rounds_and_refuses_messages_on_the_virtual_clock() -> None:
+    off = [{"name": "flaky", "agents": [1], "availability": {"kind": "periodic", "on_s": 0.2,
+                                                             "off_s": 1.0}}]  # fmt: skip
+    fleet = virtual(None, off)
+    assert not fleet.fast
+    records = fleet.records()
+    finished = {agent_id: rs[-1].wall_s for agent_id, rs in records.items()}
+    assert all(rs[-1].round == 12 for rs in records.values())
+    # on a sixth of the time: its 12 rounds span several off periods
+    assert finished["agent-1"] > 3.0 > max(v for a, v in finished.items() if a != "agent-1")
+    even = virtual(None, [])
+    failed = sum(rs[-1].counters.messages_failed for rs in records.values())
+    assert failed > sum(rs[-1].counters.messages_failed for rs in even.records().values())
