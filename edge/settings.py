@@ -55,6 +55,12 @@ class AgentSettings(BaseModel):
     wait_timeout_s: float = Field(
         0.25, ge=0, le=600, description="longest wait for in-neighbours per round"
     )
+    pace: Literal["rounds", "async"] = Field(
+        "rounds",
+        description="rounds: wait (at most wait_timeout_s) for in-neighbours within staleness "
+        "rounds; async: never wait, each agent at its own pace (but for its last round's "
+        "messages)",
+    )
     privacy: PrivacySettings = Field(
         default_factory=PrivacySettings, description="differential privacy of the training data"
     )

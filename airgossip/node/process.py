@@ -373,7 +373,9 @@ def _run_agent(
         ", ".join(agent.assignment.phase(1).out_weights) or "none",
     )
     online = config.online_schedule(options.index) if source.emulates_devices else None
-    runner = WallClockRunner(agent, _stretch(config, options, source), online)
+    runner = WallClockRunner(
+        agent, _stretch(config, options, source), online, config.wait_timeout_of(options.index)
+    )
     if run is not None:
         runner.rejoin(run.fleet_round)  # a run under way: start where the fleet is
     try:

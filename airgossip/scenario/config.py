@@ -245,6 +245,12 @@ class RunConfig(AgentSettings):
             return HOST
         return assign_classes(self.device_classes, self.agents, self.seed)[index]
 
+    def wait_timeout_of(self, index: int) -> float:
+        """Agent ``index``'s longest wait for in-neighbours per round: its device class's,
+        or the run's."""
+        own = self.device_class(index).wait_timeout_s
+        return self.wait_timeout_s if own is None else own
+
     def online_schedule(self, index: int) -> OnlineSchedule | None:
         """When agent ``index`` is on, by its device class (None: always)."""
         return self.device_class(index).availability.schedule(self.seed, index)

@@ -85,6 +85,11 @@ class DeviceClass(BaseModel):
     availability: Availability = Field(
         default_factory=Availability, description="when the devices are on: always by default"
     )
+    wait_timeout_s: float | None = Field(
+        None, ge=0, le=600,
+        description="this class's longest wait for in-neighbours per round (rounds pace); "
+        "default: the run's wait_timeout_s",
+    )  # fmt: skip
     battery_j: float | None = Field(
         None, gt=0, le=1e9, description="battery capacity (J); none: mains powered"
     )

@@ -306,9 +306,12 @@ class Agent(InboundSide, CheckpointSide):
         An in-neighbour more than :data:`~airgossip.edge.agent.pacing.PATIENCE_ROUNDS` behind
         is not waited for (it is gone, or restarting), as long as another one is within reach;
         when every in-neighbour is that far behind, the wait runs to its timeout
-        (:func:`~airgossip.edge.agent.pacing.wait_over`).
+        (:func:`~airgossip.edge.agent.pacing.wait_over`). At ``pace = "async"`` only the last
+        round waits (for the in-neighbours' last messages).
         """
         last = round_index >= self.settings.rounds
+        if not last and self.settings.pace == "async":
+            return True  # at its own pace: what has arrived is mixed, nothing is waited for
         need = round_index - (0 if last else self.settings.staleness)
         with self._lock:
             assignment = self._assignment

@@ -34,16 +34,25 @@ class WallClockRunner:
     device's network stack does). ``online`` emulates a device that is sometimes off
     (:mod:`airgossip.edge.availability`, times from the runner's start): before each round
     an agent that is off waits until it is on, refusing messages meanwhile.
+    ``wait_timeout_s``: its longest wait for in-neighbours per round (default: its
+    settings').
     """
 
     def __init__(
-        self, agent: Agent, stretch: float = 1.0, online: OnlineSchedule | None = None
+        self,
+        agent: Agent,
+        stretch: float = 1.0,
+        online: OnlineSchedule | None = None,
+        wait_timeout_s: float | None = None,
     ) -> None:
         if not stretch >= 1.0:
             raise ValueError(f"a step can be stretched, not shrunk: stretch {stretch} < 1")
         self.agent = agent
         self.stretch = stretch
         self.online = online
+        self.wait_timeout_s = (
+            agent.settings.wait_timeout_s if wait_timeout_s is None else wait_timeout_s
+        )
         self._began = agent.clock()
         self._rejoining = False
 
@@ -115,7 +124,7 @@ class WallClockRunner:
         its in-neighbours' last messages too (no staleness), so that the final estimate
         holds everything they sent.
         """
-        timeout = self.agent.settings.wait_timeout_s
+        timeout = self.wait_timeout_s
         if timeout > 0:
             self._wait(lambda: self.agent.neighbours_ready(round_index), timeout)
 

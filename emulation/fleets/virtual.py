@@ -197,6 +197,9 @@ class VirtualFleet(Fleet):
         self.devices = config.device_assignment()
         self.step_s = [network.compute_s * d.stretch for d in self.devices]
         self._step_s = dict(zip(self.ids, self.step_s, strict=True))
+        self._timeouts = {
+            agent_id: config.wait_timeout_of(i) for i, agent_id in enumerate(self.ids)
+        }
         #: When each agent whose device is sometimes off is on (virtual seconds).
         self._online = {
             agent_id: schedule
@@ -330,8 +333,9 @@ class VirtualFleet(Fleet):
 
     def _push(self, agent: Agent, round_index: int) -> None:
         agent.push(round_index)
-        timeout = agent.settings.wait_timeout_s
-        if timeout <= 0:
+        timeout = self._timeouts[agent.agent_id]
+        at_own_pace = agent.settings.pace == "async" and round_index < self.config.rounds
+        if timeout <= 0 or at_own_pace:
             self._finish_round(agent, round_index)
             return
         self._waiting[agent.agent_id] = round_index

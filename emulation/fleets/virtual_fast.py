@@ -189,7 +189,9 @@ class VirtualPushSum:
             a.x, a.pending_x = self.x[a.index], self.pending_x[a.index]
         settings = config.agent_settings()
         self.rounds, self.staleness = config.rounds, settings.staleness
-        self.timeout, self.reports = settings.wait_timeout_s, settings.reports
+        self.reports = settings.reports
+        self.timeouts = [config.wait_timeout_of(i) for i in range(n)]
+        self.asynchronous = settings.pace == "async"
         self.seed = settings.seed
         self.shaper = shaper
         self.sizes = WireSizes(config, self.ids, self.dim)
@@ -276,11 +278,12 @@ class VirtualPushSum:
             else:
                 loop.at(now + delay, self._deliver, edge, round_index, seq, base, decoded,
                         sigma_y, nbytes)  # fmt: skip
-        if self.timeout <= 0:
+        timeout = self.timeouts[i]
+        if timeout <= 0 or (self.asynchronous and round_index < self.rounds):
             self._finish_round(a, round_index)
             return
         self.waiting[i] = round_index
-        loop.at(now + self.timeout, self._timeout, a, round_index)
+        loop.at(now + timeout, self._timeout, a, round_index)
         self._check(a)
 
     def _verdicts(

@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from airgossip.edge.availability import OnlineSchedule
 from airgossip.edge.energy import EnergyLedger, PowerModel
 from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
 from airgossip.emulation.fleets.virtual import VirtualFleet
 from airgossip.emulation.networks import network_for
 from airgossip.scenario.config import (
@@ -89,11 +90,11 @@ def test_the_classes_survive_the_run_folder_s_scenario() -> None:
     assert RunConfig.model_validate_json(run.model_dump_json()) == run
 
 
-def virtual(fast: bool | None, classes: list[dict[str, Any]]) -> VirtualFleet:
+def virtual(fast: bool | None, classes: list[dict[str, Any]], **more: Any) -> VirtualFleet:
     base: dict[str, Any] = read_scenario(scenario_path("lte-urban"))
     base["wireless"]["mobility"]["area_m"] = [300.0, 300.0]
     values = {"mode": "virtual", "agents": 6, "rounds": 12, "seed": 3,
-              "task": {"name": "consensus"}, "device_classes": classes}  # fmt: skip
+              "task": {"name": "consensus"}, "device_classes": classes, **more}  # fmt: skip
     run = load_config(None, values, base=base)
     fleet = VirtualFleet(run, network_for(run), fast=fast)
     fleet.run()
@@ -246,3 +247,28 @@ def test_a_device_that_is_off_holds_its_rounds_and_refuses_messages_on_the_virtu
     even = virtual(None, [])
     failed = sum(rs[-1].counters.messages_failed for rs in records.values())
     assert failed > sum(rs[-1].counters.messages_failed for rs in even.records().values())
+
+
+def consensus_error(fleet: VirtualFleet) -> float:
+    run = fleet.config
+    reference = true_average(run.seed, run.agents, ConsensusOptions()).numpy()
+    error = summarise(fleet.records(), reference=reference).final.relative_error
+    assert error is not None
+    return error
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_asynchronous_agents_go_at_their_own_pace_on_the_virtual_clock(fast: bool) -> None:
+    slow = [{"name": "pi", "agents": [2], "speed": 0.2}]
+    rounds = virtual(fast, slow, rounds=60)
+    own_pace = virtual(fast, slow, rounds=60, pace="async")
+    assert own_pace.fast is fast
+    held = {a: rs[-1].wall_s for a, rs in rounds.records().items()}
+    free = {a: rs[-1].wall_s for a, rs in own_pace.records().items()}
+    assert all(rs[-1].round == 60 for rs in own_pace.records().values())
+    # in rounds the slow agent holds everyone back; at their own pace the others finish
+    # first, in a fraction of the time (it takes five times as long for each step)
+    assert max(v for a, v in free.items() if a != "agent-2") < 0.5 * min(held.values())
+    assert free["agent-2"] == pytest.approx(held["agent-2"], rel=0.2)
+    assert consensus_error(rounds) < 1e-12
+    assert consensus_error(own_pace) < 1e-5  # the others stopped before its last mass came
