@@ -58,8 +58,8 @@ class AgentSettings(BaseModel):
     pace: Literal["rounds", "async"] = Field(
         "rounds",
         description="rounds: wait (at most wait_timeout_s) for in-neighbours within staleness "
-        "rounds; async: never wait, each agent at its own pace (but for its last round's "
-        "messages)",
+        "rounds; async: for its own sends only, each agent at its own pace (and in the last "
+        "round for the in-neighbours' last messages)",
     )
     privacy: PrivacySettings = Field(
         default_factory=PrivacySettings, description="differential privacy of the training data"

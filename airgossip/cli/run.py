@@ -97,6 +97,14 @@ def run(
     seed: Annotated[
         int | None, typer.Option(help="Seed of every random draw (default: 0).")
     ] = None,
+    pace: Annotated[
+        str | None,
+        typer.Option(
+            help="rounds: each round waits (at most wait_timeout_s) for in-neighbours within "
+            "staleness rounds; async: for its own sends only, each agent at its device's "
+            "pace (default: rounds)."
+        ),
+    ] = None,
     mode: Annotated[
         str | None,
         typer.Option(
@@ -175,7 +183,7 @@ def run(
     """Run a fleet of agents locally and write results.json and a plot."""
     overrides = flag_overrides(
         agents=agents, topology=topology, task=task, algorithm=algorithm, rounds=rounds,
-        loss=loss, seed=seed, mode=mode, device=device, compression=compression,
+        loss=loss, seed=seed, mode=mode, device=device, compression=compression, pace=pace,
     )  # fmt: skip
     # Everything the flags alone can say is wrong is said before torch is imported.
     from airgossip.cli.early import (

@@ -24,10 +24,12 @@ def flag_overrides(
     mode: str | None = None,
     device: str | None = None,
     compression: str | None = None,
+    pace: str | None = None,
 ) -> Settings:
     """Flag values given on the command line, shaped like the scenario file."""
     top = {"agents": agents, "topology": topology, "algorithm": algorithm, "rounds": rounds,
-           "seed": seed, "mode": mode, "device": device, "compression": compression}  # fmt: skip
+           "seed": seed, "mode": mode, "device": device, "compression": compression,
+           "pace": pace}  # fmt: skip
     out: Settings = {key: value for key, value in top.items() if value is not None}
     if task is not None:
         out["task"] = {"name": task}

@@ -306,12 +306,11 @@ class Agent(InboundSide, CheckpointSide):
         An in-neighbour more than :data:`~airgossip.edge.agent.pacing.PATIENCE_ROUNDS` behind
         is not waited for (it is gone, or restarting), as long as another one is within reach;
         when every in-neighbour is that far behind, the wait runs to its timeout
-        (:func:`~airgossip.edge.agent.pacing.wait_over`). At ``pace = "async"`` only the last
-        round waits (for the in-neighbours' last messages).
+        (:func:`~airgossip.edge.agent.pacing.wait_over`). At ``pace = "async"`` a round waits for
+        its own sends only (a device sends no faster than its links carry), and the last
+        round for the in-neighbours' last messages too.
         """
         last = round_index >= self.settings.rounds
-        if not last and self.settings.pace == "async":
-            return True  # at its own pace: what has arrived is mixed, nothing is waited for
         need = round_index - (0 if last else self.settings.staleness)
         with self._lock:
             assignment = self._assignment
@@ -319,6 +318,8 @@ class Agent(InboundSide, CheckpointSide):
                 return True
             if self.outbox.inflight:
                 return False
+            if not last and self.settings.pace == "async":
+                return True  # at its own pace: its in-neighbours' rounds are not waited for
             phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
             heard = self._heard
             return wait_over((heard.get(p, 0) for p in phase.in_neighbours), need)

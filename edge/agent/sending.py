@@ -169,7 +169,7 @@ class Outbox:
             self.unreachable.discard(peer)  # it answered, if only to refuse
             self.refusing.add(peer)
         key = (peer, err.code.value if err else "?")
-        if key in self._warned:
-            return ""
+        if key in self._warned or (err is not None and err.kind == "offline"):
+            return ""  # said once; an emulated device that is off is no news
         self._warned.add(key)
         return f"push to {peer} failed: {err}"

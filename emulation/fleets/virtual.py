@@ -334,8 +334,7 @@ class VirtualFleet(Fleet):
     def _push(self, agent: Agent, round_index: int) -> None:
         agent.push(round_index)
         timeout = self._timeouts[agent.agent_id]
-        at_own_pace = agent.settings.pace == "async" and round_index < self.config.rounds
-        if timeout <= 0 or at_own_pace:
+        if timeout <= 0:
             self._finish_round(agent, round_index)
             return
         self._waiting[agent.agent_id] = round_index

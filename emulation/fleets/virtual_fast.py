@@ -279,7 +279,7 @@ class VirtualPushSum:
                 loop.at(now + delay, self._deliver, edge, round_index, seq, base, decoded,
                         sigma_y, nbytes)  # fmt: skip
         timeout = self.timeouts[i]
-        if timeout <= 0 or (self.asynchronous and round_index < self.rounds):
+        if timeout <= 0:
             self._finish_round(a, round_index)
             return
         self.waiting[i] = round_index
@@ -384,7 +384,8 @@ class VirtualPushSum:
         last = round_index >= self.rounds
         need = round_index - (0 if last else self.staleness)
         heard = a.heard
-        if not wait_over((heard.get(p, 0) for p in a.incoming), need):
+        at_own_pace = self.asynchronous and not last  # its own sends only
+        if not at_own_pace and not wait_over((heard.get(p, 0) for p in a.incoming), need):
             return
         self._finish_round(a, round_index)
 
