@@ -40,6 +40,7 @@ ENTRIES = {
     "privacy": "benchmarks.privacy",
     "attacks": "benchmarks.attacks",
     "drift": "benchmarks.drift",
+    "uneven": "benchmarks.heterogeneous",
     "host-threads": "benchmarks.host_threads",
     "ray-mode": "benchmarks.ray_mode",
     "ray-recovery": "benchmarks.ray_recovery",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -285,6 +286,62 @@ def _figures(
 def _depleted(record: RoundRecord) -> bool:
     """The agent had spent its battery (and left the fleet) when it made ``record``."""
     return record.metrics.get("battery_left_j", 1.0) <= 0.0
+
+
+@dataclass(frozen=True)
+class FleetMoment:
+    """The fleet at one moment: every agent's latest report at or before ``time_s``."""
+
+    time_s: float
+    mean_accuracy: float | None
+    mean_energy_j: float | None
+
+
+def over_time(records: Mapping[str, Iterable[RoundRecord]]) -> list[FleetMoment]:
+    """The fleet after each report, in the order of the agents' clocks (``wall_s``): what a
+    fleet whose agents go at their own pace (``pace = "async"``) has reached by a time, where
+    a round's figures mix agents that got there at different times."""
+    latest: dict[str, RoundRecord] = {}
+    events = sorted(
+        ((r.wall_s, r.round, agent_id, r) for agent_id, rs in records.items() for r in rs),
+        key=lambda e: (e[0], e[1], e[2]),
+    )
+    moments: list[FleetMoment] = []
+    accuracy = energy = 0.0
+    with_accuracy = with_energy = 0
+    for time_s, _, agent_id, record in events:
+        before = latest.get(agent_id)
+        if before is not None:
+            if "accuracy" in before.metrics:
+                accuracy -= before.metrics["accuracy"]
+                with_accuracy -= 1
+            if "energy_j" in before.metrics:
+                energy -= before.metrics["energy_j"]
+                with_energy -= 1
+        latest[agent_id] = record
+        if "accuracy" in record.metrics:
+            accuracy += record.metrics["accuracy"]
+            with_accuracy += 1
+        if "energy_j" in record.metrics:
+            energy += record.metrics["energy_j"]
+            with_energy += 1
+        moments.append(FleetMoment(
+            time_s,
+            accuracy / with_accuracy if with_accuracy else None,
+            energy / with_energy if with_energy else None,
+        ))  # fmt: skip
+    return moments
+
+
+def time_to_accuracy(
+    records: Mapping[str, Iterable[RoundRecord]], target: float
+) -> FleetMoment | None:
+    """The first moment the fleet's mean accuracy (every agent's latest report) reaches
+    ``target`` (None: it never did), with the mean energy spent by then."""
+    for moment in over_time(records):
+        if moment.mean_accuracy is not None and moment.mean_accuracy >= target:
+            return moment
+    return None
 
 
 def summarise(

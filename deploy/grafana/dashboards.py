@@ -226,6 +226,24 @@ def fleet() -> db.Dashboard:
                     ),
                 ).min(0),
             ],
+            [
+                series(
+                    "Energy spent per agent",
+                    "Joules each agent has spent computing and on the radio, at its device "
+                    "class's power ([[device_classes]], docs/devices.md); agents whose class "
+                    "draws none are not drawn.",
+                    "joule",
+                    query(
+                        f"sum by (agent) (airgossip_agent_energy_joules{{{AGENT}}})", "{{agent}}"
+                    ),
+                ).min(0),
+                series(
+                    "Battery left per agent",
+                    "Joules left in each agent's battery; at 0 it has left the fleet.",
+                    "joule",
+                    query(f"airgossip_agent_battery_left_joules{{{AGENT}}}", "{{agent}}"),
+                ).min(0),
+            ],
         ],
     )
 

@@ -86,6 +86,7 @@ def test_the_panels_and_variables_operators_need() -> None:
         "Test accuracy per agent", "Consensus distance per agent", "Rounds/s (fleet)",
         "Rounds/s per agent", "Agents alive", "Graph strongly connected", "Mixing |λ2|",
         "Privacy spent per agent (ε)",
+        "Energy spent per agent", "Battery left per agent",
     }  # fmt: skip
     assert titles["airgossip-network.json"] >= {
         "Bytes/s per directed link", "Message drop rate per directed link",

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import local_fleet
 from tests.support.cli import ROOT
 from tests.support.local_fleet import LocalFleet
 from tests.support.processes import free_port
@@ -31,11 +32,26 @@ from tests.support.tls import credentials_folder
 pytestmark = pytest.mark.slow
 
 AGENTS = 4
+#: Every agent of a device class that draws power (on devices: its real step times, and
+#: airtime at the class's nominal rate: the links model none).
+DEVICES = """
+[[device_classes]]
+name = "phone"
+fraction = 1.0
+compute_w = 3.0
+tx_w = 1.2
+rx_w = 0.8
+radio_mbps = 20
+battery_j = 1e6
+"""
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(tmp_path, agents=AGENTS, topology=["--topology", "exponential"])
+    fleet = LocalFleet(
+        tmp_path, agents=AGENTS, topology=["--topology", "exponential"],
+        scenario=local_fleet.SCENARIO.format(agents=AGENTS) + DEVICES,
+    )  # fmt: skip
     try:
         fleet.start_coordinator()
         for i in range(AGENTS):
@@ -43,6 +59,16 @@ def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
         yield fleet
     finally:
         fleet.close()
+
+
+def panel_query(dashboard: str, title: str) -> str:
+    """The query of ``dashboard``'s panel ``title``, its variables matching everything."""
+    data = json.loads((ROOT / "deploy/grafana/dashboards" / dashboard).read_text())
+    (panel,) = [p for p in data["panels"] if p["title"] == title]
+    expr: str = panel["targets"][0]["expr"]
+    for name, value in {"$__rate_interval": "20s", "$agent": ".*", "$peer": ".*"}.items():
+        expr = expr.replace(name, value)
+    return expr
 
 
 def scrape(url: str) -> str:
@@ -120,6 +146,17 @@ def test_prometheus_discovers_the_fleet_and_answers_promql(
         # Every agent measures what each in-neighbour's messages do to it (received edges).
         increments = prometheus.query("airgossip_agent_in_neighbour_increment_ratio_count")
         assert {(r["metric"]["peer"], r["metric"]["agent"]) for r in increments} == edges
+        # The fleet dashboard's energy panels draw from it: joules by agent, compute and radio.
+        for title in ("Energy spent per agent", "Battery left per agent"):
+            expr = panel_query("airgossip-fleet.json", title)
+            drawn = prometheus.query(expr)
+            assert sorted(r["metric"]["agent"] for r in drawn) == [
+                f"agent-{i}" for i in range(AGENTS)
+            ], (title, drawn)
+            assert all(0 < float(r["value"][1]) < 1e6 for r in drawn), (title, drawn)
+        for kind in ("compute", "radio"):
+            spent = prometheus.query(f'airgossip_agent_energy_joules{{kind="{kind}"}}')
+            assert len(spent) == AGENTS and all(float(r["value"][1]) > 0 for r in spent)
     finally:
         prometheus.close()
 
