@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from airgossip.edge.availability import OnlineSchedule
 from airgossip.edge.energy import EnergyLedger, PowerModel
 from airgossip.edge.observability.metrics import AgentMetrics
+from airgossip.edge.observability.stats import RoundRecord
 from airgossip.edge.tasks.consensus import ConsensusOptions, true_average
 from airgossip.emulation.fleets.virtual import VirtualFleet
 from airgossip.emulation.networks import network_for
@@ -26,7 +27,7 @@ from airgossip.scenario.config import (
     scenario_toml,
 )
 from airgossip.scenario.devices import HOST
-from airgossip.scenario.results import summarise
+from airgossip.scenario.results import over_time, summarise, time_to_accuracy
 from airgossip.scenario.wireless import scenario_path
 from tests.support.prometheus import promtool_check
 
@@ -272,3 +273,22 @@ def test_asynchronous_agents_go_at_their_own_pace_on_the_virtual_clock(fast: boo
     assert free["agent-2"] == pytest.approx(held["agent-2"], rel=0.2)
     assert consensus_error(rounds) < 1e-12
     assert consensus_error(own_pace) < 1e-5  # the others stopped before its last mass came
+
+
+def test_time_to_accuracy_takes_every_agent_s_latest_report() -> None:
+    def record(agent: str, round_: int, at: float, accuracy: float, joules: float) -> RoundRecord:
+        return RoundRecord(agent, round_, at, {"accuracy": accuracy, "energy_j": joules})
+
+    records = {
+        "a": [record("a", 0, 0.0, 0.1, 0.0), record("a", 1, 1.0, 0.9, 2.0),
+              record("a", 2, 2.0, 0.95, 4.0)],
+        "b": [record("b", 0, 0.0, 0.1, 0.0), record("b", 1, 3.0, 0.875, 9.0)],
+    }  # fmt: skip
+    moments = over_time(records)
+    assert [m.time_s for m in moments] == [0.0, 0.0, 1.0, 2.0, 3.0]
+    assert moments[3].mean_accuracy == pytest.approx((0.95 + 0.1) / 2)
+    reached = time_to_accuracy(records, 0.9)
+    assert reached is not None and reached.time_s == 3.0
+    assert reached.mean_accuracy == pytest.approx(0.9125)
+    assert reached.mean_energy_j == pytest.approx(6.5)
+    assert time_to_accuracy(records, 0.95) is None
