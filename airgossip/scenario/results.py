@@ -403,7 +403,8 @@ def _clean(value: Any) -> Any:
 
 def plot_results(path: Path, results: RunResults, title: str) -> None:
     """PNG with accuracy (mean, min-max band) and consensus distance per round, and, for
-    runs whose rounds hold them (wireless networks), the drop rate and link counts."""
+    runs whose rounds hold them, the drop rate and link counts (wireless networks) and the
+    mean accuracy against the mean energy an agent spent (device classes that draw power)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -411,7 +412,13 @@ def plot_results(path: Path, results: RunResults, title: str) -> None:
 
     rows = results.rounds
     links = any(r.drop_rate is not None or r.radio_links is not None for r in rows)
-    fig, axes = plt.subplots(1, 3 if links else 2, figsize=(16 if links else 11, 4.2))
+    energy = [
+        (r.mean_energy_j, r.mean_accuracy)
+        for r in rows
+        if r.mean_energy_j is not None and r.mean_accuracy is not None
+    ]
+    panels = 2 + links + bool(energy)
+    fig, axes = plt.subplots(1, panels, figsize=(5.4 * panels + 0.2, 4.2))
     left, right = axes[0], axes[1]
     acc = [
         (r.round, r.mean_accuracy, r.min_accuracy, r.max_accuracy)
@@ -448,10 +455,17 @@ def plot_results(path: Path, results: RunResults, title: str) -> None:
     right.grid(alpha=0.3)
     if links:
         _plot_links(axes[2], rows)
+    if energy:
+        ax = axes[-1]
+        ax.plot([e[0] for e in energy], [e[1] for e in energy], marker=".")
+        ax.set_xlabel("mean energy spent per agent (J)")
+        ax.set_ylabel("mean test accuracy")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
     fig.suptitle(title)
     # Fixed margins that fit the labels: tight_layout measured every tick label's extent
     # first, as long as drawing the figure (0.3-0.5 s a run).
-    if links:
+    if panels > 2:
         fig.subplots_adjust(left=0.055, right=0.945, bottom=0.12, top=0.88, wspace=0.34)
     else:
         fig.subplots_adjust(left=0.08, right=0.985, bottom=0.12, top=0.88, wspace=0.3)

@@ -6,6 +6,7 @@ spent leaving the fleet."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from airgossip.scenario.config import (
     scenario_toml,
 )
 from airgossip.scenario.devices import HOST
-from airgossip.scenario.results import over_time, summarise, time_to_accuracy
+from airgossip.scenario.results import over_time, plot_results, summarise, time_to_accuracy
 from airgossip.scenario.wireless import scenario_path
 from tests.support.prometheus import promtool_check
 
@@ -292,3 +293,14 @@ def test_time_to_accuracy_takes_every_agent_s_latest_report() -> None:
     assert reached.mean_accuracy == pytest.approx(0.9125)
     assert reached.mean_energy_j == pytest.approx(6.5)
     assert time_to_accuracy(records, 0.95) is None
+
+
+def test_the_results_plot_draws_accuracy_against_energy(tmp_path: Path) -> None:
+    def width(path: Path) -> int:
+        return int.from_bytes(path.read_bytes()[16:20], "big")  # the PNG header's width
+
+    watts = [{"name": "phone", "fraction": 1.0, "compute_w": 3.0, "tx_w": 1.0}]
+    for classes, name in (([], "plain.png"), (watts, "energy.png")):
+        fleet = virtual(None, classes, rounds=3, task={"name": "digits"})
+        plot_results(tmp_path / name, summarise(fleet.records()), name)
+    assert width(tmp_path / "energy.png") > 1.3 * width(tmp_path / "plain.png")
