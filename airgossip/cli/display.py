@@ -180,6 +180,7 @@ def summary_table(
         ("consensus distance", fmt(final.consensus_distance)),
         ("messages", f"{final.messages_sent} sent, {final.messages_dropped} lost ({links})"),
         ("bytes sent", f"{final.bytes_sent / 1e6:.2f} MB"),
+        *_energy_rows(results),
         *_wireless_rows(results),
         ("wall time", _wall_time(results)),
         ("results", str(out_dir / "results.json")),
@@ -187,6 +188,18 @@ def summary_table(
     for key, value in rows:
         table.add_row(key, Text(str(value)))
     return table
+
+
+def _energy_rows(results: RunResults) -> list[tuple[str, Any]]:
+    """What the agents spent ([[device_classes]] that draw power): ``energy  mean 41.2 J an
+    agent (max 77.0 J), 2 batteries spent``."""
+    final = results.final
+    if final.mean_energy_j is None or final.max_energy_j is None:
+        return []
+    n = final.agents_depleted or 0
+    spent = f", {n} {'battery' if n == 1 else 'batteries'} spent (left)" if n else ""
+    return [("energy", f"mean {final.mean_energy_j:.1f} J an agent "
+                       f"(max {final.max_energy_j:.1f} J){spent}")]  # fmt: skip
 
 
 def _wall_time(results: RunResults) -> str:

@@ -33,6 +33,7 @@ Example scenario (every key optional)::
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from types import UnionType
@@ -243,7 +244,7 @@ class RunConfig(AgentSettings):
         where the scenario has none)."""
         if not self.device_classes:
             return HOST
-        return assign_classes(self.device_classes, self.agents, self.seed)[index]
+        return self._assigned()[index]
 
     def wait_timeout_of(self, index: int) -> float:
         """Agent ``index``'s longest wait for in-neighbours per round: its device class's,
@@ -256,8 +257,15 @@ class RunConfig(AgentSettings):
         return self.device_class(index).availability.schedule(self.seed, index)
 
     def device_assignment(self) -> list[DeviceClass]:
-        """Every agent's device class, by index."""
-        return assign_classes(self.device_classes, self.agents, self.seed)
+        """Every agent's device class, by index (drawn once per scenario and kept: asking
+        for each agent of a large fleet costs no more than asking once)."""
+        if not self.device_classes:
+            return [HOST] * self.agents
+        return list(self._assigned())
+
+    def _assigned(self) -> tuple[DeviceClass, ...]:
+        classes = tuple(c.model_dump_json() for c in self.device_classes)
+        return _assignment(classes, self.agents, self.seed)
 
     @property
     def network_kind(self) -> str:
@@ -278,6 +286,13 @@ class RunConfig(AgentSettings):
         return AgentSettings.model_validate(
             self.model_dump(include=set(AgentSettings.model_fields))
         )
+
+
+@functools.lru_cache(maxsize=16)
+def _assignment(classes: tuple[str, ...], agents: int, seed: int) -> tuple[DeviceClass, ...]:
+    """:func:`assign_classes` of the classes (as JSON), kept for the scenarios in use."""
+    models = [DeviceClass.model_validate_json(c) for c in classes]
+    return tuple(assign_classes(models, agents, seed))
 
 
 #: The keys a scenario may hold: each table's keys in its model's order, a nested table
