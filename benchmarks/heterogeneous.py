@@ -15,8 +15,9 @@ Two measurements, each against its baseline in the same run:
   reaches :data:`TARGET`, and the mean energy an agent had spent by then. Goal: the
   asynchronous fleet there in at most 0.6 of the rounds' time.
 * **Agent processes**: 8 agents (real gRPC, process mode), 2 of them at a quarter of the
-  host's speed, at their own pace: how much longer the slow agents' rounds really take
-  than the others' (their steps are stretched, ~4x), and the fleet's final mean accuracy.
+  host's speed, at their own pace, on compute-bound rounds (400 local steps each): how much
+  longer the slow agents' rounds really take than the others' while all of them run (their
+  steps are stretched, ~4x), and the fleet's final mean accuracy.
 """
 
 from __future__ import annotations
@@ -104,26 +105,32 @@ def virtual_outcome(quick: bool) -> Outcome:
     )
 
 
-def round_seconds(records: list[RoundRecord]) -> float:
-    """An agent's mean seconds per round, from its first report after round 0 to its last."""
-    timed = [r for r in records if r.round > 0]
-    first, last = timed[0], timed[-1]
-    return (last.wall_s - first.wall_s) / max(1, last.round - first.round)
+def seconds_per_round(records: dict[str, list[RoundRecord]]) -> dict[str, float]:
+    """Each agent's seconds per round while every agent was still running (until the first
+    finished): after that the others have this machine's cores to themselves, and every
+    emulated speed is relative to the machine's."""
+    until = min(rs[-1].wall_s for rs in records.values())
+    per_round = {}
+    for agent_id, rs in records.items():
+        last = max((r for r in rs if r.round > 0 and r.wall_s <= until), key=lambda r: r.round)
+        per_round[agent_id] = last.wall_s / last.round
+    return per_round
 
 
 def process_outcome(quick: bool) -> Outcome:
-    rounds = 20 if quick else 30
+    rounds = 12 if quick else 20
     slow = [6, 7]
     config = load_config(None, {
         "mode": "process", "agents": 8, "rounds": rounds, "seed": 2, "pace": "async",
-        "task": {"name": "digits"}, "network": {"loss": 0.0},
+        # compute-bound rounds, as on a device whose steps are long: 400 steps a round
+        "task": {"name": "digits", "local_steps": 400}, "network": {"loss": 0.0},
         "device_classes": [{"name": "pi", "agents": slow, "speed": 0.25, **WATTS}],
     })  # fmt: skip
     fleets: list[Fleet] = []
     with tempfile.TemporaryDirectory(prefix="uneven-") as folder:
         results = run_fleet(config, Path(folder) / "run", on_start=fleets.append)
         records = fleets[0].records()
-    per_round = {agent_id: round_seconds(rs) for agent_id, rs in records.items()}
+    per_round = seconds_per_round(records)
     slow_s = statistics.fmean(per_round[f"agent-{i}"] for i in slow)
     fast_s = statistics.fmean(v for a, v in per_round.items() if int(a.split("-")[1]) not in slow)
     ratio = slow_s / fast_s
@@ -133,8 +140,8 @@ def process_outcome(quick: bool) -> Outcome:
         "uneven-process",
         f"8 agent processes, 2 at 1/4 speed, async: their rounds take ~4x, the fleet reaches "
         f"{TARGET}",
-        f"slow agents' rounds {slow_s:.3f} s against {fast_s:.3f} s ({ratio:.2f}x); final "
-        f"mean accuracy {accuracy:.3f} after {rounds} rounds",
+        f"slow agents' rounds {slow_s:.3f} s against {fast_s:.3f} s ({ratio:.2f}x, while all "
+        f"ran); final mean accuracy {accuracy:.3f} after {rounds} rounds",
         met,
         {"seconds_per_round": per_round, "ratio": ratio, "final_mean_accuracy": accuracy},
     )

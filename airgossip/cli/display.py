@@ -197,9 +197,9 @@ def _energy_rows(results: RunResults) -> list[tuple[str, Any]]:
     if final.mean_energy_j is None or final.max_energy_j is None:
         return []
     n = final.agents_depleted or 0
-    spent = f", {n} {'battery' if n == 1 else 'batteries'} spent (left)" if n else ""
-    return [("energy", f"mean {final.mean_energy_j:.1f} J an agent "
-                       f"(max {final.max_energy_j:.1f} J){spent}")]  # fmt: skip
+    spent = f", {n} {'battery' if n == 1 else 'batteries'} spent" if n else ""
+    return [("energy", f"{final.mean_energy_j:.1f} J an agent (max {final.max_energy_j:.1f})"
+                       f"{spent}")]  # fmt: skip
 
 
 def _wall_time(results: RunResults) -> str:
