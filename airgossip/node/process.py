@@ -397,7 +397,7 @@ def _stretch(config: RunConfig, options: AgentProcessOptions, source: Links) -> 
     """How many times its host's time each local step of this agent takes: its device
     class's, in an emulated fleet (said in the log); 1 on a real device."""
     device = config.device_class(options.index)
-    if device is HOST:
+    if device is HOST or device.speed == 1.0:
         return 1.0
     if not source.emulates_devices:
         log.info(

@@ -74,8 +74,6 @@ class WallClockRunner:
                     "%s: battery spent (%.1f J) in round %d: it leaves the fleet",
                     agent.agent_id, agent.energy.total_j, agent.round,
                 )  # fmt: skip
-                if not agent.report_due(agent.round):
-                    agent.report(agent.round, final=True)
                 break
             if self._rejoining:
                 self.catch_up(wait_s=REJOIN_WAIT_S)
@@ -94,8 +92,10 @@ class WallClockRunner:
         agent.push(round_index)
         self.wait_for_neighbours(round_index)
         agent.mix(round_index)
-        if agent.report_due(round_index):
-            agent.report(round_index)
+        # A spent battery ends the agent's run here: its last report is final.
+        depleted = agent.energy is not None and agent.energy.depleted
+        if agent.report_due(round_index) or depleted:
+            agent.report(round_index, final=depleted)
         if agent.checkpointer is not None and agent.checkpointer.due():
             agent.checkpoint()
 
