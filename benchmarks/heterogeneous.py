@@ -65,8 +65,14 @@ def virtual_run(agents: int, rounds: int, pace: str) -> dict[str, Any]:
     records = fleet.records()
     reached = time_to_accuracy(records, TARGET)
     finals = [rs[-1] for rs in records.values()]
+    milestones = {}
+    for target in (0.8, 0.85, TARGET):
+        moment = time_to_accuracy(records, target)
+        if moment is not None:
+            milestones[str(target)] = {"time_s": moment.time_s, "energy_j": moment.mean_energy_j}
     return {
         "pace": pace,
+        "milestones": milestones,
         "time_to_target_s": None if reached is None else reached.time_s,
         "energy_to_target_j": None if reached is None else reached.mean_energy_j,
         "final_mean_accuracy": statistics.fmean(r.metrics["accuracy"] for r in finals),
@@ -94,14 +100,16 @@ def virtual_outcome(quick: bool) -> Outcome:
     measured = f"{said(free)}; {said(synced)}"
     if ratio is not None:
         measured = f"{ratio:.2f}x the rounds' time ({measured})"
+    # Not met where only the rounds got there; not measured where neither did.
+    met = None if synced["time_to_target_s"] is None else ratio is not None and ratio <= 0.6
     return Outcome(
         "uneven-virtual",
         f"{agents} agents, lte-urban, 3 device classes: async reaches {TARGET} mean accuracy "
         "in <= 0.6x the emulated time of rounds",
         measured,
-        None if ratio is None else ratio <= 0.6,
+        met,
         {"agents": agents, "rounds": rounds, "classes": CLASSES, "runs": runs, "ratio": ratio},
-        "" if both else "a pace that never reached the target has no time to compare",
+        "" if synced["time_to_target_s"] is not None else "the rounds never reached the target",
     )
 
 
