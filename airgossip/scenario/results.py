@@ -66,6 +66,14 @@ class RoundFigures(_Figures):
     agents_depleted: int | None = None
 
 
+class MomentFigures(_Figures):
+    """The fleet at one moment of its agents' clocks (every agent's latest report)."""
+
+    time_s: float
+    mean_accuracy: float | None = None
+    mean_energy_j: float | None = None
+
+
 class FinalFigures(RoundFigures):
     """Every agent's last record."""
 
@@ -208,6 +216,10 @@ class RunResults(_Figures):
     privacy: PrivacyFigures | None = None
     #: Packet drops of kernel-shaped links, apart from message losses (``final``).
     kernel: KernelFigures | None = None
+    #: Fleets whose agents go at their own pace or on uneven devices: the fleet over time
+    #: (:func:`over_time`, at most :data:`TIMELINE_POINTS` moments), where a round's figures
+    #: mix agents that got there at different times.
+    timeline: list[MomentFigures] | None = None
 
     def to_json(self) -> dict[str, JsonValue]:
         """The JSON form: figures a run does not have are left out, NaN and infinity
@@ -288,6 +300,10 @@ def _depleted(record: RoundRecord) -> bool:
     return record.metrics.get("battery_left_j", 1.0) <= 0.0
 
 
+#: The most moments ``results.json``'s ``timeline`` keeps.
+TIMELINE_POINTS = 200
+
+
 @dataclass(frozen=True)
 class FleetMoment:
     """The fleet at one moment: every agent's latest report at or before ``time_s``."""
@@ -361,6 +377,7 @@ def summarise(
     config:
         The resolved config the results carry.
     """
+    records = {agent_id: list(rs) for agent_id, rs in records.items()}  # read twice
     by_round: dict[int, dict[str, RoundRecord]] = {}
     last: dict[str, RoundRecord] = {}
     for agent_id, agent_records in records.items():
@@ -387,7 +404,22 @@ def summarise(
         final = FinalFigures(round=final_round, complete=complete)
     if final.mean_energy_j is not None:  # counted over every agent, not the finishers only
         final.agents_depleted = sum(1 for r in last.values() if _depleted(r))
-    return RunResults(config=config or {}, rounds=rounds, final=final)
+    results = RunResults(config=config or {}, rounds=rounds, final=final)
+    settings = config or {}
+    if settings.get("pace") == "async" or settings.get("device_classes"):
+        moments = over_time(records)
+        step = max(1, len(moments) // TIMELINE_POINTS)
+        kept = moments[step - 1 :: step] if len(moments) > TIMELINE_POINTS else moments
+        if moments and kept[-1] is not moments[-1]:
+            kept.append(moments[-1])
+        results.timeline = [
+            MomentFigures(
+                time_s=round(m.time_s, 4), mean_accuracy=m.mean_accuracy,
+                mean_energy_j=m.mean_energy_j,
+            )
+            for m in kept
+        ]  # fmt: skip
+    return results
 
 
 def _clean(value: Any) -> Any:

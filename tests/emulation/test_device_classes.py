@@ -6,6 +6,7 @@ spent leaving the fleet."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,13 @@ from airgossip.scenario.config import (
     scenario_toml,
 )
 from airgossip.scenario.devices import HOST
-from airgossip.scenario.results import over_time, plot_results, summarise, time_to_accuracy
+from airgossip.scenario.results import (
+    RunResults,
+    over_time,
+    plot_results,
+    summarise,
+    time_to_accuracy,
+)
 from airgossip.scenario.wireless import scenario_path
 from tests.support.prometheus import promtool_check
 
@@ -304,3 +311,18 @@ def test_the_results_plot_draws_accuracy_against_energy(tmp_path: Path) -> None:
         fleet = virtual(None, classes, rounds=3, task={"name": "digits"})
         plot_results(tmp_path / name, summarise(fleet.records()), name)
     assert width(tmp_path / "energy.png") > 1.3 * width(tmp_path / "plain.png")
+
+
+def test_results_of_uneven_fleets_carry_the_fleet_over_time() -> None:
+    fleet = virtual(None, [{"name": "pi", "agents": [2], "speed": 0.2}], rounds=3,
+                    task={"name": "digits"}, pace="async")  # fmt: skip
+    results = summarise(fleet.records(), config=fleet.config.model_dump(mode="json"))
+    timeline = results.timeline
+    assert timeline is not None and 2 <= len(timeline) <= 200
+    times = [m.time_s for m in timeline]
+    assert times == sorted(times) and timeline[-1].mean_accuracy is not None
+    data = RunResults.model_validate_json(json.dumps(results.to_json()))
+    assert data.timeline == timeline
+    even = virtual(None, [], rounds=3, task={"name": "digits"})
+    plain = summarise(even.records(), config=even.config.model_dump(mode="json"))
+    assert plain.timeline is None and "timeline" not in plain.to_json()
