@@ -10,6 +10,8 @@ stopped when it comes back. Three kinds:
 * ``random``: on and off for times drawn from exponential distributions of means ``on_s`` and
   ``off_s`` (on a fraction ``on_s / (on_s + off_s)`` of the time in the long run), starting
   on or off with those odds.
+* ``trace``: off in the given periods (``off``: ``(from_s, until_s)`` pairs, as a device
+  availability trace records them), on otherwise.
 
 Times are seconds since the agent's run began, on its driver's clock (virtual or wall). A
 schedule is a pure function of its seed: every process that builds it gets the same one.
@@ -23,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-Kind = Literal["always", "periodic", "random"]
+Kind = Literal["always", "periodic", "random", "trace"]
 
 
 @dataclass
@@ -40,9 +42,23 @@ class OnlineSchedule:
     _starts_on: bool = True
     _phase: float = 0.0
     _rng: random.Random | None = field(default=None, repr=False)
+    #: ``trace``: the periods off, as ``(from_s, until_s)``.
+    off: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind == "always":
+            return
+        if self.kind == "trace":
+            merged: list[list[float]] = []
+            for begin, end in sorted(self.off):
+                if not 0 <= begin < end:
+                    raise ValueError(f"an off period must run forwards from 0 s on: {begin}, {end}")
+                if merged and begin <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([begin, end])
+            self.off = tuple((b, e) for b, e in merged)
+            self._flips = [t for period in self.off for t in period]
             return
         if not (self.on_s > 0 and math.isfinite(self.on_s) and self.off_s > 0):
             raise ValueError(
@@ -61,6 +77,8 @@ class OnlineSchedule:
         """Whether the device is on at ``t``."""
         if self.kind == "always":
             return True
+        if self.kind == "trace":  # flips: off at even indexes, on again at odd ones
+            return bisect.bisect_right(self._flips, t) % 2 == 0
         if self.kind == "periodic":
             return (t + self._phase) % (self.on_s + self.off_s) < self.on_s
         self._draw_until(t)
@@ -74,6 +92,8 @@ class OnlineSchedule:
         if self.kind == "periodic":
             period = self.on_s + self.off_s
             return t + (period - (t + self._phase) % period)
+        if self.kind == "trace":
+            return self._flips[bisect.bisect_right(self._flips, t)]
         self._draw_until(t)
         return self._flips[bisect.bisect_right(self._flips, t)]
 
@@ -88,6 +108,9 @@ class OnlineSchedule:
                 return (x // period) * self.on_s + min(x % period, self.on_s)
 
             return (on_by(until + self._phase) - on_by(self._phase)) / until
+        if self.kind == "trace":
+            off = sum(max(0.0, min(e, until) - b) for b, e in self.off if b < until)
+            return 1.0 - off / until
         self._draw_until(until)
         on, state = 0.0, self._starts_on
         for begin, end in zip(self._flips, self._flips[1:], strict=False):

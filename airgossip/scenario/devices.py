@@ -11,7 +11,7 @@ the machine that emulates it and the power it draws::
     tx_w = 1.2            # ... while transmitting, and receiving
     rx_w = 0.8
     battery_j = 20000     # optional: it leaves the fleet when spent
-    availability = { kind = "random", on_s = 60, off_s = 60 }   # or periodic; default always
+    availability = { kind = "random", on_s = 60, off_s = 60 }   # periodic, trace; default always
     radio_mbps = 20       # airtime where the network models no link rate
 
 Agents that no class takes are of the class :data:`HOST`: the machine's own speed, no power
@@ -25,10 +25,12 @@ Data only: this module assigns classes to agents and checks the table; nothing h
 
 from __future__ import annotations
 
+import csv
 import math
 import random
 from collections.abc import Sequence
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,28 +41,86 @@ from airgossip.edge.energy import PowerModel
 class Availability(BaseModel):
     """When a class's devices are on (:mod:`airgossip.edge.availability`): ``always``;
     ``periodic``, ``on_s`` on then ``off_s`` off, each device at its own phase; ``random``,
-    on and off for exponential times of means ``on_s`` and ``off_s``."""
+    on and off for exponential times of means ``on_s`` and ``off_s``; ``trace``, off in the
+    periods a CSV file lists (``agent,off_from_s,off_until_s``, agents by index), read when
+    the scenario is and carried in the run's settings (every process, on any host, gets the
+    periods, not the path)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["always", "periodic", "random"] = "always"
+    kind: Literal["always", "periodic", "random", "trace"] = "always"
     on_s: float | None = Field(None, gt=0, le=1e7, description="seconds on (a mean, for random)")
     off_s: float | None = Field(None, gt=0, le=1e7, description="seconds off (a mean, for random)")
+    file: str | None = Field(None, description="trace: a CSV of agent,off_from_s,off_until_s")
+    #: ``trace``: each listed agent's periods off, ``(from_s, until_s)``, read from ``file``.
+    off: dict[int, list[tuple[float, float]]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_trace(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "trace" and data.get("off") is None:
+            file = data.get("file")
+            if not isinstance(file, str):
+                raise ValueError(
+                    "availability 'trace' needs file (a CSV of agent,off_from_s,off_until_s)"
+                )
+            return {**data, "off": read_off_periods(Path(file))}
+        return data
 
     @model_validator(mode="after")
     def _times_for_the_kind(self) -> Availability:
         timed = self.on_s is not None and self.off_s is not None
-        if self.kind != "always" and not timed:
+        if self.kind in ("periodic", "random") and not timed:
             raise ValueError(f"availability '{self.kind}' needs on_s and off_s (seconds)")
-        if self.kind == "always" and (self.on_s is not None or self.off_s is not None):
-            raise ValueError("availability 'always' takes no on_s or off_s")
+        if self.kind in ("always", "trace") and (self.on_s is not None or self.off_s is not None):
+            raise ValueError(f"availability '{self.kind}' takes no on_s or off_s")
+        if self.kind != "trace" and (self.file is not None or self.off is not None):
+            raise ValueError(f"availability '{self.kind}' takes no file (kind = 'trace' does)")
         return self
 
     def schedule(self, seed: int, index: int) -> OnlineSchedule | None:
         """Agent ``index``'s schedule in a run of ``seed`` (None: always on)."""
+        if self.kind == "trace":
+            periods = (self.off or {}).get(index)
+            return OnlineSchedule("trace", off=tuple(periods)) if periods else None
         if self.kind == "always" or self.on_s is None or self.off_s is None:
             return None
         return OnlineSchedule(self.kind, self.on_s, self.off_s, seed=seed * 1_000_003 + index)
+
+
+def read_off_periods(path: Path) -> dict[int, list[tuple[float, float]]]:
+    """The periods off of an availability trace: a CSV with the header
+    ``agent,off_from_s,off_until_s`` and a row per period (seconds from the run's start);
+    ValueError naming the file, the line and what is wrong."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise ValueError(f"availability trace {path}: {err.strerror or err}") from None
+    rows = list(csv.reader(lines))
+    if not rows or [c.strip() for c in rows[0]] != ["agent", "off_from_s", "off_until_s"]:
+        raise ValueError(
+            f"availability trace {path}: the first line must be agent,off_from_s,off_until_s"
+        )
+    periods: dict[int, list[tuple[float, float]]] = {}
+    for number, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        try:
+            agent, begin, end = int(row[0]), float(row[1]), float(row[2])
+            if len(row) != 3:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ValueError(
+                f"availability trace {path}, line {number}: expected agent,off_from_s,"
+                f"off_until_s (an index and two numbers), got {','.join(row)!r}"
+            ) from None
+        if agent < 0 or not (math.isfinite(begin) and math.isfinite(end) and 0 <= begin < end):
+            raise ValueError(
+                f"availability trace {path}, line {number}: an agent index of 0 or more and "
+                f"0 <= off_from_s < off_until_s, got {agent}, {begin}, {end}"
+            )
+        periods.setdefault(agent, []).append((begin, end))
+    return periods
 
 
 class DeviceClass(BaseModel):

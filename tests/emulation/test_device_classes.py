@@ -326,3 +326,61 @@ def test_results_of_uneven_fleets_carry_the_fleet_over_time() -> None:
     even = virtual(None, [], rounds=3, task={"name": "digits"})
     plain = summarise(even.records(), config=even.config.model_dump(mode="json"))
     assert plain.timeline is None and "timeline" not in plain.to_json()
+
+
+def test_a_trace_file_of_periods_off_is_read_with_the_scenario(tmp_path: Path) -> None:
+    (tmp_path / "off.csv").write_text("agent,off_from_s,off_until_s\n0,0,2.5\n0,10,12\n3,1,2\n")
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        'agents = 6\nmode = "virtual"\n[[device_classes]]\nname = "traced"\nagents = [0, 1]\n'
+        'availability = { kind = "trace", file = "off.csv" }\n'  # beside the scenario
+    )
+    run = load_config(scenario)
+    schedule = run.online_schedule(0)
+    assert schedule is not None and schedule.off == ((0.0, 2.5), (10.0, 12.0))
+    assert not schedule.online(1.0) and schedule.online(3.0) and schedule.next_online(11) == 12
+    assert run.online_schedule(1) is None  # in the class, never off in the trace
+    assert run.online_schedule(3) is None  # in the trace, not in the class
+    # the periods travel in the run's settings, not the path
+    again = RunConfig.model_validate_json(run.model_dump_json())
+    (tmp_path / "off.csv").unlink()
+    assert RunConfig.model_validate_json(run.model_dump_json()) == again == run
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("agent,from,until\n0,1,2\n", "the first line must be agent,off_from_s,off_until_s"),
+        ("agent,off_from_s,off_until_s\n0,1\n", "line 2: expected agent,off_from_s"),
+        ("agent,off_from_s,off_until_s\n0,x,2\n", "line 2: expected"),
+        ("agent,off_from_s,off_until_s\n0,1,2\n0,3,3\n", "line 3: an agent index of 0 or more"),
+        ("agent,off_from_s,off_until_s\n-1,1,2\n", "line 2"),
+    ],
+)
+def test_a_bad_trace_file_is_refused_saying_where(tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "off.csv").write_text(text)
+    trace = {"kind": "trace", "file": str(tmp_path / "off.csv")}
+    with pytest.raises(ConfigError, match=says):
+        config(4, [{"name": "t", "agents": [0], "availability": trace}])
+
+
+def test_a_missing_trace_file_or_one_given_to_another_kind_is_refused(tmp_path: Path) -> None:
+    def classes(availability: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"name": "t", "agents": [0], "availability": availability}]
+
+    with pytest.raises(ConfigError, match=r"availability trace .*nope\.csv"):
+        config(4, classes({"kind": "trace", "file": str(tmp_path / "nope.csv")}))
+    with pytest.raises(ConfigError, match="needs file"):
+        config(4, classes({"kind": "trace"}))
+    with pytest.raises(ConfigError, match="takes no file"):
+        config(4, classes({"kind": "periodic", "on_s": 1, "off_s": 1, "file": "x"}))
+
+
+def test_a_traced_device_that_is_off_holds_its_first_rounds_on_the_virtual_clock(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "off.csv").write_text("agent,off_from_s,off_until_s\n1,0,4\n")
+    trace = {"kind": "trace", "file": str(tmp_path / "off.csv")}
+    fleet = virtual(None, [{"name": "late", "agents": [1], "availability": trace}])
+    first = {a: next(r for r in rs if r.round == 1).wall_s for a, rs in fleet.records().items()}
+    assert first["agent-1"] >= 4.0 > max(v for a, v in first.items() if a != "agent-1")
