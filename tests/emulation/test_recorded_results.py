@@ -8,9 +8,9 @@ header gained the receiver, fleet and epoch: every message grew by those bytes, 
 bytes left out of the count, the old files still matched exactly). Timing fields are left
 out: the wall-clock time of a run and when it was launched (in the virtual mode,
 ``train_wall_s``, schema 1's ``wall_s``, is virtual time and is compared); so are the
-``schema_version`` and the ``[containers]``, ``[ray]``, ``[privacy]`` and ``[transport]``
-settings, added since (at their defaults: none of these runs asks for privacy or the bulk
-path). Counts and strings compare exactly.
+``schema_version`` and the ``[containers]``, ``[ray]``, ``[privacy]``, ``[transport]``,
+``[[device_classes]]`` and ``pace`` settings, added since (at their defaults: none of these
+runs asks for privacy, the bulk path or uneven devices). Counts and strings compare exactly.
 Floats of float64 runs (consensus) compare to 1e-9 relative, which allows the last bits of a
 BLAS kernel chosen for another CPU and nothing else; float32 training (digits) goes through
 kernels that differ with the CPU's vector units and the thread count (measured: up to 2.1e-7
@@ -47,6 +47,9 @@ def comparable(results: dict[str, Any], real_time: bool) -> dict[str, Any]:
     results["config"].pop("ray", None)
     assert results["config"].pop("privacy", {}).get("mechanism", "none") == "none"
     assert results["config"].pop("transport", {}).get("bulk_bytes") is None
+    # ... uneven devices and the pace, at their defaults (every agent of the host's class).
+    assert results["config"].pop("device_classes", []) == []
+    assert results["config"].pop("pace", "rounds") == "rounds"
     if results["config"].get("wireless"):
         results["config"]["wireless"].pop("epoch_unix", None)
         # Added after the recordings (issue 37); the presets' heights, at 1.5 m and 1 m, moved
