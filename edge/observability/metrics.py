@@ -87,11 +87,9 @@ class AgentMetrics:
             "device class's power (airgossip.edge.energy); only agents whose class draws power.",
             ["kind"], registry=r,
         )  # fmt: skip
-        self.battery_left = Gauge(
-            "airgossip_agent_battery_left_joules",
-            "Energy left in the agent's battery (agents whose device class has one).",
-            registry=r,
-        )
+        #: Registered with the first battery figure: an agent without a battery exports none
+        #: (an unlabelled gauge would read 0 from the start).
+        self.battery_left: Gauge | None = None
         self.sent_bytes = Counter(
             "airgossip_agent_sent_bytes",
             "Bytes pushed to each out-neighbour (on the wire; lost messages included).",
@@ -268,6 +266,12 @@ class AgentMetrics:
             self.energy.labels("compute").set(record.metrics.get("compute_j", 0.0))
             self.energy.labels("radio").set(record.metrics.get("radio_j", 0.0))
         if "battery_left_j" in record.metrics:
+            if self.battery_left is None:
+                self.battery_left = Gauge(
+                    "airgossip_agent_battery_left_joules",
+                    "Energy left in the agent's battery (agents whose device class has one).",
+                    registry=self.registry,
+                )
             self.battery_left.set(record.metrics["battery_left_j"])
         if STEPS in record.metrics:  # a privacy mechanism's figures (no epsilon: unbounded)
             self.privacy_epsilon.set(record.metrics.get(EPSILON, float("inf")))

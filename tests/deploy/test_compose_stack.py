@@ -70,6 +70,14 @@ loss_good = {LOSS}
 [wireless.mobility]
 model = "static"
 positions = [[0, 0], [8, 0], [0, 8], [8, 8]]
+
+[[device_classes]]  # every agent draws power and has a battery it never spends
+name = "phone"
+fraction = 1.0
+compute_w = 3.0
+tx_w = 1.2
+rx_w = 0.8
+battery_j = 1e9
 """
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 T = TypeVar("T")

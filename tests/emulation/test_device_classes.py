@@ -208,6 +208,9 @@ def test_results_carry_the_fleet_s_energy_and_leave_a_spent_agent_out_of_the_fin
 
 def test_an_agent_s_metrics_carry_its_energy_and_battery() -> None:
     metrics = AgentMetrics("agent-4")
+    text = generate_latest(metrics.registry).decode()
+    assert "airgossip_agent_battery_left_joules" not in text  # none before a battery figure
+    assert "airgossip_agent_energy_joules{" not in text
     fleet = virtual(None, [{"name": "phone", "agents": [4], "compute_w": 3.0, "tx_w": 1.5,
                             "battery_j": 1.0}])  # fmt: skip
     last = fleet.records()["agent-4"][-1]
