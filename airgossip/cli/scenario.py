@@ -39,13 +39,12 @@ def flag_overrides(
 
 
 def scenario_base(scenario: str) -> Settings:
-    """A preset name or scenario file -> its settings (trace paths made absolute)."""
+    """A preset name or scenario file -> its settings (the files it names relative to it)."""
     from airgossip.scenario.config import ConfigError, read_scenario
-    from airgossip.scenario.wireless import ScenarioNotFound, resolve_trace_paths, scenario_path
+    from airgossip.scenario.wireless import ScenarioNotFound, scenario_path
 
     try:
-        path = scenario_path(scenario)
-        return resolve_trace_paths(read_scenario(path), path.parent)
+        return read_scenario(scenario_path(scenario))
     except (ScenarioNotFound, ConfigError) as err:
         fail(str(err))
 

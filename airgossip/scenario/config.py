@@ -339,34 +339,13 @@ def load_config(
     where nothing is emulated unless the scenario asks (:data:`REAL_LINKS`); otherwise every
     link is emulated, with :data:`EMULATED_LOSS` unless the scenario says otherwise."""
     data = merge(REAL_LINKS if real_links else {}, base or {})
-    data = merge(data, with_trace_folder(read_scenario(path), path.parent) if path else {})
+    data = merge(data, read_scenario(path) if path is not None else {})
     data = merge(data, overrides or {})
     try:
         return with_private_defaults(RunConfig.model_validate(data))
     except ValidationError as err:
         source = f"scenario {path}" if path is not None else "settings"
         raise ConfigError(f"bad {source}: {format_validation_error(err)}") from None
-
-
-def with_trace_folder(data: Settings, folder: Path) -> Settings:
-    """``data`` (a scenario file's) with its device classes' availability trace files
-    relative to ``folder``, the file's own."""
-    classes = data.get("device_classes")
-    if not isinstance(classes, list):
-        return data
-    resolved: list[JsonValue] = []
-    for entry in classes:
-        availability = entry.get("availability") if isinstance(entry, dict) else None
-        file = availability.get("file") if isinstance(availability, dict) else None
-        if isinstance(entry, dict) and isinstance(availability, dict) and isinstance(file, str):
-            path = Path(file)
-            availability = {
-                **availability,
-                "file": str(path if path.is_absolute() else folder / path),
-            }
-            entry = {**entry, "availability": availability}
-        resolved.append(entry)
-    return {**data, "device_classes": resolved}
 
 
 def private_defaults(task: str) -> dict[str, JsonValue]:

@@ -25,17 +25,44 @@ Settings = dict[str, JsonValue]
 
 
 def read_scenario(path: Path) -> Settings:
-    """Parse a scenario TOML file into its settings; :class:`ConfigError` if unreadable."""
+    """Parse a scenario TOML file into its settings, the files it names made relative to
+    its folder (:func:`files_beside`); :class:`ConfigError` if unreadable."""
     try:
         with path.open("rb") as handle:
             data: Settings = tomllib.load(handle)
-            return data
+            return files_beside(data, path.parent)
     except FileNotFoundError:
         raise ConfigError(f"scenario file {path} does not exist") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"scenario file {path} is not valid TOML: {err}") from None
     except OSError as err:
         raise ConfigError(f"cannot read scenario file {path}: {err.strerror}") from None
+
+
+def files_beside(data: Settings, folder: Path) -> Settings:
+    """``data`` with the files a scenario names (``[[wireless.traces]]``' ``file``, a device
+    class's ``availability.file``) relative to ``folder``, the scenario file's own, where
+    they are not absolute."""
+    wireless = data.get("wireless")
+    traces = wireless.get("traces") if isinstance(wireless, dict) else None
+    if isinstance(wireless, dict) and isinstance(traces, list):
+        data = {**data, "wireless": {**wireless, "traces": [_beside(t, folder) for t in traces]}}
+    classes = data.get("device_classes")
+    if isinstance(classes, list):
+        data = {**data, "device_classes": [
+            {**c, "availability": _beside(c["availability"], folder)}
+            if isinstance(c, dict) and isinstance(c.get("availability"), dict) else c
+            for c in classes
+        ]}  # fmt: skip
+    return data
+
+
+def _beside(entry: JsonValue, folder: Path) -> JsonValue:
+    """A table whose ``file`` is relative to ``folder``, where it named a relative path."""
+    file = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not isinstance(file, str) or Path(file).is_absolute():
+        return entry
+    return {**entry, "file": str(folder / file)}
 
 
 def merge(base: Settings, overrides: Settings) -> Settings:

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: The channel widths 802.11n/ac define (the radio model's data subcarriers are per width).
 WIFI_BANDWIDTHS_MHZ = (20, 40, 80, 160)
@@ -228,19 +228,3 @@ def scenario_path(name_or_file: str) -> Path:
             "or give a .toml file"
         )
     return Path(str(resources.files("airgossip.scenario") / "presets" / f"{name_or_file}.toml"))
-
-
-def resolve_trace_paths(data: dict[str, JsonValue], base: Path) -> dict[str, JsonValue]:
-    """Make the trace files of a scenario's ``[wireless]`` table relative to its folder."""
-    wireless = data.get("wireless")
-    entries = wireless.get("traces") if isinstance(wireless, dict) else None
-    if not isinstance(wireless, dict) or not isinstance(entries, list):
-        return data
-    traces: list[JsonValue] = []
-    for entry in entries:
-        file = entry.get("file") if isinstance(entry, dict) else None
-        if isinstance(entry, dict) and isinstance(file, str):
-            path = Path(file)
-            entry = {**entry, "file": str(path if path.is_absolute() else base / path)}
-        traces.append(entry)
-    return {**data, "wireless": {**wireless, "traces": traces}}

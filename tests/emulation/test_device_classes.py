@@ -339,6 +339,15 @@ def test_a_trace_file_of_periods_off_is_read_with_the_scenario(tmp_path: Path) -
         'availability = { kind = "trace", file = "off.csv" }\n'  # beside the scenario
     )
     run = load_config(scenario)
+    # a scenario's files are beside it, whoever reads it (--config, --scenario, a device)
+    both = tmp_path / "both.toml"
+    both.write_text(
+        '[[device_classes]]\nname = "t"\nagents = [0]\navailability = { file = "off.csv" }\n'
+        '[[wireless.traces]]\nfile = "rate.txt"\n'
+    )
+    read: Any = read_scenario(both)
+    assert read["device_classes"][0]["availability"]["file"] == str(tmp_path / "off.csv")
+    assert read["wireless"]["traces"][0]["file"] == str(tmp_path / "rate.txt")
     schedule = run.online_schedule(0)
     assert schedule is not None and schedule.off == ((0.0, 2.5), (10.0, 12.0))
     assert not schedule.online(1.0) and schedule.online(3.0) and schedule.next_online(11) == 12
