@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -304,16 +303,7 @@ def _depleted(record: RoundRecord) -> bool:
 TIMELINE_POINTS = 200
 
 
-@dataclass(frozen=True)
-class FleetMoment:
-    """The fleet at one moment: every agent's latest report at or before ``time_s``."""
-
-    time_s: float
-    mean_accuracy: float | None
-    mean_energy_j: float | None
-
-
-def over_time(records: Mapping[str, Iterable[RoundRecord]]) -> list[FleetMoment]:
+def over_time(records: Mapping[str, Iterable[RoundRecord]]) -> list[MomentFigures]:
     """The fleet after each report, in the order of the agents' clocks (``wall_s``): what a
     fleet whose agents go at their own pace (``pace = "async"``) has reached by a time, where
     a round's figures mix agents that got there at different times."""
@@ -322,7 +312,7 @@ def over_time(records: Mapping[str, Iterable[RoundRecord]]) -> list[FleetMoment]
         ((r.wall_s, r.round, agent_id, r) for agent_id, rs in records.items() for r in rs),
         key=lambda e: (e[0], e[1], e[2]),
     )
-    moments: list[FleetMoment] = []
+    moments: list[MomentFigures] = []
     accuracy = energy = 0.0
     with_accuracy = with_energy = 0
     for time_s, _, agent_id, record in events:
@@ -341,17 +331,17 @@ def over_time(records: Mapping[str, Iterable[RoundRecord]]) -> list[FleetMoment]
         if "energy_j" in record.metrics:
             energy += record.metrics["energy_j"]
             with_energy += 1
-        moments.append(FleetMoment(
-            time_s,
-            accuracy / with_accuracy if with_accuracy else None,
-            energy / with_energy if with_energy else None,
+        moments.append(MomentFigures.model_construct(  # built from figures already checked
+            time_s=time_s,
+            mean_accuracy=accuracy / with_accuracy if with_accuracy else None,
+            mean_energy_j=energy / with_energy if with_energy else None,
         ))  # fmt: skip
     return moments
 
 
 def time_to_accuracy(
     records: Mapping[str, Iterable[RoundRecord]], target: float
-) -> FleetMoment | None:
+) -> MomentFigures | None:
     """The first moment the fleet's mean accuracy (every agent's latest report) reaches
     ``target`` (None: it never did), with the mean energy spent by then."""
     for moment in over_time(records):
@@ -412,13 +402,7 @@ def summarise(
         kept = moments[step - 1 :: step] if len(moments) > TIMELINE_POINTS else moments
         if moments and kept[-1] is not moments[-1]:
             kept.append(moments[-1])
-        results.timeline = [
-            MomentFigures(
-                time_s=round(m.time_s, 4), mean_accuracy=m.mean_accuracy,
-                mean_energy_j=m.mean_energy_j,
-            )
-            for m in kept
-        ]  # fmt: skip
+        results.timeline = kept
     return results
 
 
