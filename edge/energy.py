@@ -10,7 +10,8 @@ airtime):
 
 The link's rate is what the network models for it at that moment (a wireless channel's
 rate, a static link's bandwidth: ``rate_of``), else the device's nominal ``radio_bps``;
-with neither, a message costs no radio energy (the ledger says so in :attr:`radio_known`).
+with neither, a message costs no radio energy: the ledger says so in its agent's log, once,
+and in :attr:`radio_known`.
 Seconds computing are the emulated ones, which the driver passes on (a virtual clock's
 step, an agent process's stretched step): the ledger keeps no clock.
 
@@ -21,10 +22,13 @@ Thread-safe: sends and receives are counted from the transport's threads.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 #: The rate (bit/s) of the link ``sender -> receiver`` now, or None where the network models
 #: none.
@@ -63,8 +67,6 @@ class EnergyLedger:
         self.compute_j = 0.0
         self.tx_j = 0.0
         self.rx_j = 0.0
-        self.compute_s = 0.0
-        self.airtime_s = 0.0
         #: Every message so far had a rate to charge its airtime at.
         self.radio_known = True
         self._lock = threading.Lock()
@@ -72,7 +74,6 @@ class EnergyLedger:
     def computed(self, seconds: float) -> None:
         """``seconds`` of computing (emulated), at the device's compute power."""
         with self._lock:
-            self.compute_s += seconds
             self.compute_j += self.power.compute_w * seconds
 
     def sent(self, peer: str, nbytes: int) -> None:
@@ -81,7 +82,6 @@ class EnergyLedger:
         if self.power.tx_w > 0:
             airtime = self._airtime(self.agent_id, peer, nbytes)
             with self._lock:
-                self.airtime_s += airtime
                 self.tx_j += self.power.tx_w * airtime
 
     def received(self, peer: str, nbytes: int) -> None:
@@ -89,7 +89,6 @@ class EnergyLedger:
         if self.power.rx_w > 0:
             airtime = self._airtime(peer, self.agent_id, nbytes)
             with self._lock:
-                self.airtime_s += airtime
                 self.rx_j += self.power.rx_w * airtime
 
     def _airtime(self, sender: str, receiver: str, nbytes: int) -> float:
@@ -97,6 +96,12 @@ class EnergyLedger:
         if rate is None or not rate > 0:
             rate = self.power.radio_bps
         if rate is None:
+            if self.radio_known:
+                log.warning(
+                    "%s: no rate is known for the link %s -> %s, and its device class gives "
+                    "no radio_mbps: its messages cost no radio energy",
+                    self.agent_id, sender, receiver,
+                )  # fmt: skip
             self.radio_known = False
             return 0.0
         return nbytes * 8.0 / rate

@@ -125,7 +125,9 @@ def test_a_slow_class_takes_its_steps_longer_on_the_virtual_clock(fast: bool) ->
     assert max(r[-1].wall_s for r in even.records().values()) < 12 * 4 * compute_s
 
 
-def test_the_ledger_charges_compute_time_and_airtime_at_the_link_s_rate() -> None:
+def test_the_ledger_charges_compute_time_and_airtime_at_the_link_s_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     rates = {("a", "b"): 1e6, ("b", "a"): 2e6}
     ledger = EnergyLedger(
         "a", PowerModel(compute_w=4.0, tx_w=2.0, rx_w=1.0, battery_j=10.0),
@@ -140,6 +142,10 @@ def test_the_ledger_charges_compute_time_and_airtime_at_the_link_s_rate() -> Non
     assert ledger.radio_known and not ledger.depleted
     ledger.sent("c", 125_000)  # no rate known for a->c, and no nominal one
     assert not ledger.radio_known and ledger.total_j == pytest.approx(5.0)
+    ledger.sent("d", 125_000)  # said once, in the agent's log
+    said = [r.getMessage() for r in caplog.records if "no rate is known" in r.getMessage()]
+    assert said == ["a: no rate is known for the link a -> c, and its device class gives no "
+                    "radio_mbps: its messages cost no radio energy"]  # fmt: skip
     ledger.computed(2.0)
     assert ledger.depleted and ledger.battery_left_j == 0.0
     nominal = EnergyLedger("a", PowerModel(tx_w=1.0, radio_bps=8e6))
