@@ -36,14 +36,14 @@ class OnlineSchedule:
     on_s: float = math.inf
     off_s: float = 0.0
     seed: int = 0
-    #: ``random``: the times the state flips, drawn as far as asked; starts on iff
-    #: :attr:`_starts_on`.
+    #: ``trace``: the periods off, as ``(from_s, until_s)`` (merged where they overlap).
+    off: tuple[tuple[float, float], ...] = ()
+    #: ``random`` and ``trace``: the times the state flips, after a first entry at 0 (the
+    #: state at 0 is on iff :attr:`_starts_on`); ``random`` draws them as far as asked.
     _flips: list[float] = field(default_factory=list, repr=False)
     _starts_on: bool = True
     _phase: float = 0.0
     _rng: random.Random | None = field(default=None, repr=False)
-    #: ``trace``: the periods off, as ``(from_s, until_s)``.
-    off: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind == "always":
@@ -58,7 +58,7 @@ class OnlineSchedule:
                 else:
                     merged.append([begin, end])
             self.off = tuple((b, e) for b, e in merged)
-            self._flips = [t for period in self.off for t in period]
+            self._flips = [0.0, *(t for period in self.off for t in period)]
             return
         if not (self.on_s > 0 and math.isfinite(self.on_s) and self.off_s > 0):
             raise ValueError(
@@ -77,8 +77,6 @@ class OnlineSchedule:
         """Whether the device is on at ``t``."""
         if self.kind == "always":
             return True
-        if self.kind == "trace":  # flips: off at even indexes, on again at odd ones
-            return bisect.bisect_right(self._flips, t) % 2 == 0
         if self.kind == "periodic":
             return (t + self._phase) % (self.on_s + self.off_s) < self.on_s
         self._draw_until(t)
@@ -92,39 +90,13 @@ class OnlineSchedule:
         if self.kind == "periodic":
             period = self.on_s + self.off_s
             return t + (period - (t + self._phase) % period)
-        if self.kind == "trace":
-            return self._flips[bisect.bisect_right(self._flips, t)]
-        self._draw_until(t)
-        return self._flips[bisect.bisect_right(self._flips, t)]
-
-    def online_fraction(self, until: float) -> float:
-        """The share of ``[0, until)`` the device is on."""
-        if until <= 0 or self.kind == "always":
-            return 1.0
-        if self.kind == "periodic":
-            period = self.on_s + self.off_s
-
-            def on_by(x: float) -> float:  # time on in [-phase, x - phase)
-                return (x // period) * self.on_s + min(x % period, self.on_s)
-
-            return (on_by(until + self._phase) - on_by(self._phase)) / until
-        if self.kind == "trace":
-            off = sum(max(0.0, min(e, until) - b) for b, e in self.off if b < until)
-            return 1.0 - off / until
-        self._draw_until(until)
-        on, state = 0.0, self._starts_on
-        for begin, end in zip(self._flips, self._flips[1:], strict=False):
-            if begin >= until:
-                break
-            if state:
-                on += min(end, until) - begin
-            state = not state
-        return on / until
+        return self._flips[bisect.bisect_right(self._flips, t)]  # off: the next flip is on
 
     def _draw_until(self, t: float) -> None:
-        """Draw flips until one lies beyond ``t`` (``random`` only)."""
+        """Draw flips until one lies beyond ``t`` (``random``; a trace's are all known)."""
         flips, rng = self._flips, self._rng
-        assert rng is not None
+        if rng is None:
+            return
         while flips[-1] <= t:
             on = self._starts_on == ((len(flips) - 1) % 2 == 0)
             flips.append(flips[-1] + rng.expovariate(1.0 / (self.on_s if on else self.off_s)))
