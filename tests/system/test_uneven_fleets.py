@@ -63,11 +63,18 @@ name = "tiny"
 agents = [2]
 compute_w = 5.0
 battery_j = 0.1
+[[device_classes]]
+name = "phone"
+agents = [0]
+compute_w = 2.0
 """
 
 
 def test_a_slow_class_computes_slower_and_a_spent_battery_leaves(tmp_path: Path) -> None:
-    results = run(tmp_path, "--pace", "async", scenario=SLOW_AND_SPENT)
+    # In rounds, the agents compute side by side to the end: each one's steps meet the same
+    # contention for this machine's cores (at its own pace the fast ones finish first, and the
+    # slow one's later steps have the cores to itself).
+    results = run(tmp_path, "--pace", "rounds", scenario=SLOW_AND_SPENT)
     final = results["final"]
     assert isinstance(final, dict)
     # agent-2 spent its battery and left; the three others finished every round
@@ -83,10 +90,13 @@ def test_a_slow_class_computes_slower_and_a_spent_battery_leaves(tmp_path: Path)
     assert spent["final"] and spent["round"] < 12 and spent["metrics"]["battery_left_j"] == 0
     assert "battery spent" in (out / "logs" / "agent-2.log").read_text()
     # its local steps stretched to four times its host's: it computed about four times as
-    # long per round as agent-0, at the class's power
-    pi, host = records[3][-1]["metrics"], records[0][-1]["metrics"]
-    assert "energy_j" not in host  # the host class draws nothing
+    # long as agent-0 (at the host's speed, the same power) over the same rounds; a ratio
+    # of compute times, not of rounds' wall times, whose share of messaging and evaluation
+    # depends on the machine
+    pi, phone = records[3][-1]["metrics"], records[0][-1]["metrics"]
+    assert "energy_j" not in records[1][-1]["metrics"]  # the host class draws nothing
     assert pi["compute_j"] == pytest.approx(pi["energy_j"])  # no radio power
     log = (out / "logs" / "agent-3.log").read_text()
     assert "each local step stretched to 4 times the host's" in log
-    assert records[3][-1]["wall_s"] > 2 * records[0][-1]["wall_s"]
+    assert records[3][-1]["round"] == records[0][-1]["round"] == 12
+    assert pi["compute_j"] > 2.5 * phone["compute_j"]
