@@ -191,8 +191,8 @@ def summary_table(
 
 
 def _energy_rows(results: RunResults) -> list[tuple[str, Any]]:
-    """What the agents spent ([[device_classes]] that draw power): ``energy  mean 41.2 J an
-    agent (max 77.0 J), 2 batteries spent``."""
+    """What the agents spent ([[device_classes]] that draw power): ``energy  1.9 J an agent
+    (max 1.9), 1 battery spent``."""
     final = results.final
     if final.mean_energy_j is None or final.max_energy_j is None:
         return []
