@@ -339,7 +339,11 @@ class CoordinatorClient:
             stats=snapshot_to_proto(report),
             assignment_epoch=self.epoch_held,
         )
-        reply = self._stub.Heartbeat(request, timeout=max(1.0, self.heartbeat_interval_s))
+        # Half the coordinator's timeout: a busy coordinator (one process answering a large
+        # fleet on loaded cores) may take seconds to answer, and a heartbeat given up before
+        # that is silence the coordinator counts; the next one waits while this one is out.
+        deadline = max(1.0, self.heartbeat_interval_s, self.heartbeat_timeout_s / 2)
+        reply = self._stub.Heartbeat(request, timeout=deadline)
         return int(reply.epoch)
 
     def _heartbeats(self, report: Callable[[], AgentSnapshot]) -> None:

@@ -85,6 +85,7 @@ class FleetState:
         self.graphs = AssignmentKeeper(spec, policy, store)
         self.counters = {
             "registrations": 0, "heartbeats": 0, "failures": 0, "departures": 0, "finished": 0,
+            "stalled_ms": 0,
         }  # fmt: skip
         self.ledger = RunLedger(run or RunSpec(), store)
         self.restored = self._restore(store.claim(policy.describe(), expected))
@@ -169,3 +170,7 @@ class FleetState:
     def run_records(self) -> dict[str, list[RoundRecord]]:
         """Every agent's round records of the run, in round order (read from the database)."""
         return self.ledger.records()
+
+    def latest_records(self) -> dict[str, RoundRecord]:
+        """Every agent's latest round record of the run, without its estimate."""
+        return self.ledger.latest()

@@ -95,6 +95,10 @@ class RunLedger:
         """Every agent's round records, in round order (read from the database)."""
         return self.rounds.records()
 
+    def latest(self) -> dict[str, RoundRecord]:
+        """Every agent's latest round record, without its estimate."""
+        return self.rounds.latest()
+
     def at_round(self, round_index: int) -> dict[str, RoundRecord]:
         """Every agent's record of ``round_index``, by agent."""
         return self.rounds.at_round(round_index)

@@ -45,6 +45,8 @@ from airgossip.edge.observability.telemetry import AgentSnapshot
 __all__ = ["FleetView", "LivenessSettings", "Membership", "Refusal", "WatchEnded"]
 
 log = logging.getLogger("airgossip.coordinator")
+#: A stall of the coordinator this long or longer is logged (shorter ones are only counted).
+STALL_NOTICE_S = 1.0
 
 
 class Membership(FleetState):
@@ -59,6 +61,26 @@ class Membership(FleetState):
             now = self.clock()
             for member in self.members.values():
                 member.last_seen = max(member.last_seen, now)
+
+    def credit_stall(self, seconds: float) -> None:
+        """The coordinator itself did not run for ``seconds`` (its liveness sweep woke that
+        late: a starved process, or a thread that held the interpreter): heartbeats sent
+        meanwhile wait in its queues, so no live agent's silence over that time counts. On a
+        host this loaded every declaration comes that much later, not one too early."""
+        if seconds <= 0:
+            return
+        with self.changed:
+            now = self.clock()
+            for member in self.members.values():
+                if member.alive:
+                    member.last_seen = min(now, member.last_seen + seconds)
+            self.counters["stalled_ms"] += round(seconds * 1000)
+        if seconds >= STALL_NOTICE_S:
+            log.warning(
+                "the coordinator did not run for %.1f s (its liveness sweep woke that late): "
+                "the agents' silence over that time is not counted",
+                seconds,
+            )
 
     def register(
         self,

@@ -198,6 +198,13 @@ class FleetCollector(Collector):
             counter = CounterMetricFamily(name, text)
             counter.add_metric([], float(view.counters.get(key, 0)))
             yield counter
+        stalled = CounterMetricFamily(
+            "airgossip_coordinator_stalled_seconds",
+            "Time the coordinator itself did not run (its liveness sweep woke late); the "
+            "agents' silence over it is not counted.",
+        )
+        stalled.add_metric([], view.counters.get("stalled_ms", 0) / 1000)
+        yield stalled
 
 
 def service_discovery(view: FleetView) -> list[TargetGroup]:

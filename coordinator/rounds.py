@@ -101,6 +101,17 @@ class RoundStore:
         )
         return {str(row[0]): _record(row[1], row[2]) for row in rows}
 
+    def latest(self) -> dict[str, RoundRecord]:
+        """Every agent's latest record, without its estimate: what a launcher's progress
+        needs, read as often as it polls (every record with its estimate is megabytes for a
+        large fleet, and reading them holds the database)."""
+        rows = self._db.query(
+            "SELECT r.agent_id, r.record FROM rounds AS r JOIN "
+            "(SELECT agent_id, MAX(round) AS last FROM rounds GROUP BY agent_id) AS l "
+            "ON r.agent_id = l.agent_id AND r.round = l.last"
+        )
+        return {str(agent_id): _record(text, None) for agent_id, text in rows}
+
     def records(self) -> dict[str, list[RoundRecord]]:
         """Every agent's records in round order (read from the database: the results')."""
         out: dict[str, list[RoundRecord]] = {}

@@ -50,6 +50,9 @@ log = logging.getLogger("airgossip.coordinator")
 #: Server threads beyond the one each agent's watch stream holds, for unary calls: heartbeats
 #: never queue behind streams.
 SPARE_THREADS = 32
+#: How late a liveness sweep may wake on a busy host before the lateness counts as the
+#: coordinator's own stall (:meth:`Membership.credit_stall`).
+STALL_SLACK_S = 0.1
 #: Server keepalive: notice a watcher whose device vanished without closing its connection.
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -218,10 +221,15 @@ class CoordinatorServer:
         membership = self._membership
         while not self._stop.is_set():
             due = membership.next_expiry()
-            wait = 1.0 if due is None else min(1.0, max(0.0, due - membership.clock()))
+            now = membership.clock()
+            wait = 1.0 if due is None else min(1.0, max(0.0, due - now))
             if self._stop.wait(wait + 0.01):
                 return
             try:
+                # Woken later than asked: the coordinator was not running for the
+                # difference (less a scheduler's usual lateness), and nobody's silence
+                # over it counts against them.
+                membership.credit_stall(membership.clock() - now - wait - STALL_SLACK_S)
                 membership.expire()
             except StoreError as err:  # a failing disk: said once a sweep, in one line
                 log.error("liveness sweep: %s", err)
@@ -265,6 +273,11 @@ class CoordinatorServer:
         """Every agent's round records of the run, in round order (read from the database;
         for the results)."""
         return self._membership.run_records()
+
+    def latest_records(self) -> dict[str, RoundRecord]:
+        """Every agent's latest round record, without its estimate (for progress: cheap to
+        poll, where :meth:`round_records` reads every estimate)."""
+        return self._membership.latest_records()
 
     def set_edges(self, pairs: Iterable[tuple[str, str]]) -> int:
         """Assign an explicit edge list (``edges`` topology); return the new epoch."""

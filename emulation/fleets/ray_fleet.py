@@ -212,8 +212,9 @@ class RayFleet(Fleet):
         unplaced: set[str] = set()
         polled = 0.0
         while not self.stopping.is_set():
-            self._records = self.coordinator.round_records()
-            latest = {i: AgentProgress.of(r[-1]) for i, r in self._records.items() if r}
+            # The latest record of each agent only: every record (estimates included) is
+            # read once, at the end (:meth:`_close`).
+            latest = {i: AgentProgress.of(r) for i, r in self.coordinator.latest_records().items()}
             registered = self.coordinator.registered()
             self.keeper.update(fleet_progress(self.config, latest.values(), registered))
             now = time.monotonic()

@@ -14,6 +14,7 @@ from airgossip.coordinator.client import CoordinatorClient, CoordinatorError
 from airgossip.coordinator.convert import record_to_proto
 from airgossip.coordinator.membership import LivenessSettings, Membership
 from airgossip.coordinator.policy import TopologySpec, make_policy
+from airgossip.coordinator.rounds import RoundStore
 from airgossip.coordinator.run import REPORT_ESTIMATE_LIMIT, RunSpec, disagreements
 from airgossip.coordinator.service import CoordinatorServer
 from airgossip.coordinator.store import FleetStore, StoreError
@@ -142,7 +143,7 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
             client.record(wrong)
             client.send_reports()
             assert client.pending_reports() == 0
-        assert server.round_records() == {}
+        assert server.round_records() == {} and server.latest_records() == {}
         # A figure that is no number is left out.
         odd = record("agent-0", 0)
         odd.metrics["note"] = "fine"  # type: ignore[assignment]
@@ -155,6 +156,12 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
         assert held[1].estimate is not None and list(held[1].estimate) == [1.0] * 3
         assert held[2].metrics == {"accuracy": pytest.approx(0.7)}
         assert held[0].metrics == {"accuracy": pytest.approx(0.5)}
+        # What a launcher polls for progress: the latest record, without its estimate.
+        latest = server.latest_records()
+        assert list(latest) == ["agent-0"]
+        assert (latest["agent-0"].round, latest["agent-0"].final) == (2, True)
+        assert latest["agent-0"].estimate is None
+        assert latest["agent-0"].metrics == held[2].metrics
         assert {m.agent_id: m.state for m in server.view().members} == {"agent-0": FINISHED}
     finally:
         client.close()
@@ -177,3 +184,22 @@ def test_reports_over_grpc_and_the_refusal_of_a_disagreeing_agent(
             stub.Report(coordinator_pb2.ReportRequest(agent_id="ghost", token="t"), timeout=5)
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert [r.round for r in server.round_records()["agent-0"]] == [0, 1, 2]
+
+
+def test_the_latest_records_are_each_agents_highest_round_without_its_estimate() -> None:
+    store = FleetStore(None)
+    try:
+        rounds = RoundStore(store.database)
+        assert rounds.latest() == {}
+        rounds.add("agent-1", [record("agent-1", 3), record("agent-1", 1)])
+        rounds.add("agent-0", [record("agent-0", 0)])
+        again = record("agent-1", 3, final=True)  # a round held already is replaced
+        rounds.add("agent-1", [again, record("agent-1", 2)])
+        latest = rounds.latest()
+        assert {a: (r.round, r.final) for a, r in latest.items()} == {
+            "agent-0": (0, False), "agent-1": (3, True),
+        }  # fmt: skip
+        assert all(r.estimate is None for r in latest.values())
+        assert rounds.records()["agent-1"][-1].estimate is not None  # kept, not read for it
+    finally:
+        store.close()

@@ -10,7 +10,9 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from datetime import datetime
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
-from airgossip.emulation.fleets import FleetProgress, run_fleet
+from airgossip.emulation.fleets import run_fleet
 from airgossip.emulation.fleets.ray_cluster import RayCluster
 from airgossip.scenario.config import ConfigError, load_config
 from airgossip.scenario.modes.ray import RaySettings
@@ -31,17 +33,16 @@ VICTIM = "agent-7"
 
 def agent_pid(homes: Path, agent_id: str) -> int | None:
     """The pid of ``agent_id``'s process forked by a host whose folder is in ``homes`` (the
-    fork server names each child after its agent)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    fork server names each child after its agent). ``pgrep`` reads /proc: a scan from this
+    process, whose interpreter the driver's many threads share, takes tens of seconds on
+    two loaded cores."""
+    found = subprocess.run(["pgrep", "-x", agent_id], capture_output=True, text=True)
+    for pid in found.stdout.split():
         try:
-            name = Path(f"/proc/{entry.name}/comm").read_text().strip()
-            cwd = os.readlink(f"/proc/{entry.name}/cwd")
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(homes)):
+                return int(pid)
         except OSError:
             continue
-        if name == agent_id and cwd.startswith(str(homes)):
-            return int(entry.name)
     return None
 
 
@@ -69,34 +70,41 @@ def test_hosts_split_the_fleet_as_evenly_as_whole_agents_go(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 32, open: in the full suite on 2 cores the driver's coordinator starves (the "
-    "fleet declared dead at once: 63 of 64 reporting in one CI run; the killed agent's log "
-    "checks failed in the other); it passed alone (83 s, 0.912). Kept running to be seen.",
-)
 def test_sixty_four_agents_on_three_small_nodes_learn_and_survive_a_killed_agent(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
     homes = Path(tempfile.mkdtemp(prefix="ag-", dir="/tmp"))
     killed: list[float] = []
+    newest: list[str] = []  # the victim's newest checkpoint when it was killed
     try:
         with ray_cluster(monkeypatch, nodes=3, cpus=2, homes=homes, system_config={}):
 
-            def kill_one(progress: FleetProgress) -> None:
+            def kill_one() -> None:
                 # Mid-run: once the victim wrote a checkpoint (its first, 2 s into training).
-                if killed or not list(homes.glob(f"airgossip-host-*/{VICTIM}/checkpoints/*.ckpt")):
-                    return
-                pid = agent_pid(homes, VICTIM)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(time.time())
+                # A thread of its own, not the fleet's progress callback: the driver's
+                # monitor hears from three busy host actors, and on two cores its updates can
+                # come after the victim has finished.
+                while not done.wait(0.2):
+                    saved = sorted(homes.glob(f"airgossip-host-*/{VICTIM}/checkpoints/*.ckpt"))
+                    pid = agent_pid(homes, VICTIM) if saved else None
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(time.time())
+                        newest.append(saved[-1].name)
+                        return
 
             ray = {"num_cpus": 0.05, "checkpoint_interval_s": 2.0}
             config = load_config(None, {"mode": "ray", "agents": AGENTS, "rounds": 30, "ray": ray})
+            done = threading.Event()
+            killer = threading.Thread(target=kill_one, name="kill-one", daemon=True)
             started = time.monotonic()
-            run_fleet(config, out, on_progress=kill_one)
+            killer.start()
+            try:
+                run_fleet(config, out)
+            finally:
+                done.set()
+                killer.join()
             took = time.monotonic() - started
         assert killed, f"{VICTIM}'s process was never found"
         report = json.loads((out / "ray.json").read_text())
@@ -117,8 +125,8 @@ def test_sixty_four_agents_on_three_small_nodes_learn_and_survive_a_killed_agent
         served = re.findall(r"^(\S+ \S+) INFO airgossip.agent: \S+ serving on", log, re.M)
         back = datetime.strptime(served[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp() - killed[0]
         print(
-            f"{VICTIM} killed at its round 5+, resumed round {resumed.group(1)}: serving "
-            f"again {back:.1f} s after the kill"
+            f"{VICTIM} killed after writing {newest[0]}, resumed round {resumed.group(1)}: "
+            f"serving again {back:.1f} s after the kill"
         )
         assert len(served) == 2 and 0 < back < 60, served
         final = json.loads((out / "results.json").read_text())["final"]
@@ -126,10 +134,12 @@ def test_sixty_four_agents_on_three_small_nodes_learn_and_survive_a_killed_agent
             f"{AGENTS} agents on 3 Ray nodes x 2 CPUs: run {took:.0f} s, "
             f"mean accuracy {final['mean_accuracy']:.4f}, {final['agents_reporting']} reporting"
         )
-        # On two loaded cores the driver's coordinator can starve for over its 10 s heartbeat
-        # timeout and declare the whole fleet dead at once; all but one came back in the one
-        # run where that happened (measured in CI: 63 of 64, 0.914).
-        assert final["complete"] and final["agents_reporting"] >= AGENTS - 2
+        # Every agent's last round reported (the killed one's from its second process). Its
+        # agents' sessions yield to the driver as Ray's worker niceness means them to (each
+        # forked agent is a session of its own, which the kernel's autogroups would otherwise
+        # weigh as much as the whole driver): before, 64 of them starved its coordinator of
+        # heartbeats for tens of seconds and it declared the fleet dead at once.
+        assert final["complete"] and final["agents_reporting"] == AGENTS
         assert final["mean_accuracy"] >= 0.9
         assert report["left_out"] == []
         deadline = time.monotonic() + 15

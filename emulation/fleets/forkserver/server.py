@@ -125,6 +125,7 @@ def _become(request: ForkRequest) -> None:
     """In a fresh child: take the place of ``python -m MODULE ARGS`` started by Popen with
     its own session, stdin from /dev/null and stdout and stderr to the log; run it."""
     os.setsid()
+    _keep_priority()
     log = open_private_fd(Path(request.log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -147,6 +148,19 @@ def _become(request: ForkRequest) -> None:
         torch.default_generator.seed()
     sys.argv = [request.module, *args]
     os._exit(_run_as_main(request.module))
+
+
+def _keep_priority() -> None:
+    """Where the kernel groups the CPU time of each session (autogroup: a new session is a
+    new group, and groups share the cores equally, whatever their processes' niceness), give
+    this child's new group the niceness the child has: agents forked by a Ray worker
+    (niceness 15) then yield to the driver and the raylets as Ray means them to, instead of
+    each taking as much of the cores as the whole driver (64 agents on 2 cores starved its
+    coordinator of heartbeats for tens of seconds)."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice > 0:
+        with contextlib.suppress(OSError):  # no autogroups in this kernel, or no /proc
+            Path("/proc/self/autogroup").write_text(f"{nice}\n")
 
 
 def _run_as_main(module: str) -> int:
