@@ -43,6 +43,9 @@ print(json.dumps({
     "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
     "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
     "omp": os.environ.get("OMP_NUM_THREADS"),
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    "autogroup": (open("/proc/self/autogroup").read().strip()
+                  if os.path.exists("/proc/self/autogroup") else None),
 }), flush=True)
 mode = sys.argv[1]
 if mode == "crash":
@@ -256,3 +259,30 @@ def test_a_static_runs_warm_server_is_not_taken_for_a_wireless_run(tmp_path: Pat
     assert agent_server.take_warm_fork_server(tmp_path / "f.log", wireless=True) is None
     assert warm.process.poll() is not None  # stopped, not left behind
     assert agent_server._Warm.server is None
+
+
+def test_a_niced_servers_children_give_their_session_that_niceness(tmp_path: Path) -> None:
+    """A child is a session of its own, which the kernel's autogroups weigh as much as any
+    other whatever its niceness: a child of a server at niceness 7 (as a Ray worker's,
+    at 15) sets its group's to 7, so that it yields to its launcher as the niceness says."""
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("this kernel groups no sessions (no /proc/self/autogroup)")
+    (tmp_path / "forkprobe.py").write_text(PROBE)
+    log = tmp_path / "c.log"
+    launcher = subprocess.run(
+        ["nice", "-n", "7", sys.executable, "-c", (
+            "import os; from pathlib import Path\n"
+            "from airgossip.emulation.fleets.forkserver import ForkServer\n"
+            "s = ForkServer(['torch'], env=dict(os.environ),"
+            f" log_path=Path({str(tmp_path / 's.log')!r}), cwd=Path('.'), label='')\n"
+            f"child = s.spawn('forkprobe', ['0'], log_path=Path({str(log)!r}), cwd=Path('.'))\n"
+            "assert child.wait(60) == 0\n"
+            "s.close()\n"
+        )],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+    )  # fmt: skip
+    assert launcher.returncode == 0, launcher.stderr[-2000:]
+    child = reported(log)
+    assert child["nice"] == 7
+    assert str(child["autogroup"]).endswith(" nice 7"), child["autogroup"]
