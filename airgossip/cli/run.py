@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
@@ -50,20 +49,18 @@ def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
     return cfg.with_mode_settings(settings.model_copy(update={"address": address}))
 
 
-def _warm_agents(settings: Sequence[Mapping[str, object]], out_dir: Path) -> None:
-    """Start the agents' fork server now where the run will be a process fleet on this
-    machine: its imports (torch) then run beside this process's own checks instead of after
-    them (:mod:`airgossip.emulation.fleets.agent_server`). ``settings``: the flags, the
-    scenario file and the ``--scenario`` base as read before they are checked (no torch),
-    the first that names a mode winning; the full check may still refuse the run (the server
-    stops then)."""
-    mode = next((s["mode"] for s in settings if "mode" in s), "process")
-    if mode != "process":
+def _warm_agents(cfg: RunConfig, out_dir: Path) -> None:
+    """Fork the agents' fork server from this process now where the run is a process fleet
+    on this machine: the settings' check has imported torch and nothing has started a
+    thread, so the server and every agent share this process's imports instead of holding a
+    second copy, and the run's preflight goes on beside the server's remaining imports
+    (:mod:`airgossip.emulation.fleets.agent_server`). The preflight may still refuse the
+    run (the server stops then)."""
+    if cfg.mode != "process":
         return
     from airgossip.emulation.fleets.agent_server import warm_fork_server
 
-    wireless = any("wireless" in s for s in settings)
-    warm_fork_server(label=str(out_dir), wireless=wireless)
+    warm_fork_server(label=str(out_dir), wireless=cfg.wireless is not None, here=True)
 
 
 def run(
@@ -199,7 +196,6 @@ def run(
     base = scenario_base(scenario) if scenario is not None else None
     named_out = file_settings.get("out")
     out_dir = out or (Path(named_out) if isinstance(named_out, str) else None) or default_out()
-    _warm_agents([overrides, file_settings, base or {}], out_dir)
     check_port("--coordinator-port", coordinator_port)
     check_port("--metrics-port", metrics_port, lowest=1)
     if flower_app is not None and task is not None:
@@ -232,6 +228,7 @@ def run(
     from airgossip.emulation.fleets import FLEETS, FleetError, preflight, run_fleet
     from airgossip.node.folder import refuse_used_out_dir
 
+    _warm_agents(cfg, out_dir)
     try:
         plan = preflight(cfg)
         refuse_used_out_dir(out_dir)

@@ -1,14 +1,16 @@
 """The agent processes' fork server: what it preloads, and starting it before the run is
 checked.
 
-Most of a small process fleet's start-up is two imports of torch: the launcher's, which checks
-the settings (codecs, algorithms, the task), and the fork server's, which every agent is
-forked from (:mod:`airgossip.emulation.fleets.forkserver`). Nothing makes the second wait for
-the first: :func:`warm_fork_server` starts the server as soon as the command line knows the
-run is a process fleet on this machine, before the launcher's own imports and checks, and the
-fleet takes it over when it starts its agents (:func:`take_warm_fork_server`), moving its log
-into the run's folder. A run refused in between stops the server at exit; a server that died
-is not taken (the fleet starts its own).
+The launcher imports torch to check the settings (codecs, algorithms, the task), and every
+agent is forked from the fork server (:mod:`airgossip.emulation.fleets.forkserver`), which
+needs it too. The command line forks the server from itself as soon as the settings are
+checked (:func:`warm_fork_server` with ``here``): one import of torch for the launcher, the
+server and every agent, in pages they share (a server started as its own interpreter holds
+a second copy: about 140 MiB of the fleet's memory), and the run's own checks (its
+preflight) go on beside the server's remaining imports. The fleet takes the server over when
+it starts its agents (:func:`take_warm_fork_server`), moving its log into the run's folder.
+A run refused in between stops the server at exit; a server that died is not taken (the
+fleet starts its own, as its own interpreter).
 
 This module imports neither torch nor the fleets: the command line calls it first.
 """
@@ -20,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from airgossip.edge.algorithms.registry import ALGORITHMS
@@ -67,12 +70,15 @@ def agent_environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def start_fork_server(log_path: Path, label: str, *, wireless: bool) -> ForkServer:
+def start_fork_server(
+    log_path: Path, label: str, *, wireless: bool, here: bool = False
+) -> ForkServer:
     """A fork server for agent processes on this machine (of a ``wireless`` run or not), its
-    log at ``log_path``, ``label`` (the run's folder) on its command line."""
+    log at ``log_path``, ``label`` (the run's folder) on its command line; ``here``: forked
+    from this process (see :class:`ForkServer`), where this process runs no other thread."""
     return ForkServer(
         agent_preload(wireless=wireless), env=agent_environment(), log_path=log_path,
-        cwd=Path.cwd(), label=label,
+        cwd=Path.cwd(), label=label, here=here and threading.active_count() == 1,
     )  # fmt: skip
 
 
@@ -84,10 +90,11 @@ class _Warm:
     wireless = False
 
 
-def warm_fork_server(label: str, *, wireless: bool) -> None:
+def warm_fork_server(label: str, *, wireless: bool, here: bool = False) -> None:
     """Start the fork server of a process fleet about to run here (``label``: its run's
-    folder; ``wireless``: its links are), unless one is already warm; its log waits in a
-    private temporary folder. Nothing where agents are not forked (:func:`can_fork`)."""
+    folder; ``wireless``: its links are; ``here``: forked from this process), unless one is
+    already warm; its log waits in a private temporary folder. Nothing where agents are not
+    forked (:func:`can_fork`)."""
     if not can_fork():
         return
     server = _Warm.server
@@ -96,7 +103,7 @@ def warm_fork_server(label: str, *, wireless: bool) -> None:
     _discard()
     folder = Path(tempfile.mkdtemp(prefix="airgossip-forkserver-"))  # 0700
     _Warm.folder, _Warm.wireless = folder, wireless
-    _Warm.server = start_fork_server(folder / LOG_NAME, label, wireless=wireless)
+    _Warm.server = start_fork_server(folder / LOG_NAME, label, wireless=wireless, here=here)
     atexit.register(_discard)
 
 

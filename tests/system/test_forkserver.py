@@ -286,3 +286,63 @@ def test_a_niced_servers_children_give_their_session_that_niceness(tmp_path: Pat
     child = reported(log)
     assert child["nice"] == 7
     assert str(child["autogroup"]).endswith(" nice 7"), child["autogroup"]
+
+
+def test_a_server_forked_from_its_launcher_gives_children_as_a_started_one_does(
+    tmp_path: Path,
+) -> None:
+    """``ForkServer(here=True)``, as the command line uses it: the server is a fork of the
+    launcher (after the launcher imported torch), and its children are still processes of
+    their own: their session, their log and nothing else open, the agents' environment,
+    generators seeded apart, the launcher's exit handlers not theirs; and the server holds
+    no second copy of torch (its private memory is a fraction of a started server's)."""
+    (tmp_path / "forkprobe.py").write_text(PROBE)
+    script = (
+        "import atexit, json, os, sys; from pathlib import Path\n"
+        "import torch\n"
+        "from airgossip.emulation.fleets.agent_server import agent_environment\n"
+        "from airgossip.emulation.fleets.forkserver import ForkServer\n"
+        f"tmp = Path({str(tmp_path)!r})\n"
+        "atexit.register(lambda: print('launcher exit handler', flush=True))\n"
+        "def private(pid):\n"
+        "    text = Path(f'/proc/{pid}/smaps_rollup').read_text().splitlines()\n"
+        "    return sum(int(l.split()[1]) for l in text if l.startswith('Private_')) // 1024\n"
+        "sizes = {}\n"
+        "for here in (True, False):\n"
+        "    s = ForkServer(['torch', 'numpy'], env=agent_environment(), cwd=Path('.'),\n"
+        "                   log_path=tmp / f's-{here}.log', label=str(tmp), here=here)\n"
+        "    kids = [s.spawn('forkprobe', [code, '--id', f'agent-{here}-{code}'],\n"
+        "                    log_path=tmp / f'c-{here}-{code}.log', cwd=tmp)\n"
+        "            for code in ('3', '0')]\n"
+        "    codes = [k.wait(60) for k in kids]\n"
+        "    sizes[str(here)] = private(s.pid)\n"
+        "    s.close()\n"
+        "    assert s.process.poll() is not None\n"
+        "    print(json.dumps({'codes': codes, 'pid': s.pid}), flush=True)\n"
+        "print(json.dumps(sizes), flush=True)\n"
+    )
+    launcher = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+    )  # fmt: skip
+    assert launcher.returncode == 0, launcher.stderr[-3000:]
+    lines = launcher.stdout.splitlines()
+    assert len(lines) == 4 and lines[3] == "launcher exit handler", lines
+    assert json.loads(lines[0])["codes"] == json.loads(lines[1])["codes"] == [3, 0], lines
+    # The launcher's exit handler is the launcher's: not run by the server or a child.
+    for log in tmp_path.glob("[sc]-True*.log"):
+        assert "launcher exit handler" not in log.read_text(), log
+    forked = [reported(tmp_path / f"c-True-{code}.log") for code in ("3", "0")]
+    server_pid = json.loads(lines[0])["pid"]
+    for child in forked:
+        assert child["ppid"] == server_pid and child["sid"] == child["pid"]
+        assert child["fds"][:3] == [0, 1, 2] and len(child["fds"]) <= 4, child["fds"]
+        assert child["sigterm"] and child["sigint"] and child["omp"] == "1"
+        assert str(child["comm"]).startswith("agent-True")
+    for key in ("random", "numpy", "torch"):
+        assert forked[0][key] != forked[1][key], key
+    assert "imported" in (tmp_path / "s-True.log").read_text()
+    sizes = json.loads(lines[2])
+    # A started server imports torch itself (about 140 MiB of its own); the forked one
+    # shares the launcher's.
+    assert sizes["True"] * 3 < sizes["False"], sizes

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -10,8 +12,10 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from airgossip.common.security.private_files import open_private, private_folder
 from airgossip.emulation.fleets.forkserver.protocol import (
@@ -65,7 +69,15 @@ class ForkServer:
     every child inherits: set thread counts here, the server's imports read them), its own
     log at ``log_path``, ``label`` on its command line (which its children share: what
     ``ps`` shows of them; the run's folder, say). :meth:`close` stops it and every child it
-    still has."""
+    still has.
+
+    ``here``: fork the server from this process instead of starting a new interpreter, so
+    that what this process imported (torch above all) is the server's and its children's
+    too, in pages they share with it rather than in a second copy. Only from a process that
+    runs no thread but its main one and has not run torch's thread pool (see the package's
+    docstring); ``env`` then reaches the children's environment but not what this process
+    imported already.
+    """
 
     def __init__(
         self,
@@ -75,23 +87,26 @@ class ForkServer:
         log_path: Path,
         cwd: Path,
         label: str = "",
+        here: bool = False,
     ) -> None:
         private_folder(log_path.parent)
-        command = [
-            sys.executable, "-m", "airgossip.emulation.fleets.forkserver",
-            "--parent-pid", str(os.getpid()), "--preload", ",".join(preload),
-            "--label", label,
+        arguments = [
+            "--parent-pid", str(os.getpid()), "--preload", ",".join(preload), "--label", label,
         ]  # fmt: skip
         with open_private(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops agents
-            )
+            self.process: subprocess.Popen[bytes] | ForkedServer
+            if here:
+                self.process = ForkedServer.start(arguments, env=env, log_fd=log.fileno(), cwd=cwd)
+            else:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "airgossip.emulation.fleets.forkserver", *arguments],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,  # Ctrl-C reaches the launcher only; it stops agents
+                )
         self.log_path = log_path
         self.cwd = cwd
         self._copy_log_to: Path | None = None
@@ -217,6 +232,85 @@ class ForkServer:
         if self._copy_log_to is not None:
             with contextlib.suppress(OSError):
                 _copy_private(self.log_path, self._copy_log_to)
+
+
+class ForkedServer:
+    """A fork server forked from this process (``ForkServer(here=True)``), followed as the
+    server started with ``subprocess.Popen`` is: ``pid``, ``stdin`` (requests), ``stdout``
+    (answers), ``poll``, ``wait``, ``kill``, ``returncode``."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+        self.stdout: IO[bytes] | None = stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls, arguments: Sequence[str], *, env: dict[str, str], log_fd: int, cwd: Path
+    ) -> ForkedServer:
+        """Fork the server: in the child, what ``python -m airgossip.emulation.fleets.
+        forkserver ARGUMENTS`` would be (a session of its own, requests on stdin, answers on
+        stdout, stderr to ``log_fd``, ``env``, ``cwd``, none of this process's exit
+        handlers), then its ``main``."""
+        requests, to_server = os.pipe()
+        from_server, answers = os.pipe()
+        # What this process made so far lives as long as it: out of the collector's reach,
+        # the server's first collection does not write to (and so copy) every page of it.
+        gc.collect()
+        gc.freeze()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setsid()  # Ctrl-C reaches the launcher only; it stops agents
+                os.dup2(requests, 0)
+                os.dup2(answers, 1)
+                os.dup2(log_fd, 2)
+                # Nothing else of this process's: as Popen's close_fds leaves a new server.
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) > 2:
+                        with contextlib.suppress(OSError):
+                            os.close(int(name))
+                os.chdir(cwd)
+                os.environ.clear()
+                os.environ.update(env)
+                atexit._clear()  # the launcher's handlers are the launcher's
+                from airgossip.emulation.fleets.forkserver.server import main
+
+                main(arguments)  # never returns: it ends with os._exit, or becomes a child
+            except SystemExit as err:
+                code = err.code if isinstance(err.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(requests)
+        os.close(answers)
+        return cls(pid, os.fdopen(to_server, "wb"), os.fdopen(from_server, "rb"))
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                with contextlib.suppress(ChildProcessError):
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
 
 def _copy_private(source: Path, target: Path) -> None:
