@@ -260,6 +260,9 @@ class ForkedServer:
         # the server's first collection does not write to (and so copy) every page of it.
         gc.collect()
         gc.freeze()
+        for stream in (sys.stdout, sys.stderr):  # nothing of ours written twice by children
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
         pid = os.fork()
         if pid == 0:
             code = 1
