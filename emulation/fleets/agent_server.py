@@ -12,7 +12,7 @@ it starts its agents (:func:`take_warm_fork_server`), moving its log into the ru
 A run refused in between stops the server at exit; a server that died is not taken (the
 fleet starts its own, as its own interpreter).
 
-This module imports neither torch nor the fleets: the command line calls it first.
+This module imports neither torch nor the fleets.
 """
 
 from __future__ import annotations

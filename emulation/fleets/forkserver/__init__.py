@@ -4,8 +4,9 @@ N times.
 
 The launcher side is :class:`ForkServer` (start it, :meth:`~ForkServer.spawn` a command, follow each
 child as a :class:`ForkedChild`, a ``subprocess.Popen`` look-alike). The server side is this module
-run as ``python -m airgossip.emulation.fleets.forkserver``: it imports the modules it is told to
-preload, then reads one JSON request a line on stdin (a module to run as
+run as ``python -m airgossip.emulation.fleets.forkserver`` (or the same ``main`` in a fork of
+the launcher: ``ForkServer(here=True)``, which shares the launcher's imports): it imports
+the modules it is told to preload, then reads one JSON request a line on stdin (a module to run as
 ``python -m`` would, its arguments, a log file, a working folder), forks, and answers the
 child's pid on stdout; when a child exits it writes its exit code (negative: killed by that
 signal, as ``Popen.returncode``). A child behaves like a process started with ``python -m
