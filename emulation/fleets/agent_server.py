@@ -3,14 +3,13 @@ checked.
 
 The launcher imports torch to check the settings (codecs, algorithms, the task), and every
 agent is forked from the fork server (:mod:`airgossip.emulation.fleets.forkserver`), which
-needs it too. The command line forks the server from itself as soon as the settings are
-checked (:func:`warm_fork_server` with ``here``): one import of torch for the launcher, the
-server and every agent, in pages they share (a server started as its own interpreter holds
-a second copy: about 140 MiB of the fleet's memory), and the run's own checks (its
-preflight) go on beside the server's remaining imports. The fleet takes the server over when
-it starts its agents (:func:`take_warm_fork_server`), moving its log into the run's folder.
-A run refused in between stops the server at exit; a server that died is not taken (the
-fleet starts its own, as its own interpreter).
+needs it too. The command line forks the server from itself once the settings and the run's
+preflight are checked (:func:`warm_fork_server` with ``here``): one import of torch for the
+launcher, the server and every agent, in pages they share (a server started as its own
+interpreter holds a second copy: about 140 MiB of the fleet's memory). The fleet takes the
+server over when it starts its agents (:func:`take_warm_fork_server`), moving its log into
+the run's folder. A run refused in between stops the server at exit; a server that died is
+not taken (the fleet starts its own, as its own interpreter).
 
 This module imports neither torch nor the fleets.
 """
@@ -33,10 +32,18 @@ from airgossip.emulation.fleets.forkserver import ForkServer
 AGENT_MODULE = "airgossip.emulation.agent"
 
 #: What the fork server imports before it forks agents: everything an agent process imports
-#: before it serves (torch, gRPC, the agent, its links, every registered algorithm and the
-#: built-in tasks but Flower's, whose registries import them only when looked up), none of
-#: which starts a thread, a gRPC channel or torch's thread pool on import.
+#: (torch, gRPC, the agent, its links, every registered algorithm and the built-in tasks but
+#: Flower's, whose registries import them only when looked up, and what those import on
+#: first use: numpy's generators, gRPC's server and channel, the TLS backend), none of which
+#: starts a thread, a gRPC channel or torch's thread pool on import. A module a child imports
+#: itself is a private copy in each child (numpy's generators alone: 5 MiB an agent).
 AGENT_PRELOAD = (
+    "numpy.random",
+    "grpc._server",
+    "grpc._channel",
+    "grpc.experimental",
+    "cryptography.hazmat.backends.openssl.backend",
+    "airgossip.node.agent",
     "airgossip.node.process",
     "airgossip.emulation.networks.static",
     "airgossip.emulation.networks.kernel.agent",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,7 @@ from airgossip.common.topology import (
     mixing_matrices,
     second_largest_eigenvalue,
 )
+from tests.support.cli import ROOT
 
 
 @pytest.mark.parametrize("name", [t for t in TOPOLOGIES if t != "edges"])
@@ -135,3 +139,22 @@ def test_strong_connectivity_walked_in_numpy_agrees_with_scipy() -> None:
         assert is_strongly_connected(csr_array(a)) == (count == 1)  # the sparse path
         connected += count == 1
     assert 100 < connected < 500  # both answers are exercised
+
+
+def test_a_small_fleets_weights_and_assignments_need_no_scipy() -> None:
+    """A dense graph's mixing weights, |lambda2| and assignments are NumPy alone: the
+    coordinator a launcher embeds for a small fleet never imports SciPy (12 MiB of its
+    memory). Checked in a fresh interpreter, where nothing else imported it first."""
+    code = (
+        "import sys\n"
+        "from airgossip.common.topology import assignments_for_graph, build_graph\n"
+        "from airgossip.common.topology.mixing import mixing_lambda2\n"
+        "graph = build_graph('exponential', 8)\n"
+        "assignments = assignments_for_graph(graph, {f'a{i}': f'h:{i}' for i in range(8)})\n"
+        "print(round(mixing_lambda2(graph), 6), round(assignments['a3'].lambda2, 6),\n"
+        "      sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.split() == ["0.5", "0.5", "[]"], done.stdout

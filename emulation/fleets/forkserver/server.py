@@ -139,10 +139,13 @@ def _become(request: ForkRequest) -> None:
     name = args[args.index("--id") + 1] if "--id" in args[:-1] else request.module
     _prctl(_PR_SET_NAME, name.encode()[:15])
     # A fresh interpreter seeds these from the OS; forked children would share one state.
+    # (numpy's generators only where imported: `numpy.random` is imported on first use, and
+    # importing it here would give each child a private copy of its 5 MiB; imported later, it
+    # seeds itself from the OS.)
     random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.default_generator.seed()
