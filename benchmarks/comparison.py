@@ -227,6 +227,14 @@ def contenders(ctx: Context, rounds: int) -> list[Contender | tuple[str, str]]:
     return out
 
 
+def verdict_of(*checks: bool | None) -> bool | None:
+    """Met where every check passed; not met where one failed; not measured (None) where
+    none failed but one could not be made (its contender did not run)."""
+    if any(check is False for check in checks):
+        return False
+    return None if any(check is None for check in checks) else True
+
+
 def _mb(n: int | None) -> str:
     return "–" if n is None else f"{n / 1e6:.1f} MB"
 
@@ -312,13 +320,19 @@ def outcomes(measured: dict[str, dict[str, Any]]) -> list[Outcome]:
     )  # fmt: skip
     ran = [k for k, v in frameworks.items() if v.get("ran")]
     within = our_t is not None and floor_t is not None and our_t <= 1.5 * floor_t
-    our_pss, leanest = ours.get("peak_pss_bytes"), measured.get("p2pfl", {}).get("peak_pss_bytes")
-    lean = our_pss is not None and (leanest is None or our_pss <= leanest)
+    leaner = measured.get("p2pfl", {})
+    our_pss, leanest = ours.get("peak_pss_bytes"), leaner.get("peak_pss_bytes")
+    lean = None if not leaner.get("ran") else (
+        our_pss is not None and leanest is not None and our_pss <= leanest
+    )  # fmt: skip
     goal = (
         "ahead of every framework on time and bytes; within 1.5x of no framework; peak PSS "
         "at or under p2pfl's (one process for all its nodes)"
     )
-    met: bool | None = ahead_time and ahead_bytes and within and lean
+    # Against frameworks that did not run (--quick, or one that failed) nothing is shown.
+    met = verdict_of(
+        ahead_time if ran else None, ahead_bytes if ran else None, within, lean
+    )  # fmt: skip
     ratio = f"{our_t / floor_t:.2f}x" if our_t and floor_t else "–"
     memory = (
         f"{our_pss / 2**20:.0f} vs {leanest / 2**20:.0f} MiB"

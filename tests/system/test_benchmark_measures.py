@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from benchmarks.comparison import AGENTS, time_to_target
+from benchmarks.comparison import AGENTS, time_to_target, verdict_of
 from benchmarks.proctree import run_watched
 
 
@@ -25,6 +25,17 @@ def test_time_to_target_waits_for_every_peer_of_the_first_round_that_reaches_it(
 def test_a_round_missing_a_peer_does_not_count() -> None:
     rows = [(str(a), 1, 0.99, 1.0) for a in range(AGENTS - 1)]
     assert time_to_target(rows, 0.0) == (None, None, 0.0)
+
+
+def test_a_comparison_against_a_contender_that_did_not_run_is_not_measured() -> None:
+    """The peers' verdict: a failed check fails it, whatever did not run; a check that could
+    not be made (p2pfl gone past its time, --quick without frameworks) leaves it not
+    measured, never met."""
+    assert verdict_of(True, True, True, True) is True
+    assert verdict_of(True, True, True, None) is None
+    assert verdict_of(None, None, True, None) is None
+    assert verdict_of(True, False, True, None) is False
+    assert verdict_of(None, None, False, None) is False
 
 
 def test_the_tree_watch_counts_a_grandchild_s_cpu_and_memory(tmp_path: Path) -> None:
