@@ -329,7 +329,7 @@ def outcomes(measured: dict[str, dict[str, Any]]) -> list[Outcome]:
         "ahead of every framework on time and bytes; within 1.5x of no framework; peak PSS "
         "at or under p2pfl's (one process for all its nodes)"
     )
-    # Against frameworks that did not run (--quick, or one that failed) nothing is shown.
+    # With no framework run (--quick, or each failed) there is nothing to be ahead of.
     met = verdict_of(
         ahead_time if ran else None, ahead_bytes if ran else None, within, lean
     )  # fmt: skip
