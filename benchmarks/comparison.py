@@ -72,6 +72,10 @@ loss = 0.0
     )
 
 
+#: Seconds without a new record after which a contender that began recording is stopped.
+STALL_S = 120.0
+
+
 @dataclass
 class Stamper:
     """Stamps every JSON line appended to files matching ``pattern`` in ``folder`` with the
@@ -88,6 +92,17 @@ class Stamper:
         for path in self.folder.glob(self.pattern):
             tail = self._tails.setdefault(path, JsonLinesTail(path))
             self.seen += [(now, row) for row in tail.read()]
+
+    def stalled(self) -> str | None:
+        """Why the contender will not finish by itself: no new record for
+        :data:`STALL_S` since its last one (p2pfl's nodes, having declared each other dead,
+        stop short of the last round); None while it records, or has not begun to."""
+        if not self.seen:
+            return None
+        quiet = time.time() - self.seen[-1][0]
+        if quiet < STALL_S:
+            return None
+        return f"stopped: no new record for {quiet:.0f} s (stalled after {len(self.seen)} records)"
 
     def __enter__(self) -> Stamper:
         def loop() -> None:
@@ -253,8 +268,9 @@ def run(ctx: Context) -> list[Outcome]:
         with Stamper(contender.folder, contender.pattern) as stamps:
             try:
                 cost: TreeCost | None = run_watched(
-                    contender.command, log_path=log, env=contender.env, cwd=ctx.work, timeout_s=600
-                )
+                    contender.command, log_path=log, env=contender.env, cwd=ctx.work,
+                    timeout_s=600, stalled=stamps.stalled,
+                )  # fmt: skip
             except TimeoutError as err:
                 cost = None
                 why = str(err)
@@ -277,6 +293,8 @@ def run(ctx: Context) -> list[Outcome]:
                 loopback_bytes=cost.loopback_bytes, own_count_bytes=contender.own_bytes(),
                 returncode=cost.returncode,
             )  # fmt: skip
+            if cost.stopped is not None:
+                figures["why"] = cost.stopped
         else:
             figures["why"] = why
         measured[contender.name] = figures
@@ -297,6 +315,8 @@ def outcomes(measured: dict[str, dict[str, Any]]) -> list[Outcome]:
             if t is not None
             else (f"not reached in {f['rounds_run']} rounds (best {f['best_mean_accuracy']:.3f})")
         )
+        if not f.get("ran") and "why" in f:
+            reached += f"; {f['why']}"
         rows.append(
             f"| {name} | {reached} | {_mb(f.get('loopback_bytes'))} | "
             f"{_mb(f.get('own_count_bytes'))} | {f.get('peak_pss_bytes', 0) / 2**20:.0f} MiB | "

@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +88,8 @@ class TreeCost:
     processes: int
     loopback_bytes: int | None = None
     returncode: int = 0
+    #: Why the tree was stopped before it ended (``stalled`` said so), else None.
+    stopped: str | None = None
 
 
 @dataclass
@@ -168,9 +170,12 @@ def run_watched(
     timeout_s: float = 900.0,
     isolate_network: bool = True,
     interval_s: float = 0.1,
+    stalled: Callable[[], str | None] | None = None,
 ) -> TreeCost:
     """Run ``command`` (its own session; in its own network namespace when
-    ``isolate_network`` and root) and return what its process tree cost."""
+    ``isolate_network`` and root) and return what its process tree cost. ``stalled``,
+    asked twice a second, says why the command will not end by itself (or None): the tree
+    is then killed, and what it cost until then is returned with that reason."""
     with contextlib.ExitStack() as stack:
         ns = stack.enter_context(namespace()) if isolate_network and can_use_namespaces() else None
         argv = ["ip", "netns", "exec", ns, *command] if ns else list(command)
@@ -186,9 +191,10 @@ def run_watched(
                 start_new_session=True,
             )
         watch = TreeWatch(process.pid, interval_s).start()
-        returncode = -1
+        returncode, stopped = -1, None
         try:
             deadline = started + timeout_s
+            asked = started
             while True:
                 # wait4 on the root: its own and its reaped children's CPU, from the kernel.
                 pid, status, usage = os.wait4(process.pid, os.WNOHANG)
@@ -196,8 +202,19 @@ def run_watched(
                     returncode = os.waitstatus_to_exitcode(status)
                     process.returncode = returncode
                     break
-                if time.perf_counter() > deadline:
+                now = time.perf_counter()
+                if now > deadline:
                     raise TimeoutError(f"{command[0]} still running after {timeout_s:.0f} s")
+                if stalled is not None and now - asked >= 0.5:
+                    asked = now
+                    stopped = stalled()
+                    if stopped is not None:
+                        watch.stop()
+                        _kill_session(process.pid)
+                        _, status, usage = os.wait4(process.pid, 0)
+                        returncode = os.waitstatus_to_exitcode(status)
+                        process.returncode = returncode
+                        break
                 time.sleep(0.05)
         finally:
             watch.stop()
@@ -208,7 +225,7 @@ def run_watched(
         # interval of each process. The larger of the two is the closer.
         cpu = max(usage.ru_utime + usage.ru_stime, sum(watch.cpu.values()))
         lo = loopback_bytes(ns) if ns else None
-        return TreeCost(wall, cpu, watch.peak_pss, len(watch.cpu), lo, returncode)
+        return TreeCost(wall, cpu, watch.peak_pss, len(watch.cpu), lo, returncode, stopped)
 
 
 def _kill_session(sid: int) -> None:

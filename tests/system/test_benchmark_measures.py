@@ -4,9 +4,10 @@ first reached the target accuracy (the benchmarks themselves are not part of the
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
-from benchmarks.comparison import AGENTS, time_to_target, verdict_of
+from benchmarks.comparison import AGENTS, STALL_S, Stamper, time_to_target, verdict_of
 from benchmarks.proctree import run_watched
 
 
@@ -52,3 +53,29 @@ def test_the_tree_watch_counts_a_grandchild_s_cpu_and_memory(tmp_path: Path) -> 
     assert cost.cpu_s >= 0.9
     assert cost.peak_pss_bytes >= 64 << 20
     assert cost.processes >= 2
+
+
+def test_a_stalled_command_is_stopped_with_what_it_cost_until_then(tmp_path: Path) -> None:
+    """A contender that stops recording (p2pfl's nodes after declaring each other dead) is
+    stopped when ``stalled`` says so, not left to its timeout, and what it cost so far is
+    kept with the reason."""
+    began = time.perf_counter()
+    cost = run_watched(
+        [sys.executable, "-c", "import time; b = bytearray(32 << 20); time.sleep(120)"],
+        log_path=tmp_path / "log", isolate_network=False, timeout_s=100,
+        stalled=lambda: "stuck" if time.perf_counter() - began > 1.5 else None,
+    )  # fmt: skip
+    assert cost.stopped == "stuck" and cost.returncode == -9
+    assert cost.wall_s < 30
+    assert cost.peak_pss_bytes > 32 << 20
+
+
+def test_a_contender_is_stalled_only_once_it_recorded_and_then_went_quiet(tmp_path: Path) -> None:
+    stamps = Stamper(tmp_path, "*.jsonl")
+    assert stamps.stalled() is None  # nothing recorded yet: start-up is the timeout's
+    now = time.time()
+    stamps.seen += [(now - STALL_S - 10.0, {"round": 1}), (now - STALL_S - 5.0, {"round": 2})]
+    reason = stamps.stalled()
+    assert reason is not None and "no new record" in reason, reason
+    stamps.seen.append((now - 1.0, {"round": 3}))  # recording again
+    assert stamps.stalled() is None
