@@ -51,13 +51,14 @@ def _with_ray_address(cfg: RunConfig, flag: str | None) -> RunConfig:
 
 def _warm_agents(cfg: RunConfig, out_dir: Path) -> None:
     """Fork the agents' fork server from this process now where the run is a process fleet
-    on this machine: the settings' check and the preflight have imported torch and what the
-    coordinator needs, and nothing has started a thread, so the server and every agent
-    share this process's imports instead of holding a second copy
-    (:mod:`airgossip.emulation.fleets.agent_server`). Forked after the preflight, not
-    before it: what the preflight imports and loads (the task's modules and data, say) is
-    then shared with the agents too, not a private copy in this process and again in each
-    agent, and a refused run starts no server."""
+    on this machine: the settings' check has imported torch and nothing has started a
+    thread, so the server and every agent share this process's imports instead of holding a
+    second copy, and the run's preflight goes on beside the server's remaining imports
+    (:mod:`airgossip.emulation.fleets.agent_server`). The preflight may still refuse the
+    run (the server stops then). Not after the preflight: loading a task may compute (a
+    Flower app's initial parameters, say) and start native thread pools (a Flower app's
+    preflight leaves two more threads) that ``threading`` does not see and whose locks a
+    forked child would find held: its agents hung before registering."""
     if cfg.mode != "process":
         return
     from airgossip.emulation.fleets.agent_server import warm_fork_server
@@ -230,12 +231,12 @@ def run(
     from airgossip.emulation.fleets import FLEETS, FleetError, preflight, run_fleet
     from airgossip.node.folder import refuse_used_out_dir
 
+    _warm_agents(cfg, out_dir)
     try:
         plan = preflight(cfg)
         refuse_used_out_dir(out_dir)
     except ConfigError as err:
         fail(str(err))
-    _warm_agents(cfg, out_dir)
     if cfg.task.name == "flower":
         contain_flower(out_dir)
     if metrics_port is not None and not plan.fleet.serves_metrics:

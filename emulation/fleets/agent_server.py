@@ -3,13 +3,14 @@ checked.
 
 The launcher imports torch to check the settings (codecs, algorithms, the task), and every
 agent is forked from the fork server (:mod:`airgossip.emulation.fleets.forkserver`), which
-needs it too. The command line forks the server from itself once the settings and the run's
-preflight are checked (:func:`warm_fork_server` with ``here``): one import of torch for the
-launcher, the server and every agent, in pages they share (a server started as its own
-interpreter holds a second copy: about 140 MiB of the fleet's memory). The fleet takes the
-server over when it starts its agents (:func:`take_warm_fork_server`), moving its log into
-the run's folder. A run refused in between stops the server at exit; a server that died is
-not taken (the fleet starts its own, as its own interpreter).
+needs it too. The command line forks the server from itself as soon as the settings are
+checked (:func:`warm_fork_server` with ``here``): one import of torch for the launcher, the
+server and every agent, in pages they share (a server started as its own interpreter holds
+a second copy: about 140 MiB of the fleet's memory), and the run's own checks (its
+preflight) go on beside the server's remaining imports. The fleet takes the server over when
+it starts its agents (:func:`take_warm_fork_server`), moving its log into the run's folder.
+A run refused in between stops the server at exit; a server that died is not taken (the
+fleet starts its own, as its own interpreter).
 
 This module imports neither torch nor the fleets.
 """
