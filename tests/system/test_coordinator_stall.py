@@ -85,8 +85,9 @@ def test_a_coordinator_stopped_past_its_timeout_declares_no_one_dead(tmp_path: P
         assert "declared dead" not in log, log[-3000:]
         assert metric(metrics_port, "airgossip_coordinator_agent_failures_total") == 0
         stalled = metric(metrics_port, "airgossip_coordinator_stalled_seconds_total")
-        # At least the stop (less the sweep's slack); a loaded machine may add its own lateness.
-        assert STOPPED_S - 1.0 < stalled < 3 * STOPPED_S, stalled
+        # At least the stop less the sweep's longest wait (1 s, when the stop came just after
+        # a sweep) and its slack; a loaded machine may add its own lateness.
+        assert STOPPED_S - 1.5 < stalled < 3 * STOPPED_S, stalled
         assert "the coordinator did not run for" in log, log[-3000:]
         for agent, codes in answers.items():
             # Every heartbeat answered, the ones sent while it was stopped late: none was
