@@ -280,11 +280,12 @@ class ForkedServer:
                 os.environ.clear()
                 os.environ.update(env)
                 atexit._clear()  # the launcher's handlers are the launcher's
-                from airgossip.emulation.fleets.forkserver.server import main
+                from airgossip.emulation.fleets.forkserver.server import _exit_code, main
 
-                main(arguments)  # never returns: it ends with os._exit, or becomes a child
-            except SystemExit as err:
-                code = err.code if isinstance(err.code, int) else 1
+                try:
+                    main(arguments)  # never returns: it ends with os._exit, or becomes a child
+                except SystemExit as err:  # as the interpreter of a started server ends it
+                    code = _exit_code(err.code)
             except BaseException:
                 traceback.print_exc()
             finally:
