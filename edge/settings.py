@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 # the command line answers it at once.
 
 
+#: The most gossip steps per local step ``mixing_steps`` may ask for.
+MAX_MIXING_STEPS = 16
+
+
 class TaskSettings(BaseModel):
     """``[task]``: the task's name plus its own options, side by side."""
 
@@ -61,6 +65,11 @@ class AgentSettings(BaseModel):
         "rounds; async: for its own sends only, each agent at its own pace (and in the last "
         "round for the in-neighbours' last messages)",
     )
+    mixing_steps: int | Literal["auto"] = Field(
+        "auto",
+        description="gossip steps (push, wait, mix) per local step; auto: from the graph's "
+        'mixing and the model\'s size (docs/algorithms.md, "Mixing steps per round")',
+    )
     privacy: PrivacySettings = Field(
         default_factory=PrivacySettings, description="differential privacy of the training data"
     )
@@ -79,6 +88,16 @@ class AgentSettings(BaseModel):
             raise ValueError(f"unknown algorithm '{value}'; choose one of: {', '.join(ALGORITHMS)}")
         return value
 
+    @field_validator("mixing_steps")
+    @classmethod
+    def _mixing_steps_in_range(cls, value: int | str) -> int | str:
+        if value != "auto" and not 1 <= int(value) <= MAX_MIXING_STEPS:
+            raise ValueError(
+                f'mixing_steps is "auto" or a number of gossip steps per local step from 1 '
+                f"to {MAX_MIXING_STEPS}, got {value}"
+            )
+        return value
+
     @field_validator("compression")
     @classmethod
     def _known_compression(cls, value: str) -> str:
@@ -91,6 +110,12 @@ class AgentSettings(BaseModel):
 
         codec = get_codec(self.compression) if self.compression != "none" else get_codec("float32")
         check_algorithm_settings(self.algorithm, codec, self.algorithm_options)
+        several = self.mixing_steps != "auto" and int(self.mixing_steps) > 1
+        if several and not algorithm_class(self.algorithm).several_mixes:
+            raise ValueError(
+                f"algorithm '{self.algorithm}' mixes once per local step (mixing_steps "
+                f"{self.mixing_steps}); several gossip steps per local step need push-sum"
+            )
         if self.privacy.enabled and algorithm_class(self.algorithm).needs_distillation:
             raise ValueError(
                 f"[privacy] accounts the task's training, and algorithm '{self.algorithm}' "

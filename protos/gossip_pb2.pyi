@@ -62,6 +62,7 @@ class MessageHeader(_message.Message):
     FLEET_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     LINEAGE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     """Id of the sending agent: one of the receiver's assigned in-neighbours (or a recent former
     one) and, with TLS, the identity of the sender's certificate.
@@ -99,6 +100,10 @@ class MessageHeader(_message.Message):
     receiver that sees a larger lineage forgets what it knew of the edge. 0: an agent that
     never restarts (in-process fleets).
     """
+    step: _builtins.int
+    """The gossip step within the sender's round: 0 for a round's first exchange; 1, 2, ...
+    for the further exchanges of a round that mixes several times per local step.
+    """
     @_builtins.property
     def scalars(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Small named scalars of the algorithm (e.g. the push-sum weight)."""
@@ -121,10 +126,11 @@ class MessageHeader(_message.Message):
         fleet: _builtins.str = ...,
         epoch: _builtins.int = ...,
         lineage: _builtins.int = ...,
+        step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "lineage", b"lineage", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "lineage", b"lineage", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

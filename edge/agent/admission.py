@@ -19,6 +19,7 @@ import torch
 
 from airgossip.edge.algorithms import GossipAlgorithm, Payload
 from airgossip.edge.compression import DecodeError, Encoded, decode_blocks, get_codec
+from airgossip.edge.settings import MAX_MIXING_STEPS
 from airgossip.edge.transport.base import GossipMessage, MessageHeader, RejectCode, Rejected
 from airgossip.edge.transport.wire import MAX_HEADER_BYTES
 
@@ -177,6 +178,14 @@ class Admission:
                 f"sequence numbers out of order (seq {header.seq}, base {header.base_seq})"
                 if header.base_seq > header.seq
                 else f"round {header.round} is beyond {MAX_ROUND}",
+                "sequence",
+                sender=header.sender,
+            )
+        if header.step >= MAX_MIXING_STEPS:
+            raise self.reject(
+                RejectCode.INVALID_ARGUMENT,
+                f"gossip step {header.step} of a round is beyond the most a round takes "
+                f"({MAX_MIXING_STEPS} steps, numbered from 0)",
                 "sequence",
                 sender=header.sender,
             )

@@ -38,7 +38,8 @@ from airgossip.edge.agent.checkpoints import CheckpointStore
 from airgossip.edge.agent.inbound import InboundSide
 from airgossip.edge.agent.influence import InNeighbourWatch
 from airgossip.edge.agent.lineage import EdgeLineages
-from airgossip.edge.agent.pacing import wait_over
+from airgossip.edge.agent.mixing_steps import mixing_steps, step_position
+from airgossip.edge.agent.pacing import PATIENCE_ROUNDS, step_heard, wait_over
 from airgossip.edge.agent.rejoin import LATE_WEIGHT
 from airgossip.edge.agent.resuming import CheckpointSide
 from airgossip.edge.agent.sending import Outbox, Sender, gossip_message, send_event
@@ -132,6 +133,12 @@ class Agent(InboundSide, CheckpointSide):
         #: Notified whenever a push finishes or a message arrives (drivers wait on it).
         self.progress = self._progress = threading.Condition(self._lock)
         self._heard: dict[str, int] = {}
+        #: Latest gossip step each in-neighbour sent (:func:`step_position`), at several
+        #: steps per round.
+        self._heard_step: dict[str, int] = {}
+        #: Gossip steps (push, wait, mix) per local step, from ``settings.mixing_steps`` and the
+        #: assignment (:mod:`airgossip.edge.agent.mixing_steps`); drivers read it each round.
+        self.mixing_steps = 1
         #: Latest round each peer named (messages, acknowledgements): where the fleet is.
         self._peer_rounds: dict[str, int] = {}
         self.outbox = Outbox()
@@ -167,6 +174,16 @@ class Agent(InboundSide, CheckpointSide):
             self.admission.set_in_neighbours(incoming, self.round)
             self.watch.set_in_neighbours(incoming)
             self._assignment = assignment
+            steps = mixing_steps(
+                self.settings.mixing_steps,
+                several_mixes=self.algorithm.several_mixes and getattr(self.task, "trains", True),
+                lambda2=assignment.lambda2,
+                period=len(assignment.schedule),
+                message_bytes=self.algorithm.numel * self.algorithm.dtype.itemsize,
+            )
+            if steps != self.mixing_steps:  # positions heard so far counted other steps
+                self._heard_step.clear()
+                self.mixing_steps = steps
             self._progress.notify_all()
 
     @property
@@ -242,15 +259,17 @@ class Agent(InboundSide, CheckpointSide):
         if self.observer is not None:
             self.observer.on_step(StepEvent(round_index, self.clock() - began))
 
-    def push(self, round_index: int) -> None:
+    def push(self, round_index: int, step: int = 0) -> None:
+        """Send gossip step ``step`` (from 0, below :attr:`mixing_steps`) of ``round_index``."""
         with self._lock:
             self.round = round_index
             assignment = self._assignment
             if assignment is None:
                 return
+            position = step_position(round_index, step, self.mixing_steps)
             phase, ready = self.outbox.plan(
                 round_index,
-                self.algorithm.schedule(round_index, assignment.phase(round_index)),
+                self.algorithm.schedule(round_index, assignment.phase(position)),
                 assignment.peers,
                 starved=self.algorithm.starved(),
             )
@@ -260,7 +279,7 @@ class Agent(InboundSide, CheckpointSide):
         for peer, payload in payloads.items():
             message = gossip_message(
                 self._sender, round_index, peer, payload,
-                epoch=assignment.epoch, lineage=lineages[peer],
+                epoch=assignment.epoch, lineage=lineages[peer], step=step,
             )  # fmt: skip
             address = assignment.peers.get(peer, "")
             sent = partial(self._sent, peer, round_index, self.clock())
@@ -299,9 +318,10 @@ class Agent(InboundSide, CheckpointSide):
         elif held is not None:
             log.info("%s: starting the edge to %s over", self.agent_id, peer)
 
-    def neighbours_ready(self, round_index: int) -> bool:
-        """Whether the wait of ``round_index`` is over: its sends are done and in-neighbours
-        are within ``staleness`` rounds (non-blocking; event-driven drivers poll this).
+    def neighbours_ready(self, round_index: int, step: int = 0) -> bool:
+        """Whether the wait of ``round_index`` (its gossip step ``step``) is over: its sends
+        are done and in-neighbours are within ``staleness`` rounds (non-blocking; event-driven
+        drivers poll this).
 
         An in-neighbour more than :data:`~airgossip.edge.agent.pacing.PATIENCE_ROUNDS` behind
         is not waited for (it is gone, or restarting), as long as another one is within reach;
@@ -309,9 +329,15 @@ class Agent(InboundSide, CheckpointSide):
         (:func:`~airgossip.edge.agent.pacing.wait_over`). At ``pace = "async"`` a round waits for
         its own sends only (a device sends no faster than its links carry), and the last
         round for the in-neighbours' last messages too.
+
+        At several gossip steps per round (:attr:`mixing_steps`) the same holds step by step:
+        each step waits for the in-neighbours of its phase, counted in steps
+        (:func:`~airgossip.edge.agent.mixing_steps.step_position`), ``staleness`` rounds'
+        worth of steps allowed; a further step of a round then waits briefly for its
+        in-neighbours' same step too (:meth:`step_heard`).
         """
+        steps = self.mixing_steps
         last = round_index >= self.settings.rounds
-        need = round_index - (0 if last else self.settings.staleness)
         with self._lock:
             assignment = self._assignment
             if assignment is None:
@@ -320,15 +346,40 @@ class Agent(InboundSide, CheckpointSide):
                 return False
             if not last and self.settings.pace == "async":
                 return True  # at its own pace: its in-neighbours' rounds are not waited for
-            phase = self.algorithm.schedule(round_index, assignment.phase(round_index))
-            heard = self._heard
-            return wait_over((heard.get(p, 0) for p in phase.in_neighbours), need)
+            position = step_position(round_index, step, steps)
+            phase = self.algorithm.schedule(round_index, assignment.phase(position))
+            if steps == 1:
+                heard = self._heard
+                need = round_index - (0 if last else self.settings.staleness)
+                return wait_over((heard.get(p, 0) for p in phase.in_neighbours), need)
+            at = self._heard_step
+            need = position - (0 if last else self.settings.staleness * steps)
+            return wait_over(
+                (at.get(p, 0) for p in phase.in_neighbours), need, PATIENCE_ROUNDS * steps
+            )
 
-    def mix(self, round_index: int) -> None:
+    def step_heard(self, round_index: int, step: int) -> bool:
+        """Whether a further gossip step (``step`` > 0) of ``round_index`` holds its
+        in-neighbours' same step, those that keep up
+        (:func:`~airgossip.edge.agent.pacing.step_heard`; non-blocking). Drivers wait for it
+        after :meth:`neighbours_ready`, briefly
+        (:class:`~airgossip.edge.agent.mixing_steps.StepWaits`)."""
+        steps = self.mixing_steps
+        with self._lock:
+            assignment = self._assignment
+            if assignment is None or steps == 1:
+                return True
+            position = step_position(round_index, step, steps)
+            phase = self.algorithm.schedule(round_index, assignment.phase(position))
+            at = self._heard_step
+            return step_heard((at.get(p, 0) for p in phase.in_neighbours), position, steps)
+
+    def mix(self, round_index: int, step: int = 0) -> None:
         with self._lock:
             # How far the mix moves the estimate measures the disagreement with in-neighbours;
-            # computed only for reported rounds, and only for an observer (metrics, heartbeats).
-            due = self.observer is not None and self.report_due(round_index)
+            # computed only for reported rounds (a round's first mix, where the local step has
+            # just moved it), and only for an observer (metrics, heartbeats).
+            due = self.observer is not None and step == 0 and self.report_due(round_index)
             before = self.algorithm.estimate() if due else None
             self.algorithm.mix()
             if before is not None:

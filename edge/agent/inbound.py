@@ -10,6 +10,7 @@ from airgossip.common.topology import Assignment
 from airgossip.edge.agent.admission import Admission
 from airgossip.edge.agent.influence import InNeighbourWatch
 from airgossip.edge.agent.lineage import EdgeLineages
+from airgossip.edge.agent.mixing_steps import step_position
 from airgossip.edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
 from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters
@@ -38,6 +39,8 @@ class InboundSide:
     _progress: threading.Condition
     _counters: Counters
     _heard: dict[str, int]
+    _heard_step: dict[str, int]
+    mixing_steps: int
     _peer_rounds: dict[str, int]
     _refusals: RefusalLog
 
@@ -88,5 +91,11 @@ class InboundSide:
             if header.round > self._heard.get(sender, 0):
                 self._heard[sender] = header.round
                 self._progress.notify_all()
+            steps = self.mixing_steps
+            if steps > 1:
+                at = step_position(header.round, min(header.step, steps - 1), steps)
+                if at > self._heard_step.get(sender, 0):
+                    self._heard_step[sender] = at
+                    self._progress.notify_all()
             lineage = self.lineages.incoming(sender)
             return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round, lineage)

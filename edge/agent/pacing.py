@@ -8,11 +8,13 @@ from collections.abc import Iterable
 PATIENCE_ROUNDS = 4
 
 
-def wait_over(heard: Iterable[int], need: int) -> bool:
+def wait_over(heard: Iterable[int], need: int, patience: int = PATIENCE_ROUNDS) -> bool:
     """Whether an agent that needs its in-neighbours at round ``need`` or later, and last
-    heard them at rounds ``heard``, stops waiting.
+    heard them at rounds ``heard``, stops waiting (at several gossip steps a round, the same
+    with step positions for rounds and ``patience`` counted in steps).
 
-    An in-neighbour between ``need - PATIENCE_ROUNDS`` and ``need`` is waited for; one
+    An in-neighbour between ``need - patience`` (:data:`PATIENCE_ROUNDS`) and ``need`` is
+    waited for; one
     further behind is not (it is gone or restarting: waiting for it would cost every round
     the whole timeout), unless every in-neighbour is that far behind. Then the agent has
     nobody to pace it: were it to go on at once, it would run the rest of the run alone at
@@ -22,7 +24,7 @@ def wait_over(heard: Iterable[int], need: int) -> bool:
     per timeout, until they are heard again. An agent without in-neighbours this round has
     nobody to wait for.
     """
-    oldest = need - PATIENCE_ROUNDS
+    oldest = need - patience
     any_in_reach = False
     empty = True
     for round_heard in heard:
@@ -31,3 +33,13 @@ def wait_over(heard: Iterable[int], need: int) -> bool:
             return False
         any_in_reach |= round_heard >= need
     return empty or any_in_reach
+
+
+def step_heard(heard: Iterable[int], need: int, steps: int) -> bool:
+    """Whether a further gossip step of a round (at ``steps`` a round) holds its
+    in-neighbours' same step: none that last sent gossip step ``heard`` (a position, see
+    :func:`~airgossip.edge.agent.mixing_steps.step_position`) is within a round's worth of
+    steps short of step ``need``. On a one-peer graph an in-neighbour sends to the agent once
+    a round, so one a round short keeps up; one further behind is not waited for here (the
+    staleness of :func:`wait_over` paces the agent against it)."""
+    return all(not need - steps <= position < need for position in heard)

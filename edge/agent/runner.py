@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from airgossip.edge.agent.agent import Agent
+from airgossip.edge.agent.mixing_steps import StepWaits
 from airgossip.edge.agent.rejoin import (
     LATE_WEIGHT,
     MIN_QUORUM,
@@ -55,6 +56,7 @@ class WallClockRunner:
         )
         self._began = agent.clock()
         self._rejoining = False
+        self.step_waits = StepWaits()
 
     def run(self) -> None:
         """Run the remaining rounds, reporting round 0 first (unless the agent resumed from a
@@ -89,9 +91,10 @@ class WallClockRunner:
             self._wait(lambda: False, (self.stretch - 1.0) * (agent.clock() - began))
         if agent.energy is not None:
             agent.energy.computed(agent.clock() - began)
-        agent.push(round_index)
-        self.wait_for_neighbours(round_index)
-        agent.mix(round_index)
+        for step in range(agent.mixing_steps):
+            agent.push(round_index, step)
+            self.wait_for_neighbours(round_index, step)
+            agent.mix(round_index, step)
         # A spent battery ends the agent's run here: its last report is final.
         depleted = agent.energy is not None and agent.energy.depleted
         if agent.report_due(round_index) or depleted:
@@ -115,30 +118,41 @@ class WallClockRunner:
         finally:
             agent.offline = False
 
-    def wait_for_neighbours(self, round_index: int) -> None:
-        """Wait (at most ``wait_timeout_s``) until this round's sends are done and
-        in-neighbours are within ``staleness`` rounds.
+    def wait_for_neighbours(self, round_index: int, step: int = 0) -> None:
+        """Wait (at most ``wait_timeout_s``) until this round's sends (of its gossip step
+        ``step``) are done and in-neighbours are within ``staleness`` rounds
+        (:meth:`~airgossip.edge.agent.agent.Agent.neighbours_ready`).
 
         On fast links that keeps agents near lock step; on slow ones the wait times out and
         sending overlaps with the next round's work. In the last round the agent waits for
         its in-neighbours' last messages too (no staleness), so that the final estimate
         holds everything they sent.
         """
-        timeout = self.wait_timeout_s
-        if timeout > 0:
-            self._wait(lambda: self.agent.neighbours_ready(round_index), timeout)
+        timeout, agent = self.wait_timeout_s, self.agent
+        if timeout <= 0:
+            return
+        self._wait(lambda: agent.neighbours_ready(round_index, step), timeout)
+        if step > 0:  # a further step: briefly, for the in-neighbours' same step
+            began = agent.clock()
+            heard = self._wait(
+                lambda: agent.step_heard(round_index, step), self.step_waits.timeout(timeout)
+            )
+            self.step_waits.waited(agent.clock() - began, heard=heard)
 
-    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until ``ready()`` holds, re-checked whenever a push
-        finishes or a message arrives, or until the agent stops."""
+        finishes or a message arrives, or until the agent stops; whether it holds."""
         agent = self.agent
         deadline = agent.clock() + timeout_s
         with agent.progress:
             while not agent.stopped:
+                if ready():
+                    return True
                 remaining = deadline - agent.clock()
-                if ready() or remaining <= 0:
-                    return
+                if remaining <= 0:
+                    return False
                 agent.progress.wait(remaining)
+        return False
 
     def rejoin(self, fleet: int) -> None:
         """Skip ahead to round ``fleet`` (where the fleet is, as its coordinator or peers

@@ -76,9 +76,17 @@ class Sender:
 
 
 def gossip_message(
-    sender: Sender, round_index: int, peer: str, payload: Payload, *, epoch: int, lineage: int
+    sender: Sender,
+    round_index: int,
+    peer: str,
+    payload: Payload,
+    *,
+    epoch: int,
+    lineage: int,
+    step: int = 0,
 ) -> GossipMessage:
-    """``payload`` for ``peer``, encoded (unless the algorithm encoded it) and headed.
+    """``payload`` for ``peer``, encoded (unless the algorithm encoded it) and headed
+    (``step``: the gossip step of the round it is sent in).
 
     A payload the algorithm encoded carries what the receiver decodes (``payload.vector``):
     the message hands it over to in-process receivers (:class:`GossipMessage`)."""
@@ -103,6 +111,7 @@ def gossip_message(
         fleet=sender.fleet,
         epoch=epoch,
         lineage=lineage,
+        step=step,
     )
     return GossipMessage(header, encoded.data, decoded)
 

@@ -264,6 +264,9 @@ class GossipAlgorithm(ABC):
     #: Combines models by distillation (:meth:`teachers`): the task must implement
     #: :class:`~airgossip.edge.tasks.base.Distiller`.
     needs_distillation: ClassVar[bool] = False
+    #: May mix several times per local step (``mixing_steps``): its state stays exact however
+    #: many exchanges come between two local steps, and its mix does nothing per round.
+    several_mixes: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

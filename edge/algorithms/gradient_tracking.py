@@ -31,6 +31,7 @@ class GradientTracking(PushSum):
     """Push-DIGing: push-sum on ``[x, t]`` where ``t`` tracks the average update."""
 
     name = "gradient-tracking"
+    several_mixes = False  # Push-DIGing's recursion: one mix per update
     max_blocks: ClassVar[int] = 2
 
     def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:

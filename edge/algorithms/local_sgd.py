@@ -75,6 +75,7 @@ class LocalSGD(PushSum):
     """Push-sum averaging now and then, local training in between, an optional outer step."""
 
     name = "local-sgd"
+    several_mixes = False  # an averaging round mixes once, then takes its outer step
     options_model = LocalSGDOptions
 
     def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:

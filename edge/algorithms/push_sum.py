@@ -190,6 +190,7 @@ class PushSum(PushSumCore):
     """
 
     name = "push-sum"
+    several_mixes = True
 
     @classmethod
     def check_codec(cls, codec: Codec) -> None:

@@ -95,6 +95,7 @@ class RobustPushSum(PushSum):
     module docstring for what it bounds and what it costs)."""
 
     name = "robust-push-sum"
+    several_mixes = False  # its screening's caps and budgets are per round
     options_model: ClassVar[type[BaseModel]] = RobustPushSumOptions
 
     def __init__(self, initial: torch.Tensor, **kwargs: Any) -> None:

@@ -70,6 +70,8 @@ class Task(Protocol):
     shared_initialisation: bool
     #: Precision of the gossip state the task needs (float64 for exact-average probes).
     gossip_dtype: torch.dtype
+    # A task whose local step changes nothing (pure gossip) may also say ``trains = False``:
+    # its agents then take one gossip step per round unless told otherwise (``mixing_steps``).
 
     def initial_parameters(self) -> torch.Tensor:
         """Flat CPU vector of initial parameters (float32 for models)."""

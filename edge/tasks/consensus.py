@@ -41,6 +41,8 @@ class ConsensusTask:
     name = "consensus"
     shared_initialisation = False
     gossip_dtype = torch.float64
+    #: Its local step changes nothing: a round is already one pure gossip step.
+    trains = False
 
     def __init__(self, context: TaskContext) -> None:
         self.options = parse_options(ConsensusOptions, context.options, self.name)

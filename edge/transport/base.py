@@ -70,6 +70,7 @@ class MessageHeader:
     fleet: str = ""
     epoch: int = 0
     lineage: int = 0
+    step: int = 0
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ def header_to_proto(header: MessageHeader) -> gossip_pb2.MessageHeader:
         fleet=header.fleet,
         epoch=header.epoch,
         lineage=header.lineage,
+        step=header.step,
     )
 
 
@@ -81,6 +82,7 @@ def header_from_proto(proto: gossip_pb2.MessageHeader) -> MessageHeader:
         fleet=proto.fleet,
         epoch=proto.epoch,
         lineage=proto.lineage,
+        step=proto.step,
     )
 
 
@@ -362,7 +364,7 @@ def wire_bytes(message: GossipMessage, chunk_bytes: int = CHUNK_BYTES) -> int:
         len(message.data), chunk_bytes, h.payload_bytes, h.numel, h.codec, _utf8(h.sender),
         _utf8(h.algorithm), _utf8(h.fleet_digest), len(h.codec_meta), tuple(sorted(h.scalars)),
         h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(), _utf8(h.receiver),
-        _utf8(h.fleet), h.epoch.bit_length(), h.lineage.bit_length(),
+        _utf8(h.fleet), h.epoch.bit_length(), h.lineage.bit_length(), h.step.bit_length(),
     )  # fmt: skip
     size = _SIZES.get(key)
     if size is None:

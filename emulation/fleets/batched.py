@@ -67,7 +67,8 @@ def workload_refusals(config: RunConfig, network: Network) -> list[str]:
     """Why ``config``'s workload is not the one the fast paths take (empty: it is): the
     ``consensus`` task with ``push-sum``, lossless codec, float64, no options or privacy,
     column-stochastic weights, at most ``SEQ_SLACK`` rounds (an edge's sequence numbers
-    then never wrap). Both :func:`batched_refusal` and the virtual clock's
+    then never wrap), one gossip step a round (what ``auto`` takes for consensus). Both
+    :func:`batched_refusal` and the virtual clock's
     :func:`~airgossip.emulation.fleets.virtual_fast.fast_refusal` start from it."""
     settings = [
         (config.task.name == "consensus", "the task is not consensus"),
@@ -78,6 +79,7 @@ def workload_refusals(config: RunConfig, network: Network) -> list[str]:
         (not config.privacy.enabled, "privacy is on"),
         (config.rounds <= SEQ_SLACK, f"more than {SEQ_SLACK} rounds"),
         (network.scheme == "column-stochastic", "the weights are not column-stochastic"),
+        (config.mixing_steps in ("auto", 1), "the agents take several gossip steps a round"),
     ]
     return [why for ok, why in settings if not ok]
 

@@ -112,9 +112,16 @@ class InProcessFleet(Fleet):
                 for agent in agents:
                     agent.local_step(round_index)
                     agent.push(round_index)
+                for step in range(1, max(a.mixing_steps for a in agents)):
+                    # A round's further gossip steps, in lock step too.
+                    taking = [a for a in agents if step < a.mixing_steps]
+                    for agent in taking:
+                        agent.mix(round_index, step - 1)
+                    for agent in taking:
+                        agent.push(round_index, step)
                 reported = []
                 for agent in agents:
-                    agent.mix(round_index)
+                    agent.mix(round_index, agent.mixing_steps - 1)
                     if agent.report_due(round_index):
                         reported.append(agent.report(round_index))
                 switched = runtime.after_round(round_index, reported, addresses)

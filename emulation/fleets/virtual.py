@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import heapq
 import itertools
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -25,6 +26,7 @@ import torch
 from airgossip.common.identity import agent_ids
 from airgossip.common.topology import Assignment
 from airgossip.edge.agent import Agent, build_agent
+from airgossip.edge.agent.mixing_steps import StepWaits
 from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters, MemoryStatsSink, RoundRecord, StatsSink
 from airgossip.edge.transport.base import (
@@ -207,7 +209,10 @@ class VirtualFleet(Fleet):
             if (schedule := config.online_schedule(i)) is not None
         }
         self.agents: list[Agent] = []
-        self._waiting: dict[str, int] = {}
+        #: agent -> the wait it is in: (round, gossip step, stage), see _await.
+        self._waiting: dict[str, tuple[int, int, int]] = {}
+        self._waited_from: dict[str, float] = {}  # agent -> when its current wait began
+        self._step_waits: dict[str, StepWaits] = defaultdict(StepWaits)
         self._by_id: dict[str, Agent] = {}
         # How many agents have finished each round: the slowest round advances in O(1).
         self._finished_round = np.zeros(config.rounds + 2, dtype=np.int64)
@@ -331,31 +336,61 @@ class VirtualFleet(Fleet):
             agent.energy.computed(step_s)
         self.loop.at(self.loop.now + step_s, self._push, agent, round_index)
 
-    def _push(self, agent: Agent, round_index: int) -> None:
-        agent.push(round_index)
+    def _push(self, agent: Agent, round_index: int, step: int = 0) -> None:
+        agent.push(round_index, step)
         timeout = self._timeouts[agent.agent_id]
         if timeout <= 0:
-            self._finish_round(agent, round_index)
+            self._finish_step(agent, round_index, step)
             return
-        self._waiting[agent.agent_id] = round_index
-        self.loop.at(self.loop.now + timeout, self._timeout, agent, round_index)
+        self._await(agent, (round_index, step, 0), timeout)
+
+    def _await(self, agent: Agent, waiting: tuple[int, int, int], timeout: float) -> None:
+        """Wait for ``waiting`` (round, gossip step, stage: 0 for
+        :meth:`~airgossip.edge.agent.agent.Agent.neighbours_ready`, 1 for a further step's
+        :meth:`~airgossip.edge.agent.agent.Agent.step_heard`) at most ``timeout``."""
+        self._waiting[agent.agent_id] = waiting
+        self._waited_from[agent.agent_id] = self.loop.now
+        self.loop.at(self.loop.now + timeout, self._timeout, agent, waiting)
         self._check(agent.agent_id)
 
     def _check(self, agent_id: str) -> None:
-        round_index = self._waiting.get(agent_id)
-        if round_index is None:
+        waiting = self._waiting.get(agent_id)
+        if waiting is None:
             return
         agent = self._by_id[agent_id]
-        if agent.neighbours_ready(round_index):
-            self._finish_round(agent, round_index)
+        round_index, step, stage = waiting
+        if stage == 0 and agent.neighbours_ready(round_index, step):
+            self._waited(agent, waiting)
+        elif stage == 1 and agent.step_heard(round_index, step):
+            self._step_waits[agent_id].waited(self.loop.now - self._waited_from[agent_id],
+                                              heard=True)  # fmt: skip
+            self._waited(agent, waiting)
 
-    def _timeout(self, agent: Agent, round_index: int) -> None:
-        if self._waiting.get(agent.agent_id) == round_index:
-            self._finish_round(agent, round_index)
+    def _timeout(self, agent: Agent, waiting: tuple[int, int, int]) -> None:
+        if self._waiting.get(agent.agent_id) == waiting:
+            self._waited(agent, waiting)
+
+    def _waited(self, agent: Agent, waiting: tuple[int, int, int]) -> None:
+        """A stage of a step's wait is over: a further step then waits for its
+        in-neighbours' same step (see StepWaits), else the step is done."""
+        round_index, step, stage = waiting
+        self._waiting.pop(agent.agent_id, None)
+        if stage == 0 and step > 0:
+            longest = self._step_waits[agent.agent_id].timeout(self._timeouts[agent.agent_id])
+            self._await(agent, (round_index, step, 1), longest)
+            return
+        self._finish_step(agent, round_index, step)
+
+    def _finish_step(self, agent: Agent, round_index: int, step: int) -> None:
+        """The wait of gossip step ``step`` of ``round_index`` is over: mix, then the round's
+        next step or its end."""
+        agent.mix(round_index, step)
+        if step + 1 < agent.mixing_steps:
+            self.loop.at(self.loop.now, self._push, agent, round_index, step + 1)
+            return
+        self._finish_round(agent, round_index)
 
     def _finish_round(self, agent: Agent, round_index: int) -> None:
-        self._waiting.pop(agent.agent_id, None)
-        agent.mix(round_index)
         depleted = agent.energy is not None and agent.energy.depleted
         due = agent.report_due(round_index) or depleted
         record = agent.report(round_index, final=depleted) if due else None

@@ -9,8 +9,9 @@ bytes left out of the count, the old files still matched exactly). Timing fields
 out: the wall-clock time of a run and when it was launched (in the virtual mode,
 ``train_wall_s``, schema 1's ``wall_s``, is virtual time and is compared); so are the
 ``schema_version`` and the ``[containers]``, ``[ray]``, ``[privacy]``, ``[transport]``,
-``[[device_classes]]`` and ``pace`` settings, added since (at their defaults: none of these
-runs asks for privacy, the bulk path or uneven devices). Counts and strings compare exactly.
+``[[device_classes]]``, ``pace`` and ``mixing_steps`` settings, added since (at their
+defaults: none of these runs asks for privacy, the bulk path or uneven devices, and their
+static graphs take one gossip step a round). Counts and strings compare exactly.
 Floats of float64 runs (consensus) compare to 1e-9 relative, which allows the last bits of a
 BLAS kernel chosen for another CPU and nothing else; float32 training (digits) goes through
 kernels that differ with the CPU's vector units and the thread count (measured: up to 2.1e-7
@@ -50,6 +51,8 @@ def comparable(results: dict[str, Any], real_time: bool) -> dict[str, Any]:
     # ... uneven devices and the pace, at their defaults (every agent of the host's class).
     assert results["config"].pop("device_classes", []) == []
     assert results["config"].pop("pace", "rounds") == "rounds"
+    # ... and the gossip steps a round, automatic (one step on these runs' static graphs).
+    assert results["config"].pop("mixing_steps", "auto") == "auto"
     if results["config"].get("wireless"):
         results["config"]["wireless"].pop("epoch_unix", None)
         # Added after the recordings (issue 37); the presets' heights, at 1.5 m and 1 m, moved
