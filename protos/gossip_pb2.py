@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61irgossip/protos/gossip.proto\x12\x0c\x61irgossip.v1\"\xf9\x02\n\rMessageHeader\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x04 \x01(\x04\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\r\n\x05numel\x18\x07 \x01(\x04\x12\x15\n\rpayload_bytes\x18\x08 \x01(\x04\x12\x39\n\x07scalars\x18\t \x03(\x0b\x32(.airgossip.v1.MessageHeader.ScalarsEntry\x12\x14\n\x0c\x66leet_digest\x18\n \x01(\t\x12\x12\n\ncodec_meta\x18\x0b \x01(\x0c\x12\x10\n\x08receiver\x18\x0c \x01(\t\x12\r\n\x05\x66leet\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x12\x0f\n\x07lineage\x18\x0f \x01(\x04\x12\x0c\n\x04step\x18\x10 \x01(\r\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"F\n\tPushChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x1b.airgossip.v1.MessageHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"y\n\x07PushAck\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x03 \x01(\x04\x12\x10\n\x08\x61\x62sorbed\x18\x04 \x01(\x08\x12\x0f\n\x07lineage\x18\x06 \x01(\x04\x12\x12\n\nstart_over\x18\x07 \x01(\x08J\x04\x08\x05\x10\x06\x32\x42\n\x06Gossip\x12\x38\n\x04Push\x12\x17.airgossip.v1.PushChunk\x1a\x15.airgossip.v1.PushAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61irgossip/protos/gossip.proto\x12\x0c\x61irgossip.v1\"\x88\x03\n\rMessageHeader\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x04 \x01(\x04\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\r\n\x05numel\x18\x07 \x01(\x04\x12\x15\n\rpayload_bytes\x18\x08 \x01(\x04\x12\x39\n\x07scalars\x18\t \x03(\x0b\x32(.airgossip.v1.MessageHeader.ScalarsEntry\x12\x14\n\x0c\x66leet_digest\x18\n \x01(\t\x12\x12\n\ncodec_meta\x18\x0b \x01(\x0c\x12\x10\n\x08receiver\x18\x0c \x01(\t\x12\r\n\x05\x66leet\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x12\x0f\n\x07lineage\x18\x0f \x01(\x04\x12\x0c\n\x04step\x18\x10 \x01(\r\x12\r\n\x05steps\x18\x11 \x01(\r\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"F\n\tPushChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x1b.airgossip.v1.MessageHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"y\n\x07PushAck\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x03 \x01(\x04\x12\x10\n\x08\x61\x62sorbed\x18\x04 \x01(\x08\x12\x0f\n\x07lineage\x18\x06 \x01(\x04\x12\x12\n\nstart_over\x18\x07 \x01(\x08J\x04\x08\x05\x10\x06\x32\x42\n\x06Gossip\x12\x38\n\x04Push\x12\x17.airgossip.v1.PushChunk\x1a\x15.airgossip.v1.PushAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGEHEADER_SCALARSENTRY']._loaded_options = None
   _globals['_MESSAGEHEADER_SCALARSENTRY']._serialized_options = b'8\001'
   _globals['_MESSAGEHEADER']._serialized_start=48
-  _globals['_MESSAGEHEADER']._serialized_end=425
-  _globals['_MESSAGEHEADER_SCALARSENTRY']._serialized_start=379
-  _globals['_MESSAGEHEADER_SCALARSENTRY']._serialized_end=425
-  _globals['_PUSHCHUNK']._serialized_start=427
-  _globals['_PUSHCHUNK']._serialized_end=497
-  _globals['_PUSHACK']._serialized_start=499
-  _globals['_PUSHACK']._serialized_end=620
-  _globals['_GOSSIP']._serialized_start=622
-  _globals['_GOSSIP']._serialized_end=688
+  _globals['_MESSAGEHEADER']._serialized_end=440
+  _globals['_MESSAGEHEADER_SCALARSENTRY']._serialized_start=394
+  _globals['_MESSAGEHEADER_SCALARSENTRY']._serialized_end=440
+  _globals['_PUSHCHUNK']._serialized_start=442
+  _globals['_PUSHCHUNK']._serialized_end=512
+  _globals['_PUSHACK']._serialized_start=514
+  _globals['_PUSHACK']._serialized_end=635
+  _globals['_GOSSIP']._serialized_start=637
+  _globals['_GOSSIP']._serialized_end=703
 # @@protoc_insertion_point(module_scope)

@@ -63,6 +63,7 @@ class MessageHeader(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     LINEAGE_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     """Id of the sending agent: one of the receiver's assigned in-neighbours (or a recent former
     one) and, with TLS, the identity of the sender's certificate.
@@ -104,6 +105,11 @@ class MessageHeader(_message.Message):
     """The gossip step within the sender's round: 0 for a round's first exchange; 1, 2, ...
     for the further exchanges of a round that mixes several times per local step.
     """
+    steps: _builtins.int
+    """The gossip steps a round the sender takes now (0: not said). At mixing_steps = "auto"
+    a fleet takes the fewest any of its agents asks for: an agent measures what steps cost
+    it, and takes the fewest it hears.
+    """
     @_builtins.property
     def scalars(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Small named scalars of the algorithm (e.g. the push-sum weight)."""
@@ -127,10 +133,11 @@ class MessageHeader(_message.Message):
         epoch: _builtins.int = ...,
         lineage: _builtins.int = ...,
         step: _builtins.int = ...,
+        steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "lineage", b"lineage", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "base_seq", b"base_seq", "codec", b"codec", "codec_meta", b"codec_meta", "epoch", b"epoch", "fleet", b"fleet", "fleet_digest", b"fleet_digest", "lineage", b"lineage", "numel", b"numel", "payload_bytes", b"payload_bytes", "receiver", b"receiver", "round", b"round", "scalars", b"scalars", "sender", b"sender", "seq", b"seq", "step", b"step", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -181,11 +181,11 @@ class Admission:
                 "sequence",
                 sender=header.sender,
             )
-        if header.step >= MAX_MIXING_STEPS:
+        if header.step >= MAX_MIXING_STEPS or header.steps > MAX_MIXING_STEPS:
             raise self.reject(
                 RejectCode.INVALID_ARGUMENT,
-                f"gossip step {header.step} of a round is beyond the most a round takes "
-                f"({MAX_MIXING_STEPS} steps, numbered from 0)",
+                f"gossip step {header.step} of {header.steps} a round is beyond the most a "
+                f"round takes ({MAX_MIXING_STEPS} steps, numbered from 0)",
                 "sequence",
                 sender=header.sender,
             )

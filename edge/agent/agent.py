@@ -38,7 +38,7 @@ from airgossip.edge.agent.checkpoints import CheckpointStore
 from airgossip.edge.agent.inbound import InboundSide
 from airgossip.edge.agent.influence import InNeighbourWatch
 from airgossip.edge.agent.lineage import EdgeLineages
-from airgossip.edge.agent.mixing_steps import mixing_steps, step_position
+from airgossip.edge.agent.mixing_steps import StepCount, mixing_steps, step_position
 from airgossip.edge.agent.pacing import PATIENCE_ROUNDS, step_heard, wait_over
 from airgossip.edge.agent.rejoin import LATE_WEIGHT
 from airgossip.edge.agent.resuming import CheckpointSide
@@ -136,9 +136,10 @@ class Agent(InboundSide, CheckpointSide):
         #: Latest gossip step each in-neighbour sent (:func:`step_position`), at several
         #: steps per round.
         self._heard_step: dict[str, int] = {}
-        #: Gossip steps (push, wait, mix) per local step, from ``settings.mixing_steps`` and the
-        #: assignment (:mod:`airgossip.edge.agent.mixing_steps`); drivers read it each round.
+        #: Gossip steps (push, wait, mix) this round, latched at its local step from
+        #: :attr:`step_count` (:mod:`airgossip.edge.agent.mixing_steps`); drivers read it.
         self.mixing_steps = 1
+        self.step_count = StepCount(settings.mixing_steps)
         #: Latest round each peer named (messages, acknowledgements): where the fleet is.
         self._peer_rounds: dict[str, int] = {}
         self.outbox = Outbox()
@@ -174,16 +175,14 @@ class Agent(InboundSide, CheckpointSide):
             self.admission.set_in_neighbours(incoming, self.round)
             self.watch.set_in_neighbours(incoming)
             self._assignment = assignment
-            steps = mixing_steps(
+            self.step_count.rule = mixing_steps(
                 self.settings.mixing_steps,
                 several_mixes=self.algorithm.several_mixes and getattr(self.task, "trains", True),
                 lambda2=assignment.lambda2,
                 period=len(assignment.schedule),
                 message_bytes=self.algorithm.numel * self.algorithm.dtype.itemsize,
             )
-            if steps != self.mixing_steps:  # positions heard so far counted other steps
-                self._heard_step.clear()
-                self.mixing_steps = steps
+            self._latch_steps()
             self._progress.notify_all()
 
     @property
@@ -244,9 +243,25 @@ class Agent(InboundSide, CheckpointSide):
         the last); drivers that run the phases themselves ask this after ``mix``."""
         return self.settings.reports(round_index)
 
+    def _latch_steps(self) -> None:
+        """Take the round's gossip steps from :attr:`step_count` (under the lock)."""
+        steps = self.step_count.now()
+        if steps != self.mixing_steps:  # positions heard so far counted other steps
+            self._heard_step.clear()
+            self.mixing_steps = steps
+
+    def costs_measured(self, local_s: float, steps_s: list[float]) -> None:
+        """A driver on a real clock says what this round's local step and each of its gossip
+        steps took (see :class:`~airgossip.edge.agent.mixing_steps.StepCount`)."""
+        with self._lock:
+            decided = self.step_count.measured(local_s, steps_s)
+        if decided:
+            log.info("%s %s", self.agent_id, decided)
+
     def local_step(self, round_index: int) -> None:
         began = self.clock()
         with self._lock:
+            self._latch_steps()
             start = self.algorithm.estimate().to(torch.float32)
         with torch.enable_grad():  # whatever the caller's mode: drivers gossip under no_grad
             result = self.task.train(start, TrainConfig(round_index, self.settings.rounds))
@@ -276,10 +291,13 @@ class Agent(InboundSide, CheckpointSide):
             payloads = self.algorithm.share(phase, ready)
             self.outbox.inflight.update(payloads)
             lineages = {peer: self.lineages.outgoing(peer) for peer in payloads}
+            # Said where the fleet must agree on a count (not on a static graph: 0 bytes).
+            steps = self.mixing_steps if self.step_count.rule > 1 else 0
         for peer, payload in payloads.items():
             message = gossip_message(
                 self._sender, round_index, peer, payload,
                 epoch=assignment.epoch, lineage=lineages[peer], step=step,
+                steps=steps,
             )  # fmt: skip
             address = assignment.peers.get(peer, "")
             sent = partial(self._sent, peer, round_index, self.clock())
@@ -411,6 +429,8 @@ class Agent(InboundSide, CheckpointSide):
             scalars = self.algorithm.scalars()
             if self._disagreement is not None:
                 scalars["disagreement"] = self._disagreement
+            if self.step_count.rule > 1:
+                scalars["mixing_steps"] = float(self.mixing_steps)
             counters = self._counters.copy()
         evaluation = self.task.evaluate(estimate.to(torch.float32))
         metrics = {**self._last_metrics, **evaluation.metrics}

@@ -10,7 +10,7 @@ from airgossip.common.topology import Assignment
 from airgossip.edge.agent.admission import Admission
 from airgossip.edge.agent.influence import InNeighbourWatch
 from airgossip.edge.agent.lineage import EdgeLineages
-from airgossip.edge.agent.mixing_steps import step_position
+from airgossip.edge.agent.mixing_steps import StepCount, step_position
 from airgossip.edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
 from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters
@@ -41,6 +41,7 @@ class InboundSide:
     _heard: dict[str, int]
     _heard_step: dict[str, int]
     mixing_steps: int
+    step_count: StepCount
     _peer_rounds: dict[str, int]
     _refusals: RefusalLog
 
@@ -91,6 +92,7 @@ class InboundSide:
             if header.round > self._heard.get(sender, 0):
                 self._heard[sender] = header.round
                 self._progress.notify_all()
+            self.step_count.hear(header.steps)
             steps = self.mixing_steps
             if steps > 1:
                 at = step_position(header.round, min(header.step, steps - 1), steps)

@@ -53,6 +53,14 @@ STEP_WAIT_FACTOR = 4.0
 #: ...and at least this long (seconds), within the round's ``wait_timeout_s`` either way.
 STEP_WAIT_FLOOR_S = 0.05
 
+#: Rounds whose costs an agent measures before it says how many steps it wants, after its
+#: first (connections are set up then, caches are cold).
+MEASURED_ROUNDS = 2
+#: Further steps pay while they take at most this share of a one-step round (its local step
+#: and one gossip step): the rounds they save are about that many (on the digits fleet,
+#: 8 rounds to 0.90 against 10, see docs/performance.md).
+STEP_BUDGET = 0.25
+
 MixingSetting = int | Literal["auto"]
 
 
@@ -87,6 +95,68 @@ def mixing_steps(
     if not several_mixes:
         return 1
     return auto_mixing_steps(lambda2, period, message_bytes)
+
+
+def worth_steps(steps: int, one_step_s: float, further_s: float) -> int:
+    """The steps a round an agent asks for once it measured them: ``steps`` while the
+    ``steps - 1`` further gossip steps (``further_s`` each) take at most :data:`STEP_BUDGET`
+    of a one-step round (its local step and first gossip step, ``one_step_s``), else one."""
+    return steps if (steps - 1) * further_s <= STEP_BUDGET * one_step_s else 1
+
+
+class StepCount:
+    """The gossip steps a round an agent takes, decided where the whole fleet agrees.
+
+    A number in the settings is taken as it is. At ``auto`` the agent starts from the rule's
+    count (:func:`mixing_steps`, the same on every agent) and may come down from it, never go
+    up: where a driver measures real costs (agent processes), after
+    :data:`MEASURED_ROUNDS` rounds it asks for :func:`worth_steps` of what its local step and
+    its gossip steps took; and it takes the fewest steps any in-neighbour's message says it
+    takes. Every message says its sender's count, so the fewest that any agent asks for
+    reaches the whole fleet within a few rounds of its graph's diameter, and the fleet agrees
+    again. :meth:`now` is latched by the agent at the start of each round.
+    """
+
+    def __init__(self, setting: MixingSetting) -> None:
+        self.setting = setting
+        #: The rule's count for the current assignment (:func:`mixing_steps`).
+        self.rule = 1
+        #: What this agent asked for after measuring; None: not yet (or not measured).
+        self.asked: int | None = None
+        #: The fewest steps an in-neighbour's message said; None: none said yet.
+        self.heard: int | None = None
+        self._costs: list[tuple[float, float]] = []
+
+    def now(self) -> int:
+        """The steps a round to take now."""
+        if self.setting != "auto":
+            return self.rule
+        return min(self.rule, self.asked or self.rule, self.heard or self.rule)
+
+    def hear(self, steps: int) -> None:
+        """An in-neighbour's message says it takes ``steps`` a round (0: it does not say)."""
+        if self.setting == "auto" and steps > 0:
+            self.heard = steps if self.heard is None else min(self.heard, steps)
+
+    def measured(self, local_s: float, steps_s: list[float]) -> str:
+        """A round took ``local_s`` for its local step and ``steps_s`` for each of its gossip
+        steps; what to log when the agent decides (empty: nothing yet)."""
+        if self.setting != "auto" or self.asked is not None or len(steps_s) < 2:
+            return ""
+        self._costs.append((local_s + steps_s[0], sum(steps_s[1:]) / (len(steps_s) - 1)))
+        if len(self._costs) < 1 + MEASURED_ROUNDS:
+            return ""
+        counted = self._costs[1:]
+        one_step = sum(c[0] for c in counted) / len(counted)
+        further = sum(c[1] for c in counted) / len(counted)
+        steps = len(steps_s)
+        self.asked = worth_steps(steps, one_step, further)
+        keeps = "keeps" if self.asked == steps else "asks for one instead of"
+        return (
+            f"{keeps} {steps} gossip steps a round: a one-step round took "
+            f"{one_step * 1e3:.1f} ms, a further step {further * 1e3:.1f} ms "
+            f"(they may take {STEP_BUDGET:g} of it)"
+        )
 
 
 def step_position(round_index: int, step: int, steps: int) -> int:

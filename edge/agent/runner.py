@@ -9,6 +9,7 @@ it starts while its fleet is under way (a restart), rejoins at the fleet's round
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 
@@ -91,10 +92,13 @@ class WallClockRunner:
             self._wait(lambda: False, (self.stretch - 1.0) * (agent.clock() - began))
         if agent.energy is not None:
             agent.energy.computed(agent.clock() - began)
+        times = [agent.clock()]  # when the round's gossip began, and each step ended
         for step in range(agent.mixing_steps):
             agent.push(round_index, step)
             self.wait_for_neighbours(round_index, step)
             agent.mix(round_index, step)
+            times.append(agent.clock())
+        agent.costs_measured(times[0] - began, [b - a for a, b in itertools.pairwise(times)])
         # A spent battery ends the agent's run here: its last report is final.
         depleted = agent.energy is not None and agent.energy.depleted
         if agent.report_due(round_index) or depleted:

@@ -84,9 +84,10 @@ def gossip_message(
     epoch: int,
     lineage: int,
     step: int = 0,
+    steps: int = 0,
 ) -> GossipMessage:
     """``payload`` for ``peer``, encoded (unless the algorithm encoded it) and headed
-    (``step``: the gossip step of the round it is sent in).
+    (``step``: the gossip step of the round it is sent in, of ``steps`` a round).
 
     A payload the algorithm encoded carries what the receiver decodes (``payload.vector``):
     the message hands it over to in-process receivers (:class:`GossipMessage`)."""
@@ -112,6 +113,7 @@ def gossip_message(
         epoch=epoch,
         lineage=lineage,
         step=step,
+        steps=steps,
     )
     return GossipMessage(header, encoded.data, decoded)
 

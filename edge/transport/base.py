@@ -71,6 +71,7 @@ class MessageHeader:
     epoch: int = 0
     lineage: int = 0
     step: int = 0
+    steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def header_to_proto(header: MessageHeader) -> gossip_pb2.MessageHeader:
         epoch=header.epoch,
         lineage=header.lineage,
         step=header.step,
+        steps=header.steps,
     )
 
 
@@ -83,6 +84,7 @@ def header_from_proto(proto: gossip_pb2.MessageHeader) -> MessageHeader:
         epoch=proto.epoch,
         lineage=proto.lineage,
         step=proto.step,
+        steps=proto.steps,
     )
 
 
@@ -365,6 +367,7 @@ def wire_bytes(message: GossipMessage, chunk_bytes: int = CHUNK_BYTES) -> int:
         _utf8(h.algorithm), _utf8(h.fleet_digest), len(h.codec_meta), tuple(sorted(h.scalars)),
         h.round.bit_length(), h.seq.bit_length(), h.base_seq.bit_length(), _utf8(h.receiver),
         _utf8(h.fleet), h.epoch.bit_length(), h.lineage.bit_length(), h.step.bit_length(),
+        h.steps.bit_length(),
     )  # fmt: skip
     size = _SIZES.get(key)
     if size is None:

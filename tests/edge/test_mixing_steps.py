@@ -1,9 +1,10 @@
 """Several gossip steps per local step: the automatic rule, the setting's checks, the wire's
-step, and the waits counted in steps."""
+step, the waits counted in steps, and the count a fleet agrees on."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,12 +14,16 @@ from airgossip.common.topology import assignments_for_graph, build_graph
 from airgossip.edge.agent.admission import Admission
 from airgossip.edge.agent.mixing_steps import (
     AUTO_MESSAGE_BYTES,
+    MEASURED_ROUNDS,
+    STEP_BUDGET,
     STEP_WAIT_FACTOR,
     STEP_WAIT_FLOOR_S,
+    StepCount,
     StepWaits,
     auto_mixing_steps,
     mixing_steps,
     step_position,
+    worth_steps,
 )
 from airgossip.edge.agent.pacing import step_heard, wait_over
 from airgossip.edge.algorithms.registry import algorithm_class
@@ -140,6 +145,43 @@ def test_the_same_step_is_waited_for_a_few_typical_waits_never_past_the_timeout(
     assert fast.timeout(0.25) == STEP_WAIT_FLOOR_S
 
 
+def test_more_steps_are_kept_while_they_cost_a_quarter_of_a_one_step_round() -> None:
+    assert worth_steps(3, one_step_s=0.4, further_s=0.05) == 3  # 0.1 s of 0.4
+    assert worth_steps(3, one_step_s=0.4, further_s=0.051) == 1
+    assert worth_steps(3, one_step_s=0.015, further_s=0.03) == 1  # cheap local steps
+    assert STEP_BUDGET == 0.25
+
+
+def test_a_count_comes_down_on_what_it_measured_or_heard_never_up() -> None:
+    count = StepCount("auto")
+    count.rule = 3
+    assert count.now() == 3
+    # The first round is left out; then MEASURED_ROUNDS rounds decide.
+    assert count.measured(0.01, [0.005, 0.3, 0.3]) == ""  # a slow first round
+    for _ in range(MEASURED_ROUNDS - 1):
+        assert count.measured(0.39, [0.01, 0.05, 0.05]) == ""
+    said = count.measured(0.39, [0.01, 0.05, 0.05])
+    assert said.startswith("keeps 3 gossip steps") and count.asked == 3
+    assert count.now() == 3
+    count.hear(0)  # a sender that does not say
+    count.hear(5)  # more than the rule: the fleet never goes up
+    assert count.now() == 3
+    count.hear(1)
+    count.hear(3)  # the fewest heard stays
+    assert count.now() == 1 and count.heard == 1
+    # A cheap local step: one step is asked for.
+    cheap = StepCount("auto")
+    cheap.rule = 3
+    for _ in range(1 + MEASURED_ROUNDS):
+        said = cheap.measured(0.01, [0.005, 0.03, 0.03])
+    assert said.startswith("asks for one instead of 3") and cheap.now() == 1
+    # A number in the settings is taken as it is: nothing measured, nothing heard.
+    fixed = StepCount(3)
+    fixed.rule = 3
+    fixed.hear(1)
+    assert fixed.measured(0.01, [0.005, 0.03, 0.03]) == "" and fixed.now() == 3
+
+
 def _header(step: int) -> MessageHeader:
     return MessageHeader(
         sender="a1", round=4, seq=5, base_seq=4, algorithm="push-sum", codec="float64",
@@ -150,10 +192,13 @@ def _header(step: int) -> MessageHeader:
 def test_the_step_crosses_the_wire_and_a_step_out_of_range_is_refused() -> None:
     assert header_from_proto(header_to_proto(_header(2))).step == 2
     assert header_from_proto(header_to_proto(_header(0))).step == 0
+    assert header_from_proto(header_to_proto(replace(_header(1), steps=3))).steps == 3
     algorithm = algorithm_class("push-sum")(torch.zeros(3), dtype=torch.float64)
     refused: list[Rejected] = []
     admission = Admission.of("a0", algorithm, fleet="", digest="", refuse=refused.append)
     admission.set_in_neighbours({"a1"}, 0)
     admission.check_header(_header(MAX_MIXING_STEPS - 1), 4, 1)
-    with pytest.raises(Rejected, match=f"gossip step {MAX_MIXING_STEPS} of a round"):
+    with pytest.raises(Rejected, match=f"gossip step {MAX_MIXING_STEPS} of 0 a round"):
         admission.check_header(_header(MAX_MIXING_STEPS), 4, 1)
+    with pytest.raises(Rejected, match=f"of {MAX_MIXING_STEPS + 1} a round is beyond"):
+        admission.check_header(replace(_header(0), steps=MAX_MIXING_STEPS + 1), 4, 1)

@@ -4,6 +4,7 @@ exact average; under loss push-sum stays exact at any number of steps."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,23 @@ def test_agent_processes_take_a_period_of_steps_over_grpc(tmp_path: Path) -> Non
     assert three["final"]["relative_error"] < one["final"]["relative_error"]
     # Measured: 0.08-0.1 after one round at three steps, against 0.47-0.54 at one.
     assert _distances(three)[0] < 0.5 * _distances(one)[0]
+
+
+def test_agent_processes_measure_their_steps_and_agree_on_a_count(tmp_path: Path) -> None:
+    """At auto, agent processes start from the rule's count (a one-peer exponential graph's
+    period), measure what a further step costs against a one-step round, and the fleet takes
+    the fewest any agent asks for: whatever this machine measures, every agent ends the run
+    at the same count."""
+    settings = {"agents": 8, "topology": "one-peer-exponential", "rounds": 7,
+                "task": {"name": "digits"}, "network": {"loss": 0.0}}  # fmt: skip
+    results = run_fleet(load_config(None, settings), tmp_path).to_json()
+    assert results["final"]["complete"]
+    last: dict[str, float] = {}
+    for path in sorted((tmp_path / "agents").glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert records[1]["scalars"]["mixing_steps"] == 3  # the rule's: one period
+        last[path.stem] = records[-1]["scalars"]["mixing_steps"]
+    assert len(last) == 8 and len(set(last.values())) == 1, last
+    assert set(last.values()) <= {1.0, 3.0}
+    for log_file in sorted((tmp_path / "logs").glob("agent-*.log")):
+        assert "gossip steps a round: a one-step round took" in log_file.read_text()
