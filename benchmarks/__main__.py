@@ -33,6 +33,7 @@ ENTRIES = {
     "startup": "benchmarks.startup",
     "scale": "benchmarks.scale",
     "overlap": "benchmarks.overlap",
+    "mixing": "benchmarks.mixing",
     "regressions": "benchmarks.regressions",
     "rejoin": "benchmarks.rejoin",
     "detection": "benchmarks.detection",

@@ -354,9 +354,9 @@ class Agent(InboundSide, CheckpointSide):
         worth of steps allowed; a further step of a round then waits briefly for its
         in-neighbours' same step too (:meth:`step_heard`).
         """
-        steps = self.mixing_steps
         last = round_index >= self.settings.rounds
         with self._lock:
+            steps = self.mixing_steps
             assignment = self._assignment
             if assignment is None:
                 return True
@@ -382,8 +382,8 @@ class Agent(InboundSide, CheckpointSide):
         (:func:`~airgossip.edge.agent.pacing.step_heard`; non-blocking). Drivers wait for it
         after :meth:`neighbours_ready`, briefly
         (:class:`~airgossip.edge.agent.mixing_steps.StepWaits`)."""
-        steps = self.mixing_steps
         with self._lock:
+            steps = self.mixing_steps
             assignment = self._assignment
             if assignment is None or steps == 1:
                 return True

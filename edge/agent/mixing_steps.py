@@ -30,8 +30,10 @@ round mixes over the whole graph at the messages one round on the whole graph wo
 So a one-peer exponential graph (one out-neighbour a step, hops ``1, 2, 4, ...``) takes its
 ``ceil(log2 n)`` steps a round: the exact average on a power of two agents, at the bytes of
 one round on the exponential graph, which keeps one step (as every static graph does).
-``docs/algorithms.md`` ("Mixing steps per round") has the rule for users,
-``docs/performance.md`` what it gains.
+Where a driver measures real costs (agent processes), the agents then come down to one
+step if further steps cost more than they save (:class:`StepCount`), and agree on the
+fewest any of them asks for. ``docs/algorithms.md`` ("Mixing steps per round") has the rule
+for users, ``docs/performance.md`` what it gains.
 """
 
 from __future__ import annotations
