@@ -67,8 +67,9 @@ class AgentSettings(BaseModel):
     )
     mixing_steps: int | Literal["auto"] = Field(
         "auto",
-        description="gossip steps (push, wait, mix) per local step; auto: from the graph's "
-        'mixing and the model\'s size (docs/algorithms.md, "Mixing steps per round")',
+        description="gossip steps (push, wait, mix) per local step; auto: a periodic graph's "
+        "whole period, then fewer where agent processes measure that they do not pay "
+        '(docs/algorithms.md, "Mixing steps per round")',
     )
     privacy: PrivacySettings = Field(
         default_factory=PrivacySettings, description="differential privacy of the training data"

@@ -14,15 +14,14 @@ def wait_over(heard: Iterable[int], need: int, patience: int = PATIENCE_ROUNDS) 
     with step positions for rounds and ``patience`` counted in steps).
 
     An in-neighbour between ``need - patience`` (:data:`PATIENCE_ROUNDS`) and ``need`` is
-    waited for; one
-    further behind is not (it is gone or restarting: waiting for it would cost every round
-    the whole timeout), unless every in-neighbour is that far behind. Then the agent has
-    nobody to pace it: were it to go on at once, it would run the rest of the run alone at
-    the speed of its own computation, and never be within reach of its in-neighbours again
-    (they can only fall further behind): in-process, with 80% loss on every link, agents
-    ran off 700 rounds in half a second. It waits out the timeout instead, at most one round
-    per timeout, until they are heard again. An agent without in-neighbours this round has
-    nobody to wait for.
+    waited for; one further behind is not (it is gone or restarting: waiting for it would
+    cost every round the whole timeout), unless every in-neighbour is that far behind. Then
+    the agent has nobody to pace it: were it to go on at once, it would run the rest of the
+    run alone at the speed of its own computation, and never be within reach of its
+    in-neighbours again (they can only fall further behind): in-process, with 80% loss on
+    every link, agents ran off 700 rounds in half a second. It waits out the timeout
+    instead, at most one round per timeout, until they are heard again. An agent without
+    in-neighbours this round has nobody to wait for.
     """
     oldest = need - patience
     any_in_reach = False
