@@ -20,18 +20,12 @@ to set.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 from benchmarks.comparison import our_config
-from benchmarks.suite import Context, Outcome
+from benchmarks.suite import Context, Outcome, airgossip_run
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.90
 #: (name, topology, mixing_steps) of each configuration, in the order they run.
 CONFIGS = (
@@ -51,12 +45,7 @@ def _run(ctx: Context, name: str, topology: str, steps: str, rounds: int, repeat
     text = config.read_text().replace('topology = "exponential"', f'topology = "{topology}"')
     config.write_text(f"mixing_steps = {steps}\n{text}")
     out = ctx.work / stem
-    subprocess.run(
-        [sys.executable, "-m", "airgossip", "run", "--config", str(config), "--out", str(out)],
-        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    results = json.loads((out / "results.json").read_text())
+    results = airgossip_run(config, out)
     rows = [r for r in results["rounds"] if r["round"] >= 1]
     hit = next((r for r in rows if (r["mean_accuracy"] or 0.0) >= TARGET), None)
     last = rows[-1]

@@ -13,16 +13,11 @@ Target: a round with gossip takes <= 1.2x a round without.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.suite import Context, Outcome
+from benchmarks.suite import Context, Outcome, airgossip_run
 
-ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, STEPS, BATCH = 65536, 10, 32
 
 
@@ -58,12 +53,7 @@ def _per_round(ctx: Context, rounds: int, gossip: bool, repeat: int) -> dict[str
     config = ctx.work / f"{name}.toml"
     _config(config, rounds, gossip)
     out = ctx.work / name
-    subprocess.run(
-        [sys.executable, "-m", "airgossip", "run", "--config", str(config), "--out", str(out)],
-        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    results = json.loads((out / "results.json").read_text())
+    results = airgossip_run(config, out)
     rows = [r for r in results["rounds"] if r["round"] >= 1]
     first, last = rows[0], rows[-1]
     seconds = (last["train_wall_s"] - first["train_wall_s"]) / (last["round"] - first["round"])

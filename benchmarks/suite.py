@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -50,3 +56,15 @@ class Context:
 
 def verdict(met: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "not measured"}[met]
+
+
+def airgossip_run(config: Path, out: Path) -> dict[str, Any]:
+    """``airgossip run --config config --out out`` from this checkout, quietly (a failure
+    raises); its ``results.json``."""
+    subprocess.run(
+        [sys.executable, "-m", "airgossip", "run", "--config", str(config), "--out", str(out)],
+        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    results: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return results
