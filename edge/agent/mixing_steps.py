@@ -114,9 +114,11 @@ class StepCount:
     up: where a driver measures real costs (agent processes), after
     :data:`MEASURED_ROUNDS` rounds it asks for :func:`worth_steps` of what its local step and
     its gossip steps took; and it takes the fewest steps any in-neighbour's message says it
-    takes. Every message says its sender's count, so the fewest that any agent asks for
-    reaches the whole fleet within a few rounds of its graph's diameter, and the fleet agrees
-    again. :meth:`now` is latched by the agent at the start of each round.
+    takes. Every message says its sender's count where the rule takes more than one step,
+    so the fewest that any agent asks for reaches the whole fleet within a few rounds of its
+    graph's diameter, and the fleet agrees again (for the rest of the run: a count heard
+    stays, whatever graph comes next). :meth:`now` is latched by the agent at the start of
+    each round.
     """
 
     def __init__(self, setting: MixingSetting) -> None:
