@@ -31,7 +31,7 @@ from functools import partial
 
 import torch
 
-from airgossip.common.topology import Assignment
+from airgossip.common.topology import Assignment, Phase
 from airgossip.edge.agent.admission import Admission
 from airgossip.edge.agent.checkpointing import Checkpointer
 from airgossip.edge.agent.checkpoints import CheckpointStore
@@ -132,10 +132,9 @@ class Agent(InboundSide, CheckpointSide):
         self._lock = threading.RLock()
         #: Notified whenever a push finishes or a message arrives (drivers wait on it).
         self.progress = self._progress = threading.Condition(self._lock)
-        self._heard: dict[str, int] = {}
-        #: Latest gossip step each in-neighbour sent (:func:`step_position`), at several
-        #: steps per round.
-        self._heard_step: dict[str, int] = {}
+        #: Latest (round, gossip step) each in-neighbour sent: its step position
+        #: (:func:`step_position`) at the agent's current count is where it is.
+        self._heard: dict[str, tuple[int, int]] = {}
         #: Gossip steps (push, wait, mix) this round, latched at its local step from
         #: :attr:`step_count` (:mod:`airgossip.edge.agent.mixing_steps`); drivers read it.
         self.mixing_steps = 1
@@ -245,10 +244,23 @@ class Agent(InboundSide, CheckpointSide):
 
     def _latch_steps(self) -> None:
         """Take the round's gossip steps from :attr:`step_count` (under the lock)."""
-        steps = self.step_count.now()
-        if steps != self.mixing_steps:  # positions heard so far counted other steps
-            self._heard_step.clear()
-            self.mixing_steps = steps
+        self.mixing_steps = self.step_count.now()
+
+    def _step_phase(self, assignment: Assignment, round_index: int, step: int
+                    ) -> tuple[int, Phase]:  # fmt: skip
+        """Gossip step ``step`` of ``round_index``: its position and its phase (the
+        algorithm's schedule of the graph's phase there; under the lock)."""
+        position = step_position(round_index, step, self.mixing_steps)
+        return position, self.algorithm.schedule(round_index, assignment.phase(position))
+
+    def _heard_at(self, phase: Phase) -> list[int]:
+        """Where each in-neighbour of ``phase`` is, as the position of the latest step it
+        sent at this agent's count (0: never heard; under the lock)."""
+        steps, heard = self.mixing_steps, self._heard
+        return [
+            step_position(r, min(s, steps - 1), steps) if (r, s) != (0, 0) else 0
+            for r, s in (heard.get(p, (0, 0)) for p in phase.in_neighbours)
+        ]
 
     def costs_measured(self, local_s: float, steps_s: list[float]) -> None:
         """A driver on a real clock says what this round's local step and each of its gossip
@@ -281,10 +293,9 @@ class Agent(InboundSide, CheckpointSide):
             assignment = self._assignment
             if assignment is None:
                 return
-            position = step_position(round_index, step, self.mixing_steps)
             phase, ready = self.outbox.plan(
                 round_index,
-                self.algorithm.schedule(round_index, assignment.phase(position)),
+                self._step_phase(assignment, round_index, step)[1],
                 assignment.peers,
                 starved=self.algorithm.starved(),
             )
@@ -364,17 +375,9 @@ class Agent(InboundSide, CheckpointSide):
                 return False
             if not last and self.settings.pace == "async":
                 return True  # at its own pace: its in-neighbours' rounds are not waited for
-            position = step_position(round_index, step, steps)
-            phase = self.algorithm.schedule(round_index, assignment.phase(position))
-            if steps == 1:
-                heard = self._heard
-                need = round_index - (0 if last else self.settings.staleness)
-                return wait_over((heard.get(p, 0) for p in phase.in_neighbours), need)
-            at = self._heard_step
+            position, phase = self._step_phase(assignment, round_index, step)
             need = position - (0 if last else self.settings.staleness * steps)
-            return wait_over(
-                (at.get(p, 0) for p in phase.in_neighbours), need, PATIENCE_ROUNDS * steps
-            )
+            return wait_over(self._heard_at(phase), need, PATIENCE_ROUNDS * steps)
 
     def step_heard(self, round_index: int, step: int) -> bool:
         """Whether a further gossip step (``step`` > 0) of ``round_index`` holds its
@@ -387,10 +390,8 @@ class Agent(InboundSide, CheckpointSide):
             assignment = self._assignment
             if assignment is None or steps == 1:
                 return True
-            position = step_position(round_index, step, steps)
-            phase = self.algorithm.schedule(round_index, assignment.phase(position))
-            at = self._heard_step
-            return step_heard((at.get(p, 0) for p in phase.in_neighbours), position, steps)
+            position, phase = self._step_phase(assignment, round_index, step)
+            return step_heard(self._heard_at(phase), position, steps)
 
     def mix(self, round_index: int, step: int = 0) -> None:
         with self._lock:

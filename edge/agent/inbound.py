@@ -10,7 +10,7 @@ from airgossip.common.topology import Assignment
 from airgossip.edge.agent.admission import Admission
 from airgossip.edge.agent.influence import InNeighbourWatch
 from airgossip.edge.agent.lineage import EdgeLineages
-from airgossip.edge.agent.mixing_steps import StepCount, step_position
+from airgossip.edge.agent.mixing_steps import StepCount
 from airgossip.edge.algorithms import Ack, GossipAlgorithm, InvalidPayload
 from airgossip.edge.energy import EnergyLedger
 from airgossip.edge.observability.stats import Counters
@@ -38,9 +38,7 @@ class InboundSide:
     _lock: threading.RLock
     _progress: threading.Condition
     _counters: Counters
-    _heard: dict[str, int]
-    _heard_step: dict[str, int]
-    mixing_steps: int
+    _heard: dict[str, tuple[int, int]]
     step_count: StepCount
     _peer_rounds: dict[str, int]
     _refusals: RefusalLog
@@ -89,15 +87,9 @@ class InboundSide:
                 event = self.watch.received(sender, payload, size, ack.absorbed, before)
                 self.observer.on_receive(event)
             self._peer_rounds[sender] = header.round
-            if header.round > self._heard.get(sender, 0):
-                self._heard[sender] = header.round
+            if (header.round, header.step) > self._heard.get(sender, (0, 0)):
+                self._heard[sender] = (header.round, header.step)
                 self._progress.notify_all()
             self.step_count.hear(header.steps)
-            steps = self.mixing_steps
-            if steps > 1:
-                at = step_position(header.round, min(header.step, steps - 1), steps)
-                if at > self._heard_step.get(sender, 0):
-                    self._heard_step[sender] = at
-                    self._progress.notify_all()
             lineage = self.lineages.incoming(sender)
             return Ack(ack.last_seq, ack.base_seq, ack.absorbed, self.round, lineage)

@@ -125,7 +125,8 @@ class WallClockRunner:
     def wait_for_neighbours(self, round_index: int, step: int = 0) -> None:
         """Wait (at most ``wait_timeout_s``) until this round's sends (of its gossip step
         ``step``) are done and in-neighbours are within ``staleness`` rounds
-        (:meth:`~airgossip.edge.agent.agent.Agent.neighbours_ready`).
+        (:meth:`~airgossip.edge.agent.agent.Agent.neighbours_ready`); a further step of the
+        round then waits briefly for its in-neighbours' same step too (:class:`StepWaits`).
 
         On fast links that keeps agents near lock step; on slow ones the wait times out and
         sending overlaps with the next round's work. In the last round the agent waits for
